@@ -1,0 +1,771 @@
+"""Turn what users have (arrays, data frames, files) into integer codes and labels.
+
+The model works on integer codes: variable ``i`` takes the values ``0 .. k_i-1``
+(see ``DESIGN-NOTES.md``, "Conventions").  This module maps user data onto that
+convention and back, and validates it *before* anything large is allocated:
+
+* :func:`encode` turns a 2-D numpy array, a list of rows or a pandas ``DataFrame``
+  into an :class:`Encoded` (codes, variable names, category labels, cardinalities);
+* :func:`encode_with` encodes new data (e.g. at scoring time) with an existing
+  mapping, rejecting unknown categories;
+* :func:`decode` turns codes back into a ``DataFrame`` of labels;
+* :func:`read_table` reads ``.csv`` (header row required), ``.npy`` and ``.parquet``.
+
+Every problem with the data raises :class:`DataError` (a ``ValueError``) whose message
+names the column, the row (0-based; for CSV files the line), the value and the limit.
+
+How labels are chosen by :func:`encode`:
+
+* numpy integer array: categories ``0 .. max`` per column (codes equal values),
+  names ``X0 .. X{n-1}``; negative values are rejected;
+* bool array or column: categories ``[False, True]``;
+* pandas categorical column: its categories, in their order, unused ones included;
+* string / object column: the distinct labels, sorted;
+* integer column (or float column holding integers): ``0 .. max`` when every value
+  is ``>= 0`` (codes equal values), otherwise the sorted distinct values;
+* declared ``cardinalities`` turn integer columns into codes ``0 .. k_i-1``.
+
+Example
+-------
+>>> import numpy as np
+>>> enc = encode(np.array([[0, 2], [1, 0]]))
+>>> enc.names, enc.cardinalities
+(['X0', 'X1'], (2, 3))
+>>> encode(np.array([[0, 5]]), cardinalities=(2, 4))
+Traceback (most recent call last):
+...
+fsll_ooc.io.DataError: column 'X1': value 5 at row 0 is >= the declared cardinality 4 (codes must be 0..3)
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import sys
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = [
+    "DataError",
+    "Encoded",
+    "MAX_CATEGORIES",
+    "MAX_CELLS",
+    "SUPPORTED_EXTENSIONS",
+    "encode",
+    "encode_with",
+    "decode",
+    "read_table",
+    "check_cardinalities",
+]
+
+#: Largest number of categories of one variable.
+MAX_CATEGORIES = 2**16
+#: Largest joint table ``prod(k_i)`` accepted (8 TiB of float64).
+MAX_CELLS = 2**40
+#: File types understood by :func:`read_table`.
+SUPPORTED_EXTENSIONS = (".csv", ".npy", ".parquet")
+
+_INT64_MAX = 2**63 - 1
+
+
+class DataError(ValueError):
+    """The data cannot be encoded; the message says which column, row, value and limit."""
+
+
+@dataclass(frozen=True, eq=False)
+class Encoded:
+    """Integer codes plus what is needed to map them back to the user's labels.
+
+    ``codes[:, i]`` lies in ``0 .. cardinalities[i]-1`` and code ``c`` of variable ``i``
+    stands for the label ``categories[i][c]``.
+    """
+
+    codes: np.ndarray
+    names: list
+    categories: list
+    cardinalities: tuple
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def n_vars(self) -> int:
+        return int(self.codes.shape[1])
+
+    def __repr__(self) -> str:
+        return (f"Encoded(n_samples={self.n_samples}, names={self.names!r}, "
+                f"cardinalities={self.cardinalities!r})")
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _pandas():
+    """The pandas module if it is already imported (a DataFrame can then exist)."""
+    return sys.modules.get("pandas")
+
+
+def _require_pandas(what: str):
+    try:
+        import pandas as pd
+    except ImportError as exc:  # pragma: no cover - pandas is installed in the tests
+        raise ImportError(f"{what} needs pandas; install it with 'pip install pandas'") from exc
+    return pd
+
+
+def _is_dataframe(data) -> bool:
+    pd = _pandas()
+    return pd is not None and isinstance(data, pd.DataFrame)
+
+
+def _is_series(data) -> bool:
+    pd = _pandas()
+    return pd is not None and isinstance(data, pd.Series)
+
+
+def _py(v):
+    """A plain Python value for a label (numpy scalars -> int/float/bool/str)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _fmt_label(v) -> str:
+    return repr(_py(v))
+
+
+def _fmt_labels(labels: Sequence, limit: int = 8) -> str:
+    shown = ", ".join(_fmt_label(v) for v in list(labels)[:limit])
+    if len(labels) > limit:
+        shown += f", ... ({len(labels)} in all)"
+    return shown
+
+
+def _sorted_labels(labels) -> list:
+    labels = [_py(v) for v in labels]
+    try:
+        return sorted(labels)
+    except TypeError:  # mixed types: group by type, then sort within a type
+        return sorted(labels, key=lambda v: (type(v).__name__, str(v)))
+
+
+def _first(mask: np.ndarray) -> int:
+    """Index of the first True of a 1-D boolean mask (which has one)."""
+    return int(np.argmax(mask))
+
+
+class _Where:
+    """Formats "row r" for error messages; knows the CSV line when there is one."""
+
+    def __init__(self, index=None, source=None, first_line=None):
+        self.index = index          # a pandas Index that is not the default one, or None
+        self.source = source
+        self.first_line = first_line
+
+    def __call__(self, r: int) -> str:
+        s = f"row {r}"
+        if self.first_line is not None and self.source is not None:
+            s += f" (line {r + self.first_line} of {self.source})"
+        elif self.index is not None:
+            s += f" (index {_fmt_label(self.index[r])})"
+        return s
+
+
+def check_cardinalities(cardinalities: Sequence[int], names: Sequence[str] | None = None) -> tuple:
+    """Validate cardinalities: ints in ``1 .. MAX_CATEGORIES``, joint table within ``MAX_CELLS``.
+
+    Returns them as a tuple of ints.  Raises :class:`DataError` naming the variable or
+    the size of the joint table.  Cheap: nothing is allocated.
+    """
+    ks = []
+    for i, k in enumerate(cardinalities):
+        name = names[i] if names is not None else f"X{i}"
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer, float, np.floating)):
+            raise DataError(f"cardinality of variable '{name}' must be an integer, got {k!r}")
+        if k != int(k):
+            raise DataError(f"cardinality of variable '{name}' must be an integer, got {k!r}")
+        k = int(k)
+        if k < 1:
+            raise DataError(f"cardinality of variable '{name}' must be >= 1, got {k}")
+        if k > MAX_CATEGORIES:
+            raise DataError(f"variable '{name}' has {k} categories; "
+                            f"the limit is {MAX_CATEGORIES} (2**16) categories per variable")
+        ks.append(k)
+    if not ks:
+        raise DataError("there are no variables (0 columns)")
+    cells = math.prod(ks)
+    if cells > MAX_CELLS:
+        extra = "; that overflows int64" if cells > _INT64_MAX else ""
+        raise DataError(f"the joint table would have {cells:,} cells (product of the cardinalities "
+                        f"{tuple(ks)}){extra}; the limit is 2**40 = {MAX_CELLS:,} cells")
+    return tuple(ks)
+
+
+def _check_declared(cardinalities, n: int, names: list) -> tuple | None:
+    if cardinalities is None:
+        return None
+    if isinstance(cardinalities, (int, np.integer)) or np.ndim(cardinalities) != 1:
+        raise DataError(f"cardinalities must be a sequence of {n} integers, got {cardinalities!r}")
+    cardinalities = list(cardinalities)
+    if len(cardinalities) != n:
+        raise DataError(f"{len(cardinalities)} cardinalities were declared but the data has "
+                        f"{n} columns ({_fmt_names(names)})")
+    return check_cardinalities(cardinalities, names)
+
+
+def _fmt_names(names: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    if len(names) > limit:
+        shown += f", ... ({len(names)} in all)"
+    return shown
+
+
+def _check_k(name: str, k: int, how: str) -> None:
+    if k > MAX_CATEGORIES:
+        raise DataError(f"column '{name}' would have {k:,} categories ({how}); "
+                        f"the limit is {MAX_CATEGORIES} (2**16) categories per variable")
+
+
+def _warn_sparse(name: str, k: int, present: int) -> None:
+    if k >= 8 and present * 2 < k:
+        warnings.warn(
+            f"column '{name}': integer values span 0..{k - 1} but only {present} distinct values "
+            f"occur, so {k - present} of its {k} categories are unused; convert the column to "
+            f"strings or a pandas Categorical to encode only the values that occur",
+            UserWarning, stacklevel=4)
+
+
+def _as_2d_array(data) -> np.ndarray:
+    if _is_series(data):
+        raise DataError("got a 1-D pandas Series; pass a DataFrame (series.to_frame()) "
+                        "with one column per variable")
+    try:
+        arr = np.asarray(data)
+    except ValueError as exc:  # ragged nested lists
+        raise DataError(f"the data cannot be read as a 2-D table: {exc}") from None
+    if arr.ndim == 1:
+        raise DataError(f"got a 1-D array of shape {arr.shape}; pass a 2-D array of shape "
+                        "(n_samples, n_vars) (for a single variable use x.reshape(-1, 1))")
+    if arr.ndim != 2:
+        raise DataError(f"got a {arr.ndim}-D array of shape {arr.shape}; "
+                        "pass a 2-D array of shape (n_samples, n_vars)")
+    return arr
+
+
+def _check_not_empty(shape) -> None:
+    if shape[1] == 0:
+        raise DataError(f"the data has no columns (shape {tuple(shape)})")
+    if shape[0] == 0:
+        raise DataError(f"the data has no rows (shape {tuple(shape)}); at least one sample is needed")
+
+
+# ------------------------------------------------------------------- column planning
+#
+# Phase 1 (`_plan_*`) looks at each column, validates it and decides its categories,
+# without allocating anything of size N x n.  Then the joint table size is checked.
+# Phase 2 fills the (N, n) int64 code matrix column by column.
+
+class _Plan:
+    __slots__ = ("categories", "fill")
+
+    def __init__(self, categories: list, fill):
+        self.categories = categories
+        self.fill = fill            # fill(out_column_view) writes the codes
+
+
+def _plan_integers(name: str, values: np.ndarray, k_decl: int | None, where: _Where,
+                   allow_negative: bool) -> _Plan:
+    """An integer-valued numeric column (ints, or floats already checked to be integers)."""
+    lo, hi = values.min(), values.max()
+    lo, hi = int(lo), int(hi)
+    if k_decl is not None or not allow_negative:
+        if lo < 0:
+            r = _first(values < 0)
+            hint = ("codes must be 0..k-1" if k_decl is not None else
+                    "codes must be >= 0; pass a DataFrame to encode arbitrary integer labels")
+            raise DataError(f"column '{name}': negative value {_py(values[r])} at {where(r)} ({hint})")
+    if k_decl is not None:
+        if hi >= k_decl:
+            r = _first(values >= k_decl)
+            raise DataError(f"column '{name}': value {_py(values[r])} at {where(r)} is >= the declared "
+                            f"cardinality {k_decl} (codes must be 0..{k_decl - 1})")
+        return _Plan(list(range(k_decl)), lambda out: np.copyto(out, values, casting="unsafe"))
+    if lo >= 0:
+        k = hi + 1
+        _check_k(name, k, f"values 0..{hi}")
+        present = int(np.count_nonzero(np.bincount(values.astype(np.int64, copy=False), minlength=k)))
+        _warn_sparse(name, k, present)
+        return _Plan(list(range(k)), lambda out: np.copyto(out, values, casting="unsafe"))
+    # negative values: the sorted distinct values are the categories
+    uniq = np.unique(values)
+    _check_k(name, len(uniq), f"{len(uniq)} distinct values")
+    return _Plan([_py(v) for v in uniq], lambda out: np.copyto(out, np.searchsorted(uniq, values)))
+
+
+def _check_finite_integral(name: str, values: np.ndarray, where: _Where) -> None:
+    nan = np.isnan(values)
+    if nan.any():
+        r = _first(nan)
+        raise DataError(f"column '{name}': missing value (NaN) at {where(r)}; "
+                        "every cell must hold a category")
+    inf = np.isinf(values)
+    if inf.any():
+        r = _first(inf)
+        raise DataError(f"column '{name}': infinite value ({_py(values[r])}) at {where(r)}")
+    frac = values != np.floor(values)
+    if frac.any():
+        r = _first(frac)
+        raise DataError(f"column '{name}': non-integer value {_fmt_label(values[r])} at {where(r)}; "
+                        "float columns must hold whole numbers (or use strings / a Categorical)")
+
+
+def _plan_bool(name: str, values: np.ndarray, k_decl: int | None) -> _Plan:
+    if k_decl is not None and k_decl != 2:
+        raise DataError(f"column '{name}' is boolean (categories [False, True]) but cardinality "
+                        f"{k_decl} was declared; declare 2")
+    return _Plan([False, True], lambda out: np.copyto(out, values, casting="unsafe"))
+
+
+def _factorize(values: np.ndarray):
+    """(codes into uniques, uniques) by hashing; pandas when available, else numpy."""
+    pd = _pandas()
+    if pd is not None:
+        codes, uniques = pd.factorize(values, use_na_sentinel=True)
+        return np.asarray(codes), list(uniques)
+    uniques, codes = np.unique(values, return_inverse=True)  # pragma: no cover
+    return codes.reshape(-1), list(uniques)  # pragma: no cover
+
+
+def _plan_labels(name: str, values: np.ndarray, k_decl: int | None, where: _Where) -> _Plan:
+    """A string / object column: the sorted distinct labels are the categories."""
+    pd = _pandas()
+    if pd is not None:
+        na = np.asarray(pd.isna(values))
+    else:  # pragma: no cover
+        na = np.array([v is None or (isinstance(v, float) and math.isnan(v)) for v in values])
+    if na.any():
+        r = _first(na)
+        raise DataError(f"column '{name}': missing value ({values[r]!r}) at {where(r)}; "
+                        "every cell must hold a category")
+    fcodes, uniques = _factorize(values)
+    for u in uniques:
+        if isinstance(u, (float, np.floating)) and math.isinf(u):
+            r = _first(fcodes == uniques.index(u))
+            raise DataError(f"column '{name}': infinite value ({u}) at {where(r)}")
+    _check_k(name, len(uniques), f"{len(uniques)} distinct labels")
+    cats = _sorted_labels(uniques)
+    if k_decl is not None and k_decl != len(cats):
+        raise DataError(
+            f"column '{name}' has {len(cats)} distinct labels ({_fmt_labels(cats)}) but cardinality "
+            f"{k_decl} was declared; declared cardinalities apply to integer codes - to declare "
+            "unseen labels make the column a pandas Categorical with all its categories")
+    pos = {}
+    for c, lab in enumerate(cats):
+        pos[lab] = c
+    lut = np.array([pos[_py(u)] for u in uniques], dtype=np.int64)
+    return _Plan(cats, lambda out: np.copyto(out, lut[fcodes]))
+
+
+def _plan_series(name: str, s, k_decl: int | None, where: _Where) -> _Plan:
+    pd = _pandas()
+    dtype = s.dtype
+    api = pd.api.types
+    if isinstance(dtype, pd.CategoricalDtype):
+        cats = [_py(c) for c in dtype.categories]
+        codes = np.asarray(s.cat.codes)
+        if (codes < 0).any():
+            r = _first(codes < 0)
+            raise DataError(f"column '{name}': missing value at {where(r)}; every cell must hold a category")
+        _check_k(name, len(cats), f"{len(cats)} categories")
+        if k_decl is not None and k_decl != len(cats):
+            raise DataError(f"column '{name}' is categorical with {len(cats)} categories "
+                            f"({_fmt_labels(cats)}) but cardinality {k_decl} was declared")
+        return _Plan(cats, lambda out: np.copyto(out, codes))
+    na = np.asarray(s.isna())
+    if api.is_bool_dtype(dtype):
+        if na.any():
+            r = _first(na)
+            raise DataError(f"column '{name}': missing value at {where(r)}; every cell must hold a category")
+        return _plan_bool(name, s.to_numpy(dtype=bool), k_decl)
+    if api.is_integer_dtype(dtype):
+        if na.any():
+            r = _first(na)
+            raise DataError(f"column '{name}': missing value at {where(r)}; every cell must hold a category")
+        values = s.to_numpy(dtype=np.int64) if dtype.kind == "i" or not isinstance(dtype, np.dtype) \
+            else s.to_numpy()
+        return _plan_integers(name, values, k_decl, where, allow_negative=True)
+    if api.is_float_dtype(dtype):
+        values = s.to_numpy(dtype=np.float64, na_value=np.nan)
+        _check_finite_integral(name, values, where)
+        return _plan_integers(name, values, k_decl, where, allow_negative=True)
+    if api.is_string_dtype(dtype) or api.is_object_dtype(dtype):
+        return _plan_labels(name, s.to_numpy(dtype=object), k_decl, where)
+    raise DataError(f"column '{name}' has unsupported dtype {dtype}; use integers, bools, "
+                    "strings or a pandas Categorical")
+
+
+def _plan_array_column(name: str, col: np.ndarray, k_decl: int | None, where: _Where) -> _Plan:
+    kind = col.dtype.kind
+    if kind == "b":
+        return _plan_bool(name, col, k_decl)
+    if kind in "iu":
+        return _plan_integers(name, col, k_decl, where, allow_negative=False)
+    if kind == "f":
+        _check_finite_integral(name, col, where)
+        return _plan_integers(name, col, k_decl, where, allow_negative=False)
+    if kind in "OUS":
+        return _plan_labels(name, col.astype(object), k_decl, where)
+    raise DataError(f"unsupported array dtype {col.dtype}; use integer codes, bools or labels")
+
+
+def _source_where(df) -> _Where:
+    pd = _pandas()
+    attrs = getattr(df, "attrs", {}) or {}
+    if "fsll_source" in attrs:
+        return _Where(source=attrs["fsll_source"], first_line=attrs.get("fsll_first_line"))
+    idx = df.index
+    if isinstance(idx, pd.RangeIndex) and idx.start == 0 and idx.step == 1:
+        return _Where()
+    return _Where(index=idx)
+
+
+def _column_names(df) -> list:
+    names = [str(c) for c in df.columns]
+    seen = set()
+    for nm in names:
+        if nm in seen:
+            raise DataError(f"column name '{nm}' appears more than once; column names must be unique")
+        seen.add(nm)
+    return names
+
+
+# ------------------------------------------------------------------------ public API
+
+def encode(data: Any, cardinalities: Sequence[int] | None = None) -> Encoded:
+    """Encode a table of categorical data as integer codes.
+
+    Parameters
+    ----------
+    data
+        A 2-D numpy array (integer codes, bools, integral floats or labels), a list of
+        rows, or a pandas ``DataFrame`` (one column per variable).
+    cardinalities
+        Optional declared ``k_i`` per column.  Integer columns are then codes that must
+        lie in ``0 .. k_i-1`` (unseen codes are kept as categories); label columns must
+        have exactly ``k_i`` categories.
+
+    Returns
+    -------
+    Encoded
+        ``codes`` (``(N, n)`` int64), ``names``, ``categories`` (plain Python labels)
+        and ``cardinalities``.
+
+    Raises
+    ------
+    DataError
+        Empty or 1-D data, negative codes, codes ``>=`` the declared cardinality,
+        missing / infinite / non-integer values, more than ``2**16`` categories in a
+        column, or a joint table of more than ``2**40`` cells.  Raised before the code
+        matrix is allocated.
+    """
+    if _is_dataframe(data):
+        df = data
+        _check_not_empty(df.shape)
+        names = _column_names(df)
+        declared = _check_declared(cardinalities, len(names), names)
+        where = _source_where(df)
+        plans = [_plan_series(names[j], df.iloc[:, j], None if declared is None else declared[j], where)
+                 for j in range(len(names))]
+        n_rows = df.shape[0]
+    else:
+        arr = _as_2d_array(data)
+        _check_not_empty(arr.shape)
+        names = [f"X{i}" for i in range(arr.shape[1])]
+        declared = _check_declared(cardinalities, len(names), names)
+        if arr.dtype.kind not in "biufOUS":
+            raise DataError(f"unsupported array dtype {arr.dtype}; use integer codes, bools or labels")
+        if arr.dtype.kind in "OUS":
+            _require_pandas("encoding an array of labels")
+        where = _Where()
+        plans = [_plan_array_column(names[j], arr[:, j], None if declared is None else declared[j], where)
+                 for j in range(len(names))]
+        n_rows = arr.shape[0]
+    ks = check_cardinalities([len(p.categories) for p in plans], names)
+    codes = np.empty((n_rows, len(plans)), dtype=np.int64)
+    for j, p in enumerate(plans):
+        p.fill(codes[:, j])
+    return Encoded(codes=codes, names=names, categories=[p.categories for p in plans], cardinalities=ks)
+
+
+def encode_with(categories: Sequence[Sequence], data: Any, names: Sequence[str] | None = None) -> np.ndarray:
+    """Encode new data with an existing mapping (e.g. a fitted model's ``categories_``).
+
+    ``categories[i][c]`` is the label of code ``c`` of variable ``i``.  When ``data`` is
+    a ``DataFrame`` and ``names`` is given, its columns are picked by name (extra
+    columns are ignored); otherwise columns are taken in order.  Returns the ``(N, n)``
+    int64 codes.  A label that is not among the known categories raises
+    :class:`DataError` naming the column, the value and the row.
+    """
+    categories = [list(c) for c in categories]
+    n = len(categories)
+    if names is not None:
+        names = [str(nm) for nm in names]
+        if len(names) != n:
+            raise DataError(f"{len(names)} names given for {n} variables")
+    if _is_dataframe(data):
+        df = data
+        if names is not None:
+            cols = _column_names(df)
+            missing = [nm for nm in names if nm not in cols]
+            if missing:
+                raise DataError(f"the data lacks column(s) {_fmt_names(missing)} of the model "
+                                f"(data columns: {_fmt_names(cols)})")
+            df = df.iloc[:, [cols.index(nm) for nm in names]]
+        elif df.shape[1] != n:
+            raise DataError(f"the model has {n} variables but the data has {df.shape[1]} columns")
+        _check_not_empty(df.shape)
+        where = _source_where(df)
+        columns = [df.iloc[:, j] for j in range(n)]
+        n_rows = df.shape[0]
+    else:
+        arr = _as_2d_array(data)
+        if arr.shape[1] != n:
+            raise DataError(f"the model has {n} variables but the data has {arr.shape[1]} columns")
+        _check_not_empty(arr.shape)
+        where = _Where()
+        columns = [arr[:, j] for j in range(n)]
+        n_rows = arr.shape[0]
+    col_names = names if names is not None else [f"X{i}" for i in range(n)]
+    codes = np.empty((n_rows, n), dtype=np.int64)
+    for j in range(n):
+        codes[:, j] = _map_column(col_names[j], columns[j], categories[j], where)
+    return codes
+
+
+def _map_column(name: str, col, cats: list, where: _Where) -> np.ndarray:
+    k = len(cats)
+    if _is_series(col):
+        pd = _pandas()
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            col = col.astype(object)
+        na = np.asarray(col.isna())
+        if na.any():
+            r = _first(na)
+            raise DataError(f"column '{name}': missing value at {where(r)}; every cell must hold a category")
+        dt = col.dtype
+        if isinstance(dt, np.dtype) and dt.kind in "biuf":
+            values = col.to_numpy()
+        elif pd.api.types.is_bool_dtype(dt):
+            values = col.to_numpy(dtype=bool)
+        elif pd.api.types.is_integer_dtype(dt):
+            values = col.to_numpy(dtype=np.int64)
+        elif pd.api.types.is_float_dtype(dt):
+            values = col.to_numpy(dtype=np.float64)
+        else:
+            values = col.to_numpy(dtype=object)
+    else:
+        values = np.asarray(col)
+    kind = values.dtype.kind
+    if kind == "f":
+        nan = np.isnan(values)
+        if nan.any():
+            r = _first(nan)
+            raise DataError(f"column '{name}': missing value (NaN) at {where(r)}; every cell must hold a category")
+    # fast path: integer codes with categories 0..k-1
+    if kind in "iuf" and all(type(c) is int and c == i for i, c in enumerate(cats)):
+        ok = (values >= 0) & (values < k) & (values == np.floor(values) if kind == "f" else True)
+        ok = np.asarray(ok)
+        if not ok.all():
+            r = _first(~ok)
+            raise DataError(f"column '{name}': unknown category {_fmt_label(values[r])} at {where(r)} "
+                            f"(the model knows 0..{k - 1})")
+        return values.astype(np.int64)
+    if kind == "O":
+        pd = _pandas()
+        na = np.asarray(pd.isna(values)) if pd is not None else np.array([v is None for v in values])
+        if na.any():
+            r = _first(na)
+            raise DataError(f"column '{name}': missing value ({values[r]!r}) at {where(r)}; "
+                            "every cell must hold a category")
+    fcodes, uniques = _factorize(values)
+    pos = {}
+    for c, lab in enumerate(cats):
+        pos.setdefault(_py(lab), c)
+    lut = np.empty(len(uniques), dtype=np.int64)
+    for u_i, u in enumerate(uniques):
+        c = pos.get(_py(u), -1)
+        if c < 0:
+            r = _first(fcodes == u_i)
+            raise DataError(f"column '{name}': unknown category {_fmt_label(u)} at {where(r)} "
+                            f"(known categories: {_fmt_labels(cats)})")
+        lut[u_i] = c
+    return lut[fcodes]
+
+
+def decode(codes: np.ndarray, categories: Sequence[Sequence], names: Sequence[str] | None = None):
+    """Map codes back to labels: a ``DataFrame`` with one categorical column per variable.
+
+    The columns keep the full category lists, so ``encode(decode(...))`` reproduces the
+    mapping (unused categories included).
+    """
+    pd = _require_pandas("decode()")
+    codes = np.asarray(codes)
+    if codes.ndim != 2 or codes.shape[1] != len(categories):
+        raise DataError(f"codes of shape {codes.shape} do not match {len(categories)} variables")
+    if names is None:
+        names = [f"X{i}" for i in range(len(categories))]
+    cols = {}
+    for j, (nm, cats) in enumerate(zip(names, categories)):
+        c = codes[:, j]
+        if c.size and (c.min() < 0 or c.max() >= len(cats)):
+            raise DataError(f"variable '{nm}': codes must lie in 0..{len(cats) - 1}")
+        cols[str(nm)] = pd.Categorical.from_codes(c, categories=pd.Index(list(cats), dtype=object)
+                                                  if _mixed(cats) else list(cats))
+    return pd.DataFrame(cols)
+
+
+def _mixed(cats) -> bool:
+    return len({type(_py(c)) for c in cats}) > 1
+
+
+# ------------------------------------------------------------------------- reading
+
+def read_table(path: str | os.PathLike):
+    """Read a data file: ``.csv`` (header row required), ``.npy`` or ``.parquet``.
+
+    Returns a pandas ``DataFrame`` (CSV, Parquet) or a numpy array (``.npy``, memory
+    mapped).  Raises ``FileNotFoundError`` for a missing file and :class:`DataError`
+    for an unsupported extension, a CSV without header, ragged CSV rows (naming the
+    line) or missing CSV fields (naming line and column).
+    """
+    path = os.fspath(path)
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in SUPPORTED_EXTENSIONS:
+        raise DataError(f"cannot read '{path}': unsupported file type '{ext or '(none)'}'; "
+                        f"supported: {', '.join(SUPPORTED_EXTENSIONS)}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such file: '{path}'")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"'{path}' is a directory, not a data file")
+    if ext == ".npy":
+        try:
+            return np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as exc:
+            raise DataError(f"cannot read '{path}': {exc} (.npy files must hold a numeric or bool "
+                            "array)") from None
+    if ext == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ImportError(f"reading '{path}' needs pyarrow: install it with 'pip install pyarrow'") from exc
+        _require_pandas("reading .parquet files")
+        try:
+            return pq.read_table(path).to_pandas()
+        except Exception as exc:  # pyarrow raises ArrowInvalid etc. on corrupt files
+            raise DataError(f"cannot read '{path}' as Parquet: {exc}") from None
+    return _read_csv(path)
+
+
+_NUMERIC_HEADER_HINT = ("CSV files need a header row naming the columns, e.g. 'a,b,c'")
+
+
+def _looks_numeric(field: str) -> bool:
+    try:
+        float(field)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_csv(path: str):
+    pd = _require_pandas("reading .csv files")
+    name = os.path.basename(path)
+    # 1. structure, with the csv module (fast, exact line numbers)
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            while header == []:           # leading blank lines
+                header = next(reader, None)
+            if header is None:
+                raise DataError(f"'{path}' is empty; {_NUMERIC_HEADER_HINT}")
+            header_line = reader.line_num
+            _check_header(path, header)
+            width = len(header)
+            counts = Counter(map(len, reader))
+            last_line = reader.line_num
+    except csv.Error as exc:
+        raise DataError(f"cannot parse '{path}' as CSV: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"'{path}' is not UTF-8 text: {exc}") from None
+    blank = counts.pop(0, 0)              # blank lines are skipped
+    if set(counts) - {width}:
+        line, got = _find_ragged(path, width)
+        raise DataError(f"{name}, line {line}: {got} fields but the header has {width} "
+                        f"({', '.join(header)}); every row needs one value per column")
+    if not counts:
+        raise DataError(f"'{path}' has a header but no data rows")
+    # 2. values, with pandas' C parser
+    df = pd.read_csv(path, encoding="utf-8-sig", index_col=False, low_memory=False,
+                     skip_blank_lines=True)
+    na = df.isna()
+    if bool(na.to_numpy().any()):
+        rows = np.flatnonzero(na.to_numpy().any(axis=1))
+        r = int(rows[0])
+        col = str(df.columns[int(np.argmax(na.iloc[r].to_numpy()))])
+        line, raw = _find_row(path, r, list(df.columns).index(col) if col in df.columns else 0)
+        raise DataError(f"{name}, line {line}, column '{col}': missing value ({raw!r}); "
+                        "every cell must hold a category")
+    # data row r is on line header_line + 1 + r unless blank lines or quoted line
+    # breaks shift it; error messages then give the row only
+    if blank == 0 and last_line == header_line + sum(counts.values()):
+        df.attrs["fsll_source"] = name
+        df.attrs["fsll_first_line"] = header_line + 1
+    return df
+
+
+def _check_header(path: str, header: list) -> None:
+    name = os.path.basename(path)
+    if all(_looks_numeric(h.strip()) for h in header):
+        raise DataError(f"{name}: the first line ({','.join(header)}) looks like data, not a header; "
+                        f"{_NUMERIC_HEADER_HINT}")
+    seen = set()
+    for i, h in enumerate(header):
+        if not h.strip():
+            raise DataError(f"{name}: header field {i + 1} is empty; every column needs a name")
+        if h in seen:
+            raise DataError(f"{name}: column name '{h}' appears more than once in the header")
+        seen.add(h)
+
+
+def _find_ragged(path: str, width: int) -> tuple:
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        header_seen = False
+        for row in reader:
+            if not row:
+                continue
+            if not header_seen:
+                header_seen = True
+                continue
+            if len(row) != width:
+                return reader.line_num, len(row)
+    raise AssertionError("no ragged row found")  # pragma: no cover
+
+
+def _find_row(path: str, r: int, j: int) -> tuple:
+    """Line number and raw field j of data row r (blank lines skipped)."""
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        k = -1
+        for row in reader:
+            if not row:
+                continue
+            if k == r:
+                return reader.line_num, row[j] if j < len(row) else ""
+            k += 1
+    return -1, ""  # pragma: no cover
