@@ -1,0 +1,141 @@
+"""The greedy learning algorithm of the paper (Algorithm 1-3), over any :class:`Engine`.
+
+Each iteration evaluates every candidate: *append* ``theta_y`` for ``y`` outside the
+support (found by the engine's fused block scan, lower bound first), *adjust* and
+*remove* for ``y`` in the support (closed forms, ``O(|support|)``); it takes the best
+one if it lowers the cost by at least ``epsilon`` and updates the duals with the
+incremental identity (design notes, identity 3), re-deriving them exactly every
+``resync_every`` iterations to bound floating-point drift.
+
+The cost is tracked exactly from the sparse state:
+``KL(q || p_theta) = -H(q) - sum_y theta_y dbar_y + log Z``.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from . import cost as C
+from .engine import Engine, Step
+
+__all__ = ["FitState", "learn"]
+
+
+@dataclass
+class FitState:
+    """Everything needed to continue a fit: the sparse model and its bookkeeping."""
+
+    cards: tuple[int, ...]
+    n_samples: int
+    entropy_q: float  # H(q) of the smoothed target
+    theta: dict[int, float] = field(default_factory=dict)  # flat index -> theta_y
+    dbar: dict[int, float] = field(default_factory=dict)  # flat index -> dbar_y on the support
+    log_z: float = 0.0
+    n_iter: int = 0
+    converged: bool = False
+    history: list[dict] = field(default_factory=list)
+
+    def digits(self, flat: int) -> tuple[int, ...]:
+        return tuple(int(x) for x in np.unravel_index(int(flat), self.cards))
+
+    def penalty(self, flat: int) -> float:
+        r0, w = C.penalty_weights(self.cards, self.n_samples)
+        return C.penalty(self.digits(flat), r0, w)
+
+    def cost(self) -> float:
+        r0, w = C.penalty_weights(self.cards, self.n_samples)
+        kl = -self.entropy_q + self.log_z - sum(v * self.dbar[y] for y, v in self.theta.items())
+        return kl + sum(C.penalty(self.digits(y), r0, w) for y in self.theta)
+
+    def to_json(self) -> dict:
+        return {
+            "cards": list(self.cards), "n_samples": self.n_samples, "entropy_q": self.entropy_q,
+            "theta": [[int(y), float(v)] for y, v in self.theta.items()],
+            "dbar": [[int(y), float(v)] for y, v in self.dbar.items()],
+            "log_z": self.log_z, "n_iter": self.n_iter, "converged": self.converged, "history": self.history,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "FitState":
+        return cls(tuple(obj["cards"]), int(obj["n_samples"]), float(obj["entropy_q"]),
+                   {int(y): float(v) for y, v in obj["theta"]}, {int(y): float(v) for y, v in obj["dbar"]},
+                   float(obj["log_z"]), int(obj["n_iter"]), bool(obj["converged"]), list(obj["history"]))
+
+
+def _best_move(state: FitState, res) -> tuple[float, str, int, float, float]:
+    """(delta, move, flat, t, d) of the best candidate; ties: lowest delta, then lowest y."""
+    best = (math.inf, "none", -1, 0.0, 0.0)
+    if res.pos >= 0 and res.pos not in state.theta:
+        best = (res.best, "append", res.pos, res.t, res.d)
+    r0, w = C.penalty_weights(state.cards, state.n_samples)
+    order = np.argsort(res.supp_pos, kind="stable")
+    for i in order:
+        y, t, d = int(res.supp_pos[i]), float(res.supp_t[i]), float(res.supp_d[i])
+        th = state.theta[y]
+        r = C.penalty(state.digits(y), r0, w)
+        for move, delta in (("adjust", C.delta_adjust(d, t)), ("remove", C.delta_remove(d, t, th, r))):
+            if delta < best[0] or (delta == best[0] and y < best[2]):
+                best = (delta, move, y, t, d)
+    return best
+
+
+def learn(engine: Engine, state: FitState, *, epsilon: float = 1e-4, max_iter: int | None = None,
+          resync_every: int = 256, fresh: bool = True, progress=None,
+          callback: Callable[[FitState], None] | None = None) -> FitState:
+    """Run Algorithm 1 from ``state`` until no candidate lowers the cost by ``epsilon``.
+
+    ``fresh=True``: ``thetabar`` is the table of ``state`` already (a new fit: the
+    uniform duals); otherwise it is re-derived exactly from ``state.theta`` first
+    (resuming).  ``progress`` is a tqdm-like bar or None; ``callback(state)`` runs
+    after every iteration (persistence).
+    """
+    support = lambda: np.fromiter(state.theta.keys(), dtype=np.int64, count=len(state.theta))  # noqa: E731
+    values = lambda: np.fromiter(state.theta.values(), dtype=np.float64, count=len(state.theta))  # noqa: E731
+    if not fresh:
+        state.log_z = engine.resync(support(), values(), state.log_z)
+    t0 = time.perf_counter()
+    if not state.history:
+        state.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0,
+                              "cost": state.cost(), "n_bases": 0, "time": 0.0})
+    res = engine.update_scan(None, support())
+    since_sync = 0
+    while max_iter is None or state.n_iter < max_iter:
+        delta, move, y, t, d = _best_move(state, res)
+        if not delta < -epsilon:
+            state.converged = True
+            break
+        old = state.theta.get(y, 0.0)
+        if move == "remove":
+            new = 0.0
+        else:
+            new = old + C._atanh(d) - C._atanh(t)
+        step = Step(state.digits(y), new - old, t)
+        state.log_z += math.log(math.cosh(step.delta) + math.sinh(step.delta) * t)
+        if move == "remove":
+            del state.theta[y]
+            state.dbar.pop(y, None)
+        else:
+            state.theta[y] = new
+            state.dbar[y] = d
+        state.n_iter += 1
+        since_sync += 1
+        if since_sync >= resync_every:
+            state.log_z = engine.resync(support(), values(), state.log_z)
+            res = engine.update_scan(None, support())
+            since_sync = 0
+        else:
+            res = engine.update_scan(step, support())
+        c = state.cost()
+        state.history.append({"iter": state.n_iter, "move": move, "y": list(step.digits), "value": new,
+                              "delta": delta, "cost": c, "n_bases": len(state.theta),
+                              "time": time.perf_counter() - t0})
+        if progress is not None:
+            progress.update(1)
+            progress.set_postfix(cost=f"{c:.6f}", bases=len(state.theta), refresh=False)
+        if callback is not None:
+            callback(state)
+    return state

@@ -1,0 +1,523 @@
+"""The user's door: the :class:`FSLL` estimator (scikit-learn conventions, no sklearn needed).
+
+>>> import numpy as np
+>>> from fsll_ooc import FSLL
+>>> rng = np.random.default_rng(0)
+>>> a = rng.integers(0, 2, 500); b = (a + (rng.random(500) < 0.1)) % 2; c = rng.integers(0, 3, 500)
+>>> m = FSLL(progress=False).fit(np.c_[a, b, c])
+>>> m.cardinalities_, m.n_bases_ >= 1
+((2, 2, 3), True)
+>>> p = m.probabilities(); p.shape, round(float(p.sum()), 12)
+((2, 2, 3), 1.0)
+>>> bool(np.isclose(m.log_prob(np.array([[0, 0, 1]]))[0], np.log(p[0, 0, 1])))
+True
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import basis, cost as C, storage
+from .engine import Engine
+from .executor import make_executor
+from .learner import FitState, learn
+from .planner import plan as make_plan, PlanError
+
+__all__ = ["FSLL", "MODEL_FORMAT", "MODEL_VERSION", "validate_data"]
+
+MODEL_FORMAT = "fsll-ooc-model"
+MODEL_VERSION = 1
+STATE_FILE = "fsll_state.json"
+MAX_CARD = 2**16
+
+
+def _total_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return None
+
+
+def validate_data(X: Any, cardinalities: Sequence[int] | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Check ``X`` and return ``(codes as int64 (N, n), cardinalities)``.
+
+    Raises ``ValueError`` naming the offending column, row, value or limit; nothing
+    large is allocated before the checks pass.
+
+    >>> validate_data([[0, 1], [1, 2]])[1]
+    (2, 3)
+    >>> validate_data([[0, 5]], cardinalities=[2, 3])
+    Traceback (most recent call last):
+    ...
+    ValueError: column 1 (X1): value 5 in row 0 is outside 0..2 (cardinality 3)
+    """
+    if hasattr(X, "to_numpy") and hasattr(X, "columns"):
+        from .io import encode  # DataFrames: categories become codes
+
+        enc = encode(X, cardinalities)
+        X = enc.codes
+        if cardinalities is None:
+            cardinalities = enc.cardinalities
+    arr = np.asarray(X)
+    if arr.ndim != 2:
+        raise ValueError(f"X must be a 2-D array (samples x variables), got {arr.ndim}-D with shape {arr.shape}")
+    if arr.shape[0] == 0:
+        raise ValueError("X has no samples (0 rows)")
+    if arr.shape[1] == 0:
+        raise ValueError("X has no variables (0 columns)")
+    if arr.dtype == bool:
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            r, c = map(int, np.argwhere(bad)[0])
+            raise ValueError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is not a finite number")
+        frac = arr != np.round(arr)
+        if frac.any():
+            r, c = map(int, np.argwhere(frac)[0])
+            raise ValueError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is not an integer category code")
+    elif arr.dtype.kind not in "iu":
+        raise ValueError(f"X must hold integer category codes, got dtype {arr.dtype}; "
+                         "encode strings first (fsll_ooc.io.encode or pass a pandas DataFrame)")
+    if (arr < 0).any():
+        r, c = map(int, np.argwhere(arr < 0)[0])
+        raise ValueError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is negative; codes are 0..k-1")
+    arr = arr.astype(np.int64)
+    n = arr.shape[1]
+    if cardinalities is None:
+        cards = tuple(int(v) + 1 for v in arr.max(axis=0))
+    else:
+        cards = tuple(int(k) for k in cardinalities)
+        if len(cards) != n:
+            raise ValueError(f"cardinalities has {len(cards)} entries but X has {n} columns")
+        for i, k in enumerate(cards):
+            if k < 1:
+                raise ValueError(f"cardinality of column {i} (X{i}) must be >= 1, got {k}")
+        over = arr >= np.array(cards)
+        if over.any():
+            r, c = map(int, np.argwhere(over)[0])
+            raise ValueError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is outside 0..{cards[c] - 1} "
+                             f"(cardinality {cards[c]})")
+    for i, k in enumerate(cards):
+        if k > MAX_CARD:
+            raise ValueError(f"column {i} (X{i}) has {k} categories, above the limit of {MAX_CARD}")
+    size = math.prod(cards)
+    if size >= 2**62:
+        raise ValueError(f"the joint table would have {size:.3e} cells (product of cardinalities {cards}); "
+                         "the limit is 2^62")
+    return arr, cards
+
+
+def _flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
+    return np.ravel_multi_index(tuple(codes.T), tuple(cards)).astype(np.int64)
+
+
+class FSLL:
+    """Full-span log-linear model of ``n`` discrete variables, learned greedily under MDL.
+
+    Parameters
+    ----------
+    cardinalities : sequence of int, optional
+        ``k_i`` per column; inferred as ``max + 1`` per column when omitted.
+    epsilon : float
+        Stop when the best move lowers the cost by less than this (nats); the paper's 1e-4.
+    max_iter : int, optional
+        Hard cap on iterations (None: until convergence).
+    store : path, optional
+        Directory for out-of-core tables (Zarr v3 by default). None: in memory.
+    backend : {"zarr", "memmap", "numpy"}, optional
+        Table storage; default "zarr" with a store, "numpy" without.
+    memory_limit : int or str, optional
+        e.g. "4GiB": the planner keeps the fit's peak within it.
+    scheduler : None, "threads", "synchronous", "serial" or a ``dask.distributed.Client``
+        Who runs the chunk-parallel passes (None: serial in core, dask threads out of core).
+    layout : (a, c), optional
+        Explicit chunk layout cut points (experts and tests); see :mod:`fsll_ooc.planner`.
+    resync_every : int
+        Re-derive the dual table exactly every this many iterations.
+    progress : bool, optional
+        Show a progress bar (default: when stderr is a terminal).
+
+    Attributes (after ``fit``)
+    --------------------------
+    theta_ : dict {tuple y: float}, the non-zero parameters; n_bases_ : len(theta_);
+    n_iter_, cost_, kl_data_ (= KL(p_d || p_theta)), history_ (one dict per iteration),
+    log_z_, cardinalities_, n_samples_, plan_, feature_names_in_, categories_.
+    """
+
+    def __init__(self, cardinalities=None, epsilon=1e-4, max_iter=None, store=None, backend=None,
+                 memory_limit=None, scheduler=None, layout=None, resync_every=256, progress=None):
+        self.cardinalities = cardinalities
+        self.epsilon = epsilon
+        self.max_iter = max_iter
+        self.store = store
+        self.backend = backend
+        self.memory_limit = memory_limit
+        self.scheduler = scheduler
+        self.layout = layout
+        self.resync_every = resync_every
+        self.progress = progress
+
+    # ------------------------------------------------------------------ sklearn-style params
+    _PARAMS = ("cardinalities", "epsilon", "max_iter", "store", "backend", "memory_limit", "scheduler",
+               "layout", "resync_every", "progress")
+
+    def get_params(self, deep: bool = True) -> dict:
+        """Constructor parameters, as in scikit-learn."""
+        return {k: getattr(self, k) for k in self._PARAMS}
+
+    def set_params(self, **params) -> "FSLL":
+        """Set constructor parameters; unknown names raise ``ValueError``."""
+        for k, v in params.items():
+            if k not in self._PARAMS:
+                raise ValueError(f"unknown parameter {k!r}; valid: {', '.join(self._PARAMS)}")
+            setattr(self, k, v)
+        return self
+
+    def __repr__(self) -> str:
+        diff = {k: v for k, v in self.get_params().items() if v != FSLL().get_params()[k]}
+        return "FSLL(" + ", ".join(f"{k}={v!r}" for k, v in diff.items()) + ")"
+
+    # ------------------------------------------------------------------ fitting
+    def _check_params(self):
+        if not (isinstance(self.epsilon, (int, float)) and self.epsilon > 0 and math.isfinite(self.epsilon)):
+            raise ValueError(f"epsilon must be a positive number, got {self.epsilon!r}")
+        if self.max_iter is not None and (not isinstance(self.max_iter, (int, np.integer)) or self.max_iter < 0):
+            raise ValueError(f"max_iter must be a non-negative int or None, got {self.max_iter!r}")
+        if not (isinstance(self.resync_every, (int, np.integer)) and self.resync_every >= 1):
+            raise ValueError(f"resync_every must be a positive int, got {self.resync_every!r}")
+        backend = self.backend or ("zarr" if self.store is not None else "numpy")
+        if backend not in storage.BACKENDS:
+            raise ValueError(f"backend must be one of {storage.BACKENDS}, got {backend!r}")
+        if backend != "numpy" and self.store is None:
+            raise ValueError(f"backend {backend!r} needs store=PATH")
+        return backend
+
+    def _make_plan(self, cards, backend):
+        disk = None
+        if backend != "numpy":
+            parent = Path(self.store).resolve()
+            while not parent.exists():
+                parent = parent.parent
+            disk = shutil.disk_usage(parent).free
+        mem = self.memory_limit
+        if mem is None and backend == "numpy":
+            mem = _total_memory()
+        workers = 2 if backend != "numpy" else 1
+        if self.scheduler is not None and hasattr(self.scheduler, "nthreads"):
+            workers = max(1, sum(self.scheduler.nthreads().values()))
+        p = make_plan(cards, memory_limit=mem, disk_free=disk, workers=workers,
+                      out_of_core=backend != "numpy" or None, layout=self.layout)
+        if backend == "numpy" and p.layout.a > 0 and self.layout is None:
+            raise PlanError(f"the {math.prod(cards):,}-cell tables do not fit in memory "
+                            f"({p.report().splitlines()[0]}); pass store=PATH to fit out of core")
+        if not p.feasible:
+            raise PlanError("infeasible fit:\n" + p.report())
+        return p
+
+    def _bar(self, desc: str):
+        show = self.progress if self.progress is not None else sys.stderr.isatty()
+        if not show:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(desc=desc, unit="it", file=sys.stderr, dynamic_ncols=True)
+
+    def fit(self, X, y=None) -> "FSLL":
+        """Learn the model from ``X`` (N x n integer codes, or a DataFrame); returns ``self``."""
+        backend = self._check_params()
+        feature_names = list(map(str, X.columns)) if hasattr(X, "columns") else None
+        categories = None
+        if hasattr(X, "columns"):
+            from .io import encode
+
+            enc = encode(X, self.cardinalities)
+            codes, cards, categories = enc.codes, enc.cardinalities, enc.categories
+            codes, cards = validate_data(codes, cards)
+        else:
+            codes, cards = validate_data(X, self.cardinalities)
+        plan = self._make_plan(cards, backend)
+        N = codes.shape[0]
+        flat = _flat_index(codes, cards)
+        _, counts = np.unique(flat, return_counts=True)
+        size = math.prod(cards)
+        state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size))
+        engine, specs = self._open_engine(plan, backend, cards, N, create=True)
+        if backend != "numpy":
+            self._persist(state, plan, backend, status="starting")
+        engine.compute_targets(flat, N)
+        engine.init_duals()
+        self._run(engine, state, plan, backend, fresh=True)
+        self._finish(state, plan, backend, specs, engine)
+        self.feature_names_in_ = feature_names
+        self.categories_ = categories
+        self.kl_data_ = self._kl_data(flat, counts, N)
+        if backend != "numpy":
+            self._persist(state, plan, backend, status="complete")
+        return self
+
+    def _open_engine(self, plan, backend, cards, N, create: bool):
+        L = plan.layout
+        names = ("dbar", "thetabar", "scratch")
+        if create:
+            if backend != "numpy":
+                Path(self.store).mkdir(parents=True, exist_ok=True)
+                sf = Path(self.store) / STATE_FILE
+                if sf.exists():
+                    sf.unlink()  # an old state must never describe new tables
+            specs = [storage.create_table(backend, self.store, nm, cards, L.chunk_shape) for nm in names]
+        else:
+            specs = [storage.TableSpec(backend, str(Path(self.store) / (nm if backend == "zarr" else nm + ".f64")),
+                                       tuple(cards), L.chunk_shape) for nm in names]
+        r0, w = C.penalty_weights(cards, N)
+        n_tasks = max(L.n_a_bands, L.n_b_bands if L.a > 0 else 1)
+        executor = make_executor(self.scheduler, n_tasks)
+        return Engine(L, specs, r0, w, executor), specs
+
+    def _run(self, engine, state, plan, backend, fresh):
+        bar = self._bar("fsll fit")
+        cb = (lambda s: self._persist(s, plan, backend, status="running")) if backend != "numpy" else None
+        try:
+            learn(engine, state, epsilon=self.epsilon, max_iter=self.max_iter, resync_every=self.resync_every,
+                  fresh=fresh, progress=bar, callback=cb)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _persist(self, state: FitState, plan, backend, status: str) -> None:
+        obj = {"format": "fsll-ooc-fit-state", "version": MODEL_VERSION, "status": status,
+               "backend": backend, "layout": [plan.layout.a, plan.layout.c],
+               "params": {k: v for k, v in self.get_params().items() if k in ("epsilon", "max_iter", "resync_every",
+                                                                            "cardinalities", "memory_limit")},
+               "state": state.to_json()}
+        storage.write_json_atomic(Path(self.store) / STATE_FILE, obj)
+
+    def _finish(self, state, plan, backend, specs, engine):
+        self._state = state
+        self._engine = engine
+        self.plan_ = plan
+        self.cardinalities_ = tuple(state.cards)
+        self.n_features_in_ = len(state.cards)
+        self.n_samples_ = state.n_samples
+        self.theta_ = {state.digits(y): v for y, v in sorted(state.theta.items())}
+        self.log_z_ = state.log_z
+        self.n_bases_ = len(state.theta)
+        self.n_iter_ = state.n_iter
+        self.cost_ = state.cost()
+        self.history_ = state.history
+        self.converged_ = state.converged
+
+    @classmethod
+    def resume(cls, store, scheduler=None, progress=None) -> "FSLL":
+        """Continue an interrupted out-of-core fit from its store, to the same result."""
+        sf = Path(store) / STATE_FILE
+        if not sf.exists():
+            raise FileNotFoundError(f"{store}: no fit state ({STATE_FILE}) found; nothing to resume")
+        obj = storage.read_json(sf)
+        if obj.get("format") != "fsll-ooc-fit-state":
+            raise ValueError(f"{sf}: not an fsll-ooc fit state")
+        if obj.get("status") == "starting":
+            raise ValueError(f"{store}: the fit was interrupted before its target table was complete; "
+                             "start it again with fit()")
+        params = obj["params"]
+        m = cls(cardinalities=params.get("cardinalities"), epsilon=params["epsilon"], max_iter=params["max_iter"],
+                store=store, backend=obj["backend"], memory_limit=params.get("memory_limit"), scheduler=scheduler,
+                layout=tuple(obj["layout"]), resync_every=params["resync_every"], progress=progress)
+        state = FitState.from_json(obj["state"])
+        plan = m._make_plan(state.cards, obj["backend"])
+        engine, specs = m._open_engine(plan, obj["backend"], state.cards, state.n_samples, create=False)
+        if not state.converged:
+            m._run(engine, state, plan, obj["backend"], fresh=False)
+        m._finish(state, plan, obj["backend"], specs, engine)
+        m.feature_names_in_ = obj.get("feature_names")
+        m.categories_ = obj.get("categories")
+        m.kl_data_ = obj.get("kl_data")
+        m._persist(state, plan, obj["backend"], status="complete")
+        return m
+
+    # ------------------------------------------------------------------ using the model
+    def _check_fitted(self):
+        if not hasattr(self, "theta_"):
+            raise RuntimeError("this FSLL model is not fitted yet; call fit(X) first")
+
+    def _codes(self, X) -> np.ndarray:
+        self._check_fitted()
+        if hasattr(X, "columns") and getattr(self, "categories_", None) is not None:
+            from .io import encode_with
+
+            X = encode_with(self.categories_, X)
+        arr = np.asarray(X)
+        if arr.ndim == 1 and arr.shape[0] == len(self.cardinalities_):
+            arr = arr[None, :]
+        if arr.ndim == 2 and arr.shape[1] != len(self.cardinalities_):
+            raise ValueError(f"X has {arr.shape[1]} columns but the model has {len(self.cardinalities_)} variables")
+        return validate_data(arr, self.cardinalities_)[0]
+
+    def _log_potential(self, codes: np.ndarray) -> np.ndarray:
+        l = np.zeros(codes.shape[0])
+        for y, v in self.theta_.items():
+            phi = np.ones(codes.shape[0])
+            for i, yi in enumerate(y):
+                if yi:
+                    phi *= basis.phi_values(self.cardinalities_[i], yi, codes[:, i])
+            l += v * phi
+        return l
+
+    def log_prob(self, X) -> np.ndarray:
+        """Natural log ``p_theta(x)`` of each row of ``X``."""
+        codes = self._codes(X)
+        return self._log_potential(codes) - self.log_z_
+
+    def score_samples(self, X) -> np.ndarray:
+        """Alias of :meth:`log_prob` (scikit-learn density-model name)."""
+        return self.log_prob(X)
+
+    def score(self, X, y=None) -> float:
+        """Mean log-likelihood (nats per sample) of ``X``."""
+        return float(np.mean(self.log_prob(X)))
+
+    def _kl_data(self, flat, counts, N) -> float:
+        uniq = np.unique(flat)
+        codes = np.stack(np.unravel_index(uniq, self.cardinalities_), axis=1)
+        lp = self._log_potential(codes) - self.log_z_
+        return float(-C.empirical_entropy(counts, N) - np.dot(counts, lp) / N)
+
+    def probabilities(self):
+        """The normalised table ``p_theta`` of shape ``cardinalities_``.
+
+        In core: a numpy array.  Out of core: a dask array over the store's scratch
+        table (valid until the next call that writes the scratch table).
+        """
+        self._check_fitted()
+        st = self._state
+        sup = np.fromiter(st.theta.keys(), np.int64, len(st.theta))
+        val = np.fromiter(st.theta.values(), np.float64, len(st.theta))
+        eng = getattr(self, "_engine", None)
+        if eng is None or eng.layout.a == 0:
+            table = np.zeros(self.cardinalities_)
+            table.reshape(-1)[sup] = val
+            l = basis.transform_t(table)
+            l -= l.max()
+            p = np.exp(l)
+            return p / p.sum()
+        total = eng.density(sup, val, self.log_z_)
+        import dask.array as da
+
+        spec = eng.ctx.specs[2]
+        arr = da.from_zarr(spec.path) if spec.backend == "zarr" else da.from_array(
+            storage.open_table(spec), chunks=spec.chunks)
+        return arr / total
+
+    def sample(self, n_samples: int = 1, random_state=None) -> np.ndarray:
+        """Draw ``n_samples`` rows (int64 codes) from ``p_theta``."""
+        self._check_fitted()
+        if not isinstance(n_samples, (int, np.integer)) or n_samples < 0:
+            raise ValueError(f"n_samples must be a non-negative int, got {n_samples!r}")
+        rng = np.random.default_rng(random_state)
+        p = self.probabilities()
+        if isinstance(p, np.ndarray):
+            cdf = np.cumsum(p.reshape(-1))
+            flat = np.searchsorted(cdf, rng.random(n_samples) * cdf[-1], side="right")
+            flat = np.minimum(flat, cdf.size - 1)
+        else:  # out of core: pick blocks by their mass, then cells inside each block
+            blocks = p.reshape(-1).rechunk(int(np.prod(p.chunksize)))
+            mass = blocks.map_blocks(lambda b: np.array([b.sum()]), chunks=(1,)).compute()
+            counts = rng.multinomial(n_samples, mass / mass.sum())
+            offsets = np.concatenate([[0], np.cumsum(blocks.chunks[0])])
+            parts = []
+            for b in np.nonzero(counts)[0]:
+                cdf = np.cumsum(blocks.blocks[b].compute())
+                idx = np.minimum(np.searchsorted(cdf, rng.random(counts[b]) * cdf[-1], side="right"), cdf.size - 1)
+                parts.append(offsets[b] + idx)
+            flat = rng.permutation(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        return np.stack(np.unravel_index(flat, self.cardinalities_), axis=1).astype(np.int64)
+
+    def set_labels(self, names: Sequence[str] | None, categories: Sequence[Sequence] | None) -> "FSLL":
+        """Attach column names and category labels (used by the CLI and :mod:`fsll_ooc.io`)."""
+        self._check_fitted()
+        if names is not None and len(names) != len(self.cardinalities_):
+            raise ValueError(f"{len(names)} names for {len(self.cardinalities_)} variables")
+        if categories is not None:
+            if len(categories) != len(self.cardinalities_):
+                raise ValueError(f"{len(categories)} category lists for {len(self.cardinalities_)} variables")
+            for i, (cat, k) in enumerate(zip(categories, self.cardinalities_)):
+                if len(cat) != k:
+                    raise ValueError(f"variable {i} has cardinality {k} but {len(cat)} category labels")
+        self.feature_names_in_ = list(names) if names is not None else None
+        self.categories_ = [list(c) for c in categories] if categories is not None else None
+        return self
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path) -> None:
+        """Write the model as one JSON file (format ``fsll-ooc-model``, versioned), atomically."""
+        self._check_fitted()
+        obj = {
+            "format": MODEL_FORMAT, "version": MODEL_VERSION,
+            "cardinalities": list(self.cardinalities_),
+            "theta": [[list(map(int, y)), float(v)] for y, v in self.theta_.items()],
+            "log_z": self.log_z_, "n_samples": self.n_samples_, "n_iter": self.n_iter_, "cost": self.cost_,
+            "kl_data": self.kl_data_, "converged": bool(getattr(self, "converged_", True)),
+            "history": self.history_,
+            "params": {k: v for k, v in self.get_params().items() if k in ("epsilon", "max_iter", "resync_every")},
+            "feature_names": getattr(self, "feature_names_in_", None),
+            "categories": _jsonable(getattr(self, "categories_", None)),
+        }
+        storage.write_json_atomic(path, obj)
+
+    @classmethod
+    def load(cls, path) -> "FSLL":
+        """Read a model written by :meth:`save`; unknown formats/versions give a clear error."""
+        try:
+            obj = storage.read_json(path)
+        except FileNotFoundError:
+            raise
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not an fsll-ooc model file (invalid JSON: {e})") from None
+        if not isinstance(obj, dict) or obj.get("format") != MODEL_FORMAT:
+            raise ValueError(f"{path}: not an fsll-ooc model file (format field is {obj.get('format') if isinstance(obj, dict) else None!r})")
+        if not isinstance(obj.get("version"), int) or obj["version"] > MODEL_VERSION:
+            raise ValueError(f"{path}: model file version {obj.get('version')!r} is newer than this fsll-ooc "
+                             f"understands (<= {MODEL_VERSION}); upgrade fsll-ooc")
+        try:
+            m = cls(**obj.get("params", {}))
+            cards = tuple(int(k) for k in obj["cardinalities"])
+            theta = {tuple(int(v) for v in y): float(t) for y, t in obj["theta"]}
+            for y in theta:
+                if len(y) != len(cards) or any(not 0 <= v < k for v, k in zip(y, cards)):
+                    raise ValueError(f"parameter index {y} does not fit cardinalities {cards}")
+            N = int(obj["n_samples"])
+            flat = {int(np.ravel_multi_index(y, cards)): v for y, v in theta.items()}
+            state = FitState(cards, N, 0.0, flat, {}, float(obj["log_z"]), int(obj["n_iter"]),
+                             bool(obj.get("converged", True)), list(obj.get("history", [])))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{path}: malformed fsll-ooc model file (missing or bad field {e})") from None
+        m._state = state
+        m._engine = None
+        m.plan_ = None
+        m.cardinalities_ = cards
+        m.n_features_in_ = len(cards)
+        m.n_samples_ = N
+        m.theta_ = theta
+        m.log_z_ = state.log_z
+        m.n_bases_ = len(theta)
+        m.n_iter_ = state.n_iter
+        m.cost_ = obj.get("cost")
+        m.kl_data_ = obj.get("kl_data")
+        m.history_ = state.history
+        m.converged_ = state.converged
+        m.feature_names_in_ = obj.get("feature_names")
+        m.categories_ = obj.get("categories")
+        return m
+
+
+def _jsonable(categories):
+    if categories is None:
+        return None
+    return [[c.item() if hasattr(c, "item") else c for c in cat] for cat in categories]
