@@ -1,0 +1,304 @@
+"""Tests of the command-line interface (in-process through main(), plus one subprocess)."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fsll_ooc import cli
+from fsll_ooc.io import encode_with
+
+N_ROWS = 300
+
+
+@pytest.fixture(scope="module")
+def data_csv(tmp_path_factory):
+    """3 dependent columns with mixed labels: strings, integer codes, bools."""
+    rng = np.random.default_rng(7)
+    colour = rng.choice(["red", "green", "blue"], size=N_ROWS, p=[0.5, 0.3, 0.2])
+    size = np.where(colour == "red", rng.integers(0, 2, N_ROWS), rng.integers(0, 4, N_ROWS))
+    ok = (size >= 2) ^ (rng.random(N_ROWS) < 0.1)
+    path = tmp_path_factory.mktemp("cli") / "data.csv"
+    pd.DataFrame({"colour": colour, "size": size, "ok": ok}).to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_path(data_csv):
+    out = data_csv.parent / "model.fsll"
+    assert cli.main(["fit", str(data_csv), "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def run(capsys, *argv):
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_usage_error(rc, out, err, *frags):
+    assert rc == 2, (rc, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("fsll-ooc: error: "), err
+    assert "Traceback" not in err
+    for frag in frags:
+        assert frag in lines[0], (frag, lines[0])
+
+
+# ------------------------------------------------------------------- happy paths
+
+def test_fit_prints_summary_and_saves(capsys, data_csv, tmp_path):
+    out_path = tmp_path / "m.fsll"
+    rc, out, err = run(capsys, "fit", data_csv, "--out", out_path)
+    assert rc == 0, err
+    assert f"{N_ROWS} samples, 3 variables" in out
+    assert "colour:3, size:4, ok:2; 24 cells" in out
+    assert "bases" in out and "cost" in out and f"saved to {out_path}" in out
+    assert out_path.exists()
+    assert err == ""            # stderr is not a TTY under capsys: no progress bar
+
+
+def test_fit_json(capsys, data_csv, tmp_path):
+    rc, out, _ = run(capsys, "fit", data_csv, "-o", tmp_path / "m.fsll", "--json", "--epsilon", "1e-3")
+    assert rc == 0
+    s = json.loads(out)
+    assert s["n_samples"] == N_ROWS and s["n_vars"] == 3
+    assert s["names"] == ["colour", "size", "ok"] and s["cardinalities"] == [3, 4, 2]
+    assert s["n_bases"] >= 1 and s["cost"] > 0 and s["seconds"] >= 0
+
+
+def test_model_keeps_labels(model_path):
+    m = cli._model_class().load(model_path)
+    assert list(m.feature_names_in_) == ["colour", "size", "ok"]
+    assert [list(c) for c in m.categories_] == [["blue", "green", "red"], [0, 1, 2, 3], [False, True]]
+    assert tuple(m.cardinalities_) == (3, 4, 2)
+
+
+def test_info_text_and_json(capsys, model_path):
+    rc, out, _ = run(capsys, "info", model_path)
+    assert rc == 0
+    assert "variables   3: colour (3), size (4), ok (2)" in out
+    assert "joint table 24 cells" in out
+    assert "terms by |theta|" in out
+    rc, out, _ = run(capsys, "info", model_path, "--json", "--top", "0")
+    assert rc == 0
+    info = json.loads(out)
+    terms = info["terms"]
+    assert len(terms) == info["n_terms"] >= 1
+    thetas = [abs(t["theta"]) for t in terms]
+    assert thetas == sorted(thetas, reverse=True)
+    for t in terms:
+        assert t["order"] == len(t["factors"]) == sum(1 for v in t["y"] if v)
+        for f in t["factors"]:
+            assert f["var"] in ("colour", "size", "ok")
+            assert f["basis"] == ("indicator" if f["var"] == "colour" else "walsh")
+    rc, out, _ = run(capsys, "info", model_path, "--json", "--top", "1")
+    assert len(json.loads(out)["terms"]) == 1
+
+
+def test_info_term_labels():
+    # colour: k=3 (indicator basis), size: k=4 (Walsh), ok: k=2 (Walsh)
+    cats = [["blue", "green", "red"], [0, 1, 2, 3], [False, True]]
+    f = cli._describe_factor("colour", cats[0], 3, 2)
+    assert cli._factor_text(f) == "colour=red"
+    f = cli._describe_factor("size", cats[1], 4, 1)
+    assert f["plus"] == [0, 2] and cli._factor_text(f) == "size in {0,2}"
+    f = cli._describe_factor("ok", cats[2], 2, 1)
+    assert cli._factor_text(f) == "ok=False"
+
+
+def test_sample_stdout_and_file(capsys, model_path, tmp_path):
+    rc, out, _ = run(capsys, "sample", model_path, "-n", 50, "--seed", 3)
+    assert rc == 0
+    df = pd.read_csv(io.StringIO(out))
+    assert list(df.columns) == ["colour", "size", "ok"] and len(df) == 50
+    assert set(df["colour"]) <= {"blue", "green", "red"}
+    assert set(df["size"]) <= {0, 1, 2, 3} and set(df["ok"]) <= {False, True}
+    rc, out2, _ = run(capsys, "sample", model_path, "-n", 50, "--seed", 3)
+    assert out2 == out                       # same seed, same samples
+    target = tmp_path / "s.csv"
+    rc, out3, _ = run(capsys, "sample", model_path, "-n", 20, "--out", target)
+    assert rc == 0 and out3 == ""
+    assert len(pd.read_csv(target)) == 20
+
+
+def test_score_matches_model(capsys, model_path, data_csv):
+    rc, out, _ = run(capsys, "score", model_path, data_csv, "--json")
+    assert rc == 0
+    res = json.loads(out)
+    m = cli._model_class().load(model_path)
+    df = pd.read_csv(data_csv)
+    codes = encode_with(m.categories_, df, names=m.feature_names_in_)
+    expected = float(np.mean(m.log_prob(codes)))
+    assert res["n_samples"] == N_ROWS
+    assert res["mean_log_likelihood"] == pytest.approx(expected, rel=1e-12)
+    assert -np.log(24) - 1 < res["mean_log_likelihood"] < 0
+    rc, out, _ = run(capsys, "score", model_path, data_csv)
+    assert rc == 0 and "mean log-likelihood" in out and "nats per sample" in out
+
+
+def test_score_columns_by_name(capsys, model_path, tmp_path, data_csv):
+    df = pd.read_csv(data_csv)
+    f = tmp_path / "reordered.csv"
+    df[["ok", "colour", "size"]].head(40).to_csv(f, index=False)
+    rc, out, _ = run(capsys, "score", model_path, f, "--json")
+    assert rc == 0 and json.loads(out)["n_samples"] == 40
+
+
+def test_fit_npy_with_cardinalities(capsys, tmp_path):
+    X = np.random.default_rng(0).integers(0, 2, size=(200, 3))
+    np.save(tmp_path / "x.npy", X)
+    rc, out, _ = run(capsys, "fit", tmp_path / "x.npy", "-o", tmp_path / "x.fsll",
+                     "--cardinalities", "2,3,2", "--json")
+    assert rc == 0
+    assert json.loads(out)["cardinalities"] == [2, 3, 2]
+    rc, out, _ = run(capsys, "info", tmp_path / "x.fsll")
+    assert rc == 0 and "X0 (2), X1 (3), X2 (2)" in out
+
+
+def test_progress_only_on_a_tty(capsys, data_csv, tmp_path, monkeypatch):
+    seen = []
+    real = cli._model_class()
+
+    class Spy(real):
+        def __init__(self, *a, **kw):
+            seen.append(kw.get("progress"))
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(cli, "_model_class", lambda: Spy)
+    assert run(capsys, "fit", data_csv, "-o", tmp_path / "m.fsll")[0] == 0
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert run(capsys, "fit", data_csv, "-o", tmp_path / "m.fsll", "--quiet")[0] == 0
+    assert seen == [False, False]
+
+
+def test_help_for_every_command(capsys):
+    for cmd in ([], ["demo"], ["fit"], ["info"], ["sample"], ["score"]):
+        rc, out, _ = run(capsys, *cmd, "--help")
+        assert rc == 0 and "usage: fsll-ooc" in out
+    rc, out, _ = run(capsys, "--version")
+    assert rc == 0 and "fsll-ooc" in out
+
+
+# ---------------------------------------------------------------------- demo
+
+def test_demo_row(capsys, monkeypatch):
+    from fsll_ooc import datasets
+
+    def small(name, seed=0):                   # a 4-variable stand-in, fast
+        p = datasets.ising_grid(2, 2, coupling=0.5)
+        return datasets.sample_table(p, 500, seed=seed), p
+
+    monkeypatch.setattr(datasets, "paper_dataset", small)
+    rc, out, _ = run(capsys, "demo", "--dataset", "Ising5x4S")
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["data", "N", "KL(pd||p)", "KL(p*||p)", "#basis", "iterations", "seconds"]
+    assert lines[1].split()[:2] == ["Ising5x4S", "500"]
+    assert lines[2].split() == ["(paper)", "2.501", "0.012", "31", "5"]
+    rc, out, _ = run(capsys, "demo", "--all", "--json")
+    rows = json.loads(out)
+    assert [r["data"] for r in rows] == list(datasets.PAPER_DATASETS)
+    assert all(r["kl_true"] >= 0 and r["kl_data"] >= 0 for r in rows)
+
+
+def test_kl_true_zero_log_zero():
+    p_true = np.array([0.5, 0.5, 0.0])
+    p = np.array([0.25, 0.5, 0.25])
+    assert cli._kl_true(p_true, p) == pytest.approx(0.5 * np.log(2))
+
+
+# -------------------------------------------------------------------- errors
+
+def test_error_missing_file(capsys, tmp_path):
+    assert_usage_error(*run(capsys, "fit", tmp_path / "nope.csv", "-o", tmp_path / "m"), "no such file")
+    assert_usage_error(*run(capsys, "info", tmp_path / "nope.fsll"), "no such model file")
+    assert_usage_error(*run(capsys, "score", tmp_path / "nope.fsll", tmp_path / "d.csv"), "no such model")
+
+
+def test_error_ragged_csv(capsys, tmp_path):
+    f = tmp_path / "r.csv"
+    f.write_text("a,b,c\n1,x,2\n2,y\n")
+    assert_usage_error(*run(capsys, "fit", f, "-o", tmp_path / "m"), "r.csv, line 3", "2 fields")
+
+
+def test_error_out_of_range_cardinality(capsys, data_csv, tmp_path):
+    assert_usage_error(*run(capsys, "fit", data_csv, "-o", tmp_path / "m", "--cardinalities", "3,3,2"),
+                       "column 'size'", "declared cardinality 3", "line ")
+    assert_usage_error(*run(capsys, "fit", data_csv, "-o", tmp_path / "m", "--cardinalities", "3,4"),
+                       "2 cardinalities", "3 columns")
+    assert_usage_error(*run(capsys, "fit", data_csv, "-o", tmp_path / "m", "--cardinalities", "a,b"),
+                       "--cardinalities", "comma-separated")
+
+
+def test_error_unsupported_extension_and_usage(capsys, tmp_path):
+    assert_usage_error(*run(capsys, "fit", tmp_path / "d.xlsx", "-o", tmp_path / "m"),
+                       "unsupported file type '.xlsx'", ".csv, .npy, .parquet")
+    assert_usage_error(*run(capsys, "fit", tmp_path / "d.csv"), "--out")
+    assert_usage_error(*run(capsys), "required")
+    assert_usage_error(*run(capsys, "frobnicate"), "invalid choice")
+    assert_usage_error(*run(capsys, "fit", "d.csv", "-o", "m", "--epsilon", "0"), "positive number")
+
+
+def test_error_score_unknown_category(capsys, model_path, tmp_path):
+    f = tmp_path / "new.csv"
+    f.write_text("colour,size,ok\nred,1,True\npurple,0,False\n")
+    assert_usage_error(*run(capsys, "score", model_path, f),
+                       "column 'colour'", "unknown category 'purple'", "line 3")
+    f.write_text("colour,size\nred,1\n")
+    assert_usage_error(*run(capsys, "score", model_path, f), "lacks column(s) ok")
+
+
+def test_error_sample_args(capsys, model_path, tmp_path):
+    assert_usage_error(*run(capsys, "sample", model_path, "-n", 0), "positive integer")
+    assert_usage_error(*run(capsys, "sample", model_path, "-n", 3, "--out", tmp_path / "s.txt"), ".csv")
+    assert_usage_error(*run(capsys, "sample", model_path, "-n", 3, "--out", tmp_path / "no" / "s.csv"),
+                       "does not exist")
+
+
+def test_error_unwritable_model_path_before_fitting(capsys, data_csv, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "_model_class", lambda: pytest.fail("must not fit"))
+    assert_usage_error(*run(capsys, "fit", data_csv, "-o", tmp_path / "no" / "m.fsll"),
+                       "cannot write the model", "does not exist")
+    assert_usage_error(*run(capsys, "fit", data_csv, "-o", tmp_path), "is a directory")
+
+
+def test_error_not_a_model_file(capsys, tmp_path):
+    f = tmp_path / "bad.fsll"
+    f.write_text("{}")
+    assert_usage_error(*run(capsys, "info", f), "not an fsll-ooc model file")
+
+
+def test_unexpected_failure_exit_1(capsys, data_csv, tmp_path, monkeypatch):
+    class Broken:
+        def __init__(self, **kw):
+            pass
+
+        def fit(self, codes):
+            raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "_model_class", lambda: Broken)
+    rc, out, err = run(capsys, "fit", data_csv, "-o", tmp_path / "m")
+    assert rc == 1
+    assert err.strip().splitlines() == [
+        "fsll-ooc: error: unexpected failure: RuntimeError: boom (run 'fsll-ooc --debug ...' for the traceback)"]
+    rc, out, err = run(capsys, "--debug", "fit", data_csv, "-o", tmp_path / "m")
+    assert rc == 1 and "Traceback" in err and "boom" in err
+
+
+def test_subprocess_entry_point(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "fsll_ooc.cli", "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    for cmd in ("demo", "fit", "info", "sample", "score"):
+        assert cmd in r.stdout
+    r = subprocess.run([sys.executable, "-m", "fsll_ooc.cli", "fit", str(tmp_path / "x.csv"), "-o", "m"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"fsll-ooc: error: no such file: '{tmp_path / 'x.csv'}'"]
