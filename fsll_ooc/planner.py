@@ -47,6 +47,8 @@ TASK_FACTOR = 4
 BASE_OVERHEAD = 400 * 2**20
 #: Preferred smallest chunk (elements): below about 1 MB per chunk, overhead grows.
 MIN_CHUNK = 2**17
+#: Smallest chunk accepted (elements): below it every pass drowns in per-chunk overhead.
+MIN_CHUNK_HARD = 2**12
 #: Preferred largest chunk (elements).
 MAX_CHUNK = 2**20
 
@@ -330,6 +332,11 @@ def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, dis
                 f"no chunk layout keeps one band within the memory limit: |X| = {size:,} cells needs bands of "
                 f"about sqrt(|X|) = {math.isqrt(size):,} cells; use memory_limit >= {format_bytes(need)}"
                 + (" or dtype float32" if itemsize == 8 else "") + f", or fewer workers (now {workers})")
+        elif _prod(cards[c:]) < min(MIN_CHUNK_HARD, size):
+            need = TASK_FACTOR * itemsize * workers * MIN_CHUNK_HARD * _prod(cards[:a]) + BASE_OVERHEAD
+            problems.append(
+                f"within this memory_limit chunks would hold only {_prod(cards[c:]):,} cells; "
+                f"use memory_limit >= {format_bytes(need)} (or fewer workers, now {workers})")
     task, peak, dsk, per_iter, worst = _costs(L, itemsize, workers, out_of_core)
     if mem is not None and peak > mem:
         if not out_of_core:

@@ -1,0 +1,64 @@
+"""Transforms and product rules against direct sums over all x."""
+import itertools
+
+import numpy as np
+import pytest
+
+from fsll_ooc import basis
+
+CARDS = [(2, 3, 4, 5), (5, 3, 2), (1, 2, 1, 3), (8, 6, 4), (7,), (16, 3)]
+
+
+def dense_transform(g, transpose=False):
+    cards = g.shape
+    out = np.zeros_like(g)
+    mats = [basis.local_matrix(k) for k in cards]
+    for y in itertools.product(*[range(k) for k in cards]):
+        s = 0.0
+        for x in itertools.product(*[range(k) for k in cards]):
+            phi = np.prod([mats[i][y[i], x[i]] if not transpose else mats[i][x[i], y[i]] for i in range(len(cards))])
+            s += phi * g[x]
+        out[y] = s
+    return out
+
+
+@pytest.mark.parametrize("cards", CARDS)
+@pytest.mark.parametrize("transpose", [False, True])
+def test_transform_equals_direct_sums(cards, transpose):
+    g = np.random.default_rng(len(cards)).random(cards)
+    np.testing.assert_allclose(basis.transform(g, transpose=transpose), dense_transform(g, transpose), atol=1e-10)
+
+
+def test_local_bases_follow_the_conventions():
+    for k in (2, 4, 8, 16):
+        H = basis.local_matrix(k)
+        for a in range(k):
+            for l in range(k):
+                assert H[a, l] == (-1) ** bin(a & l).count("1")
+        np.testing.assert_allclose(H @ H.T, k * np.eye(k))
+    for k in (3, 5, 6, 7):
+        M = basis.local_matrix(k)
+        assert np.all(M[0] == 1)
+        for j in range(1, k):
+            assert all(M[j, l] == (1 if l == j else -1) for l in range(k))
+        assert np.linalg.matrix_rank(M) == k
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 6, 8])
+def test_product_rule_and_apply_product(k):
+    P = basis.local_matrix(k)
+    rng = np.random.default_rng(k)
+    for b in range(k):
+        M = basis.product_matrix(k, b)
+        np.testing.assert_allclose(P * P[b][None, :], M @ P, atol=1e-12)
+        assert (np.abs(M) > 0).sum(axis=1).max() <= 3
+        g = rng.random((2, k, 3))
+        np.testing.assert_allclose(basis.apply_product(g, 1, b), np.einsum("ac,icj->iaj", M, g))
+
+
+def test_phi_values():
+    for k in (2, 3, 4, 5, 8):
+        M = basis.local_matrix(k)
+        x = np.arange(k)
+        for y in range(k):
+            np.testing.assert_array_equal(basis.phi_values(k, y, x), M[y])

@@ -1,0 +1,166 @@
+"""One learner over every backend, chunking and scheduler: same theta as in core."""
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from fsll_ooc import FSLL, datasets
+from fsll_ooc.planner import PlanError, plan
+
+CARDS = (2, 3, 4, 5, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def data():
+    p, _ = datasets.random_bayesnet(CARDS, 2, seed=3)
+    X = datasets.sample_table(p, 3000, seed=1)
+    return X, FSLL(progress=False).fit(X)
+
+
+def assert_same_model(m, ref):
+    assert set(m.theta_) == set(ref.theta_)
+    for y, v in ref.theta_.items():
+        assert m.theta_[y] == pytest.approx(v, abs=1e-9)
+    assert m.n_iter_ == ref.n_iter_
+    assert m.cost_ == pytest.approx(ref.cost_, abs=1e-10)
+    assert m.log_z_ == pytest.approx(ref.log_z_, abs=1e-9)
+
+
+@pytest.mark.parametrize("backend,layout", [
+    ("numpy", (1, 2)), ("numpy", (2, 2)), ("numpy", (2, 4)), ("numpy", (0, 1)), ("numpy", (3, 5)),
+    ("memmap", (1, 2)), ("memmap", (2, 4)), ("memmap", (0, 1)),
+    ("zarr", (1, 2)), ("zarr", (2, 2)), ("zarr", (0, 1)),
+])
+def test_backends_and_chunkings_match_in_core(data, tmp_path, backend, layout):
+    X, ref = data
+    store = None if backend == "numpy" else tmp_path / "store"
+    m = FSLL(progress=False, store=store, backend=backend, layout=layout, scheduler="threads").fit(X)
+    assert_same_model(m, ref)
+    np.testing.assert_allclose(np.asarray(m.probabilities()), ref.probabilities(), atol=1e-12)
+
+
+def test_zarr_store_contents_match_plan(data, tmp_path):
+    import zarr
+
+    X, ref = data
+    m = FSLL(progress=False, store=tmp_path / "s", layout=(1, 2)).fit(X)
+    assert m.plan_.layout.chunk_shape == (1, 1, 4, 5, 2, 3)
+    for name in ("dbar", "thetabar", "scratch"):
+        arr = zarr.open_array(str(tmp_path / "s" / name), mode="r")
+        assert arr.shape == CARDS and arr.chunks == m.plan_.layout.chunk_shape
+        assert arr.dtype == np.float64
+    state = (tmp_path / "s" / "fsll_state.json").read_text()
+    assert '"status": "complete"' in state
+    # the stored dual table is the exact transform of the fitted model
+    from fsll_ooc import basis
+
+    tb = zarr.open_array(str(tmp_path / "s" / "thetabar"), mode="r")[...]
+    np.testing.assert_allclose(tb, basis.transform(ref.probabilities()), atol=1e-10)
+    # the plan's disk estimate is what the tables take once written
+    used = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(tmp_path / "s")
+               for f in fs if f.startswith("c") or f[0].isdigit())
+    assert used <= m.plan_.disk_bytes <= used * 1.01 + 4096
+
+
+def test_memmap_files_match_plan(data, tmp_path):
+    X, _ = data
+    m = FSLL(progress=False, store=tmp_path / "mm", backend="memmap", layout=(2, 3)).fit(X)
+    sizes = [os.path.getsize(tmp_path / "mm" / f"{n}.f64") for n in ("dbar", "thetabar", "scratch")]
+    assert sum(sizes) == m.plan_.disk_bytes == 3 * 8 * math.prod(CARDS)
+
+
+def test_probabilities_out_of_core_are_a_dask_array(data, tmp_path):
+    X, ref = data
+    m = FSLL(progress=False, store=tmp_path / "s", layout=(1, 2)).fit(X)
+    p = m.probabilities()
+    import dask.array as da
+
+    assert isinstance(p, da.Array) and p.shape == CARDS
+    np.testing.assert_allclose(p.compute(), ref.probabilities(), atol=1e-12)
+    S = m.sample(20000, random_state=0)
+    emp = np.bincount(np.ravel_multi_index(tuple(S.T), CARDS), minlength=math.prod(CARDS)) / len(S)
+    assert np.abs(emp - ref.probabilities().reshape(-1)).max() < 0.01
+
+
+def test_distributed_local_cluster_two_processes(data, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    X, ref = data
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None, silence_logs=40) as cluster, \
+            distributed.Client(cluster) as client:
+        m = FSLL(progress=False, store=tmp_path / "d", layout=(1, 2), scheduler=client).fit(X)
+        assert_same_model(m, ref)
+        # the work really ran in the worker processes
+        assert sum(len(v) for v in client.run(lambda: list(__import__("sys").modules))) > 0
+
+
+def test_in_memory_tables_refuse_distributed_pickling():
+    from fsll_ooc.storage import create_table
+    import pickle
+
+    spec = create_table("numpy", None, "t", (2, 2), (2, 2))
+    with pytest.raises(TypeError, match="cannot be sent to another process"):
+        pickle.dumps(spec)
+
+
+def test_infeasible_plan_refused_before_allocation(tmp_path):
+    X = np.zeros((5, 30), int)
+    store = tmp_path / "big"
+    with pytest.raises(PlanError, match="infeasible"):
+        FSLL(cardinalities=[2] * 30, store=store, memory_limit="450MiB", progress=False).fit(X)
+    assert not store.exists() or not any(store.iterdir())
+
+
+def test_resume_after_kill_gives_the_same_model(data, tmp_path):
+    X, ref = data
+    np.save(tmp_path / "X.npy", X)
+    script = textwrap.dedent(f"""
+        import os, numpy as np
+        from fsll_ooc import FSLL
+        from fsll_ooc import model as M
+        calls = [0]
+        orig = M.FSLL._persist
+        def persist(self, *a, **k):
+            orig(self, *a, **k)
+            calls[0] += 1
+            if calls[0] == 9:
+                os.kill(os.getpid(), 9)
+        M.FSLL._persist = persist
+        FSLL(progress=False, store={str(tmp_path / 's')!r}, layout=(1, 3)).fit(np.load({str(tmp_path / 'X.npy')!r}))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == -9, r.stderr
+    assert '"status": "running"' in (tmp_path / "s" / "fsll_state.json").read_text()
+    m = FSLL.resume(tmp_path / "s", progress=False)
+    assert_same_model(m, ref)
+    assert '"status": "complete"' in (tmp_path / "s" / "fsll_state.json").read_text()
+
+
+def test_resume_without_state_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing to resume"):
+        FSLL.resume(tmp_path)
+
+
+def test_fit_stays_within_memory_limit(tmp_path):
+    """|X| = 2^25: three tables of 768 MiB under a 650 MiB limit, peak RSS of the child measured."""
+    limit = 650 * 2**20
+    p = plan((2,) * 25, memory_limit=limit, disk_free=None, out_of_core=True)
+    assert p.feasible and p.disk_bytes > limit
+    script = textwrap.dedent(f"""
+        import resource, numpy as np
+        from fsll_ooc import FSLL, datasets
+        rng = np.random.default_rng(0)
+        X = rng.integers(0, 2, size=(20000, 25))
+        X[:, 1] = X[:, 0] ^ (rng.random(20000) < 0.1)
+        m = FSLL(store={str(tmp_path / 'big')!r}, memory_limit={limit}, max_iter=3, progress=False).fit(X)
+        assert 1 <= m.n_iter_ <= 3
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    peak = int(r.stdout.strip().splitlines()[-1])
+    assert peak <= limit, f"peak RSS {peak / 2**20:.0f} MiB above the {limit / 2**20:.0f} MiB limit"
