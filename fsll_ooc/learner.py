@@ -43,13 +43,17 @@ class FitState:
         return tuple(int(x) for x in np.unravel_index(int(flat), self.cards))
 
     def penalty(self, flat: int) -> float:
-        r0, w = C.penalty_weights(self.cards, self.n_samples)
-        return C.penalty(self.digits(flat), r0, w)
+        """``r_y`` of flat index ``y`` (memoised: the learner asks for the support every iteration)."""
+        cache = self.__dict__.setdefault("_r_cache", {})
+        r = cache.get(flat)
+        if r is None:
+            r0, w = C.penalty_weights(self.cards, self.n_samples)
+            r = cache[flat] = C.penalty(self.digits(flat), r0, w)
+        return r
 
     def cost(self) -> float:
-        r0, w = C.penalty_weights(self.cards, self.n_samples)
         kl = -self.entropy_q + self.log_z - sum(v * self.dbar[y] for y, v in self.theta.items())
-        return kl + sum(C.penalty(self.digits(y), r0, w) for y in self.theta)
+        return kl + sum(self.penalty(y) for y in self.theta)
 
     def to_json(self) -> dict:
         return {
@@ -71,12 +75,11 @@ def _best_move(state: FitState, res) -> tuple[float, str, int, float, float]:
     best = (math.inf, "none", -1, 0.0, 0.0)
     if res.pos >= 0 and res.pos not in state.theta:
         best = (res.best, "append", res.pos, res.t, res.d)
-    r0, w = C.penalty_weights(state.cards, state.n_samples)
     order = np.argsort(res.supp_pos, kind="stable")
     for i in order:
         y, t, d = int(res.supp_pos[i]), float(res.supp_t[i]), float(res.supp_d[i])
         th = state.theta[y]
-        r = C.penalty(state.digits(y), r0, w)
+        r = state.penalty(y)
         for move, delta in (("adjust", C.delta_adjust(d, t)), ("remove", C.delta_remove(d, t, th, r))):
             if delta < best[0] or (delta == best[0] and y < best[2]):
                 best = (delta, move, y, t, d)
