@@ -71,18 +71,27 @@ class FitState:
 
 
 def _best_move(state: FitState, res) -> tuple[float, str, int, float, float]:
-    """(delta, move, flat, t, d) of the best candidate; ties: lowest delta, then lowest y."""
+    """(delta, move, flat, t, d) of the best candidate; ties: lowest delta, then lowest y.
+
+    Adjust and remove are evaluated for the whole support at once (vectorised closed forms).
+    """
     best = (math.inf, "none", -1, 0.0, 0.0)
     if res.pos >= 0 and res.pos not in state.theta:
         best = (res.best, "append", res.pos, res.t, res.d)
-    order = np.argsort(res.supp_pos, kind="stable")
-    for i in order:
-        y, t, d = int(res.supp_pos[i]), float(res.supp_t[i]), float(res.supp_d[i])
-        th = state.theta[y]
-        r = state.penalty(y)
-        for move, delta in (("adjust", C.delta_adjust(d, t)), ("remove", C.delta_remove(d, t, th, r))):
-            if delta < best[0] or (delta == best[0] and y < best[2]):
-                best = (delta, move, y, t, d)
+    if len(res.supp_pos):
+        sp = np.asarray(res.supp_pos, np.int64)
+        t, d = np.asarray(res.supp_t, np.float64), np.asarray(res.supp_d, np.float64)
+        th = np.fromiter((state.theta[int(y)] for y in sp), np.float64, len(sp))
+        r = np.fromiter((state.penalty(int(y)) for y in sp), np.float64, len(sp))
+        adj = C.delta_adjust_vec(d, t)
+        rem = C.delta_remove_vec(d, t, th, r)
+        deltas = np.concatenate([adj, rem])
+        ys = np.concatenate([sp, sp])
+        moves = np.repeat([0, 1], len(sp))
+        i = np.lexsort((moves, ys, deltas))[0]  # lowest delta, then lowest y, adjust before remove
+        if deltas[i] < best[0] or (deltas[i] == best[0] and ys[i] < best[2]):
+            best = (float(deltas[i]), ("adjust", "remove")[moves[i]], int(ys[i]), float(t[i % len(sp)]),
+                    float(d[i % len(sp)]))
     return best
 
 

@@ -361,13 +361,20 @@ class FSLL:
         return validate_data(arr, self.cardinalities_)[0]
 
     def _log_potential(self, codes: np.ndarray) -> np.ndarray:
+        """``l_theta(x) = sum_y theta_y Phi_y(x)`` per row, by gathers from the local basis matrices."""
+        rows: dict = {}
         l = np.zeros(codes.shape[0])
         for y, v in self.theta_.items():
-            phi = np.ones(codes.shape[0])
+            phi = None
             for i, yi in enumerate(y):
                 if yi:
-                    phi *= basis.phi_values(self.cardinalities_[i], yi, codes[:, i])
-            l += v * phi
+                    k = self.cardinalities_[i]
+                    row = rows.get((k, yi))
+                    if row is None:
+                        row = rows[(k, yi)] = basis.phi_values(k, yi, np.arange(k))
+                    f = row[codes[:, i]]
+                    phi = f if phi is None else phi * f
+            l += v * (1.0 if phi is None else phi)
         return l
 
     def log_prob(self, X) -> np.ndarray:
