@@ -1,0 +1,880 @@
+"""Fast in-place local transforms of dense ``|X|`` tables (numba kernels).
+
+:func:`transform_inplace` computes what :func:`fsll_ooc.basis.transform` computes
+(the dimension-by-dimension local transform ``T``, or ``T^T``), in place and in few
+passes over memory:
+
+* Consecutive power-of-two axes are butterfly stages of one Walsh-Hadamard transform
+  (Sylvester order factorises: ``H_{2^a} (x) H_{2^b} = H_{2^{a+b}}``).  Up to three
+  consecutive stages are fused into one radix-8 (or radix-4) sweep that reads and
+  writes each element once.
+* The table is cut into *groups* of adjacent axes whose extent fits a cache-sized
+  block (``_BLOCK_BYTES``).  The innermost group is transformed block by contiguous
+  block, in place.  An outer group is transformed in *tiles*: its ``R`` index rows by
+  ``w`` contiguous columns are gathered into an L2-resident buffer, transformed there
+  (every stride a multiple of ``w``, so the loops vectorise) and scattered back.  A
+  ``2^24`` binary table takes two passes over memory, ``2^30`` three.
+* ``+-1`` axes use the O(k) formulas of ``basis.transform_axis``.
+* Tiles are independent.  The kernels release the GIL, and large tables are split
+  between a small pool of Python threads (``parallel=True``), so no numba threading
+  layer (OpenMP/TBB/workqueue) is involved: nothing extra to compile, fork-safe, and
+  callable from several threads (dask) at once.
+
+Floating point: the operations are the reference's own (``a + b``, ``a - b``,
+``2 g - S``, ``2 g_0 - S + 2 g_l``) in the reference's order: axes ascending and,
+within a power-of-two axis, low bit first; the ``+-1`` sums in numpy's summation
+order.  So for ``axes=None`` (or ascending ``axes``) the result is normally
+bit-identical to the reference.  The exception is a power-of-two axis of cardinality
+>= 4 that straddles two groups (its high bits are done first), which differs by
+rounding only (~1e-16 of the table's scale); float32 is computed in float32, as numpy
+does.
+
+All index arithmetic in the kernels is ``uint64``: with signed indices numba emits
+negative-index wraparound checks that stop LLVM from vectorising the loops.
+"""
+from __future__ import annotations
+
+import operator
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+from numba import njit
+
+__all__ = ["transform_inplace", "plan", "Plan", "warmup"]
+
+# Cache budgets (each core has 1.25 MiB of L2): the innermost group is done in
+# contiguous blocks of at most _BLOCK_BYTES, an outer group in gathered tiles of at
+# most _TILE_BYTES whose rows are at least _MIN_ROW_BYTES long (short rows make the
+# gather latency-bound: the prefetchers need long contiguous runs).
+_BLOCK_BYTES = 1 << 20
+_TILE_BYTES = 1 << 20
+_MIN_ROW_BYTES = 2048
+_PAD_BYTES = 64
+# Tables smaller than this (elements) are done on the calling thread only.
+_PAR_MIN_SIZE = 1 << 16
+# How many fibres a +-1 kernel keeps sums for (scratch length).
+_PM_CHUNK = 256
+
+# Program rows: (kind, h, k, o_1 .. o_7) with strides/offsets in rows of the group
+# (multiplied by the tile width before use).  A radix-r row transforms fibres
+# x[b + o_k + j], j < h, with butterflies between positions k and k ^ 2^s for
+# s = 0, 1, ...: the offsets o_k put the stages in the wanted order (bit-reversed
+# offsets = descending strides).
+_R2, _R4, _R8, _PMF, _PMT = 0, 1, 2, 3, 4
+_NCOL = 10
+
+# ---------------------------------------------------------------------------------
+# Butterfly kernels (generated straight-line code).  The region is x[base:base+n];
+# each block of r*h elements holds h fibres of length r.
+# ---------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _r2(x, base, n, p, i):
+    """Radix-2 butterflies: fibres x[b + o_k + j], o_k = p[i, 2 + k], j < h = p[i, 1]."""
+    step = p[i, 1] * np.uint64(2)
+    for b in range(base, base + n, step):
+        h = p[i, 1]  # re-read for every block: LLVM's alias checks stay per block
+        q1 = b + p[i, 3]
+        for j in range(h):
+            x0 = x[b + j]
+            x1 = x[q1 + j]
+            t0 = x0 + x1
+            t1 = x0 - x1
+            x[b + j] = t0
+            x[q1 + j] = t1
+
+
+@njit(cache=True, nogil=True)
+def _r4(x, base, n, p, i):
+    """Radix-4 butterflies: fibres x[b + o_k + j], o_k = p[i, 2 + k], j < h = p[i, 1]."""
+    step = p[i, 1] * np.uint64(4)
+    for b in range(base, base + n, step):
+        h = p[i, 1]  # re-read for every block: LLVM's alias checks stay per block
+        q1 = b + p[i, 3]
+        q2 = b + p[i, 4]
+        q3 = b + p[i, 5]
+        for j in range(h):
+            x0 = x[b + j]
+            x1 = x[q1 + j]
+            x2 = x[q2 + j]
+            x3 = x[q3 + j]
+            t0 = x0 + x1
+            t1 = x0 - x1
+            t2 = x2 + x3
+            t3 = x2 - x3
+            t4 = t0 + t2
+            t5 = t0 - t2
+            t6 = t1 + t3
+            t7 = t1 - t3
+            x[b + j] = t4
+            x[q1 + j] = t6
+            x[q2 + j] = t5
+            x[q3 + j] = t7
+
+
+@njit(cache=True, nogil=True)
+def _r8(x, base, n, p, i):
+    """Radix-8 butterflies: fibres x[b + o_k + j], o_k = p[i, 2 + k], j < h = p[i, 1]."""
+    step = p[i, 1] * np.uint64(8)
+    for b in range(base, base + n, step):
+        h = p[i, 1]  # re-read for every block: LLVM's alias checks stay per block
+        q1 = b + p[i, 3]
+        q2 = b + p[i, 4]
+        q3 = b + p[i, 5]
+        q4 = b + p[i, 6]
+        q5 = b + p[i, 7]
+        q6 = b + p[i, 8]
+        q7 = b + p[i, 9]
+        for j in range(h):
+            x0 = x[b + j]
+            x1 = x[q1 + j]
+            x2 = x[q2 + j]
+            x3 = x[q3 + j]
+            x4 = x[q4 + j]
+            x5 = x[q5 + j]
+            x6 = x[q6 + j]
+            x7 = x[q7 + j]
+            t0 = x0 + x1
+            t1 = x0 - x1
+            t2 = x2 + x3
+            t3 = x2 - x3
+            t4 = x4 + x5
+            t5 = x4 - x5
+            t6 = x6 + x7
+            t7 = x6 - x7
+            t8 = t0 + t2
+            t9 = t0 - t2
+            t10 = t1 + t3
+            t11 = t1 - t3
+            t12 = t4 + t6
+            t13 = t4 - t6
+            t14 = t5 + t7
+            t15 = t5 - t7
+            t16 = t8 + t12
+            t17 = t8 - t12
+            t18 = t10 + t14
+            t19 = t10 - t14
+            t20 = t9 + t13
+            t21 = t9 - t13
+            t22 = t11 + t15
+            t23 = t11 - t15
+            x[b + j] = t16
+            x[q1 + j] = t18
+            x[q2 + j] = t20
+            x[q3 + j] = t22
+            x[q4 + j] = t17
+            x[q5 + j] = t19
+            x[q6 + j] = t21
+            x[q7 + j] = t23
+
+
+@njit(cache=True, nogil=True)
+def _r8_h1(x, base, n, p, i):
+    """Radix-8 butterflies at h = 1 (groups of 8 consecutive elements), scalar."""
+    step = np.uint64(8)
+    o1 = p[i, 3]
+    o2 = p[i, 4]
+    o3 = p[i, 5]
+    o4 = p[i, 6]
+    o5 = p[i, 7]
+    o6 = p[i, 8]
+    o7 = p[i, 9]
+    for q in range(base, base + n, step):
+        x0 = x[q]
+        x1 = x[q + o1]
+        x2 = x[q + o2]
+        x3 = x[q + o3]
+        x4 = x[q + o4]
+        x5 = x[q + o5]
+        x6 = x[q + o6]
+        x7 = x[q + o7]
+        t0 = x0 + x1
+        t1 = x0 - x1
+        t2 = x2 + x3
+        t3 = x2 - x3
+        t4 = x4 + x5
+        t5 = x4 - x5
+        t6 = x6 + x7
+        t7 = x6 - x7
+        t8 = t0 + t2
+        t9 = t0 - t2
+        t10 = t1 + t3
+        t11 = t1 - t3
+        t12 = t4 + t6
+        t13 = t4 - t6
+        t14 = t5 + t7
+        t15 = t5 - t7
+        t16 = t8 + t12
+        t17 = t8 - t12
+        t18 = t10 + t14
+        t19 = t10 - t14
+        t20 = t9 + t13
+        t21 = t9 - t13
+        t22 = t11 + t15
+        t23 = t11 - t15
+        x[q] = t16
+        x[q + o1] = t18
+        x[q + o2] = t20
+        x[q + o3] = t22
+        x[q + o4] = t17
+        x[q + o5] = t19
+        x[q + o6] = t21
+        x[q + o7] = t23
+
+
+@njit(cache=True, nogil=True)
+def _r8a_h8(x, base, n, p, i):
+    """Radix-8 at h = 8, ascending stages (constant strides: no runtime alias checks)."""
+    h = np.uint64(8)
+    step = np.uint64(64)
+    for b in range(base, base + n, step):
+        q1 = b + np.uint64(8)
+        q2 = b + np.uint64(16)
+        q3 = b + np.uint64(24)
+        q4 = b + np.uint64(32)
+        q5 = b + np.uint64(40)
+        q6 = b + np.uint64(48)
+        q7 = b + np.uint64(56)
+        for j in range(h):
+            x0 = x[b + j]
+            x1 = x[q1 + j]
+            x2 = x[q2 + j]
+            x3 = x[q3 + j]
+            x4 = x[q4 + j]
+            x5 = x[q5 + j]
+            x6 = x[q6 + j]
+            x7 = x[q7 + j]
+            t0 = x0 + x1
+            t1 = x0 - x1
+            t2 = x2 + x3
+            t3 = x2 - x3
+            t4 = x4 + x5
+            t5 = x4 - x5
+            t6 = x6 + x7
+            t7 = x6 - x7
+            t8 = t0 + t2
+            t9 = t0 - t2
+            t10 = t1 + t3
+            t11 = t1 - t3
+            t12 = t4 + t6
+            t13 = t4 - t6
+            t14 = t5 + t7
+            t15 = t5 - t7
+            t16 = t8 + t12
+            t17 = t8 - t12
+            t18 = t10 + t14
+            t19 = t10 - t14
+            t20 = t9 + t13
+            t21 = t9 - t13
+            t22 = t11 + t15
+            t23 = t11 - t15
+            x[b + j] = t16
+            x[q1 + j] = t18
+            x[q2 + j] = t20
+            x[q3 + j] = t22
+            x[q4 + j] = t17
+            x[q5 + j] = t19
+            x[q6 + j] = t21
+            x[q7 + j] = t23
+
+
+@njit(cache=True, nogil=True)
+def _r8d_h8(x, base, n, p, i):
+    """Radix-8 at h = 8, descending stages (constant strides: no runtime alias checks)."""
+    h = np.uint64(8)
+    step = np.uint64(64)
+    for b in range(base, base + n, step):
+        q1 = b + np.uint64(32)
+        q2 = b + np.uint64(16)
+        q3 = b + np.uint64(48)
+        q4 = b + np.uint64(8)
+        q5 = b + np.uint64(40)
+        q6 = b + np.uint64(24)
+        q7 = b + np.uint64(56)
+        for j in range(h):
+            x0 = x[b + j]
+            x1 = x[q1 + j]
+            x2 = x[q2 + j]
+            x3 = x[q3 + j]
+            x4 = x[q4 + j]
+            x5 = x[q5 + j]
+            x6 = x[q6 + j]
+            x7 = x[q7 + j]
+            t0 = x0 + x1
+            t1 = x0 - x1
+            t2 = x2 + x3
+            t3 = x2 - x3
+            t4 = x4 + x5
+            t5 = x4 - x5
+            t6 = x6 + x7
+            t7 = x6 - x7
+            t8 = t0 + t2
+            t9 = t0 - t2
+            t10 = t1 + t3
+            t11 = t1 - t3
+            t12 = t4 + t6
+            t13 = t4 - t6
+            t14 = t5 + t7
+            t15 = t5 - t7
+            t16 = t8 + t12
+            t17 = t8 - t12
+            t18 = t10 + t14
+            t19 = t10 - t14
+            t20 = t9 + t13
+            t21 = t9 - t13
+            t22 = t11 + t15
+            t23 = t11 - t15
+            x[b + j] = t16
+            x[q1 + j] = t18
+            x[q2 + j] = t20
+            x[q3 + j] = t22
+            x[q4 + j] = t17
+            x[q5 + j] = t19
+            x[q6 + j] = t21
+            x[q7 + j] = t23
+
+
+
+# ---------------------------------------------------------------------------------
+# +-1 basis kernels
+# ---------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _pw_base(x, q, n):
+    """``sum(x[q:q+n])`` for ``n <= 128`` in numpy's pairwise order (``add.reduce`` over
+    a contiguous axis), so that sums along the table's last axis match the reference."""
+    one = np.uint64(1)
+    eight = np.uint64(8)
+    if n < eight:
+        res = x[q]
+        for l in range(q + one, q + n):
+            res += x[l]
+        return res
+    r0 = x[q]
+    r1 = x[q + np.uint64(1)]
+    r2 = x[q + np.uint64(2)]
+    r3 = x[q + np.uint64(3)]
+    r4 = x[q + np.uint64(4)]
+    r5 = x[q + np.uint64(5)]
+    r6 = x[q + np.uint64(6)]
+    r7 = x[q + np.uint64(7)]
+    end8 = q + n - n % eight
+    for i in range(q + eight, end8, eight):
+        r0 += x[i]
+        r1 += x[i + np.uint64(1)]
+        r2 += x[i + np.uint64(2)]
+        r3 += x[i + np.uint64(3)]
+        r4 += x[i + np.uint64(4)]
+        r5 += x[i + np.uint64(5)]
+        r6 += x[i + np.uint64(6)]
+        r7 += x[i + np.uint64(7)]
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for i in range(end8, q + n):
+        res += x[i]
+    return res
+
+
+_COMBINE = 1 << 63
+
+
+@njit(cache=True, nogil=True)
+def _pairwise(x, q, n, sq, sn, sv):
+    """numpy's pairwise sum for any ``n``: its recursion (halves rounded to multiples
+    of 8, blocks of <= 128 summed by ``_pw_base``) evaluated with explicit stacks."""
+    lim = np.uint64(128)
+    if n <= lim:
+        return _pw_base(x, q, n)
+    flag = np.uint64(_COMBINE)
+    eight = np.uint64(8)
+    top = 0
+    vtop = 0
+    sq[0] = q
+    sn[0] = n
+    top = 1
+    while top > 0:
+        top -= 1
+        cq = sq[top]
+        cn = sn[top]
+        if cn == flag:
+            b = sv[vtop - 1]
+            a = sv[vtop - 2]
+            sv[vtop - 2] = a + b
+            vtop -= 1
+        elif cn <= lim:
+            sv[vtop] = _pw_base(x, cq, cn)
+            vtop += 1
+        else:
+            n2 = cn // np.uint64(2)
+            n2 -= n2 % eight
+            sq[top] = cq
+            sn[top] = flag
+            sq[top + 1] = cq + n2
+            sn[top + 1] = cn - n2
+            sq[top + 2] = cq
+            sn[top + 2] = n2
+            top += 3
+    return sv[0]
+
+
+@njit(cache=True, nogil=True)
+def _pm_c(x, base, n, k, tr):
+    """+-1 basis on fibres of ``k`` consecutive elements (the table's last axis)."""
+    one = np.uint64(1)
+    sq = np.empty(256, np.uint64)
+    sn = np.empty(256, np.uint64)
+    sv = np.empty(256, x.dtype)
+    for q in range(base, base + n, k):
+        s = _pairwise(x, q, k, sq, sn, sv)
+        x0 = x[q]
+        if tr:
+            b = (x0 + x0) - s  # (T^T g)_0 = g_0 - S1 = 2 g_0 - S
+            x[q] = b
+            for l in range(q + one, q + k):
+                v = x[l]
+                x[l] = (v + v) + b
+        else:
+            x[q] = s
+            for l in range(q + one, q + k):
+                v = x[l]
+                x[l] = (v + v) - s
+
+
+@njit(cache=True, nogil=True)
+def _pm_s(x, base, n, k, st, tr, s):
+    """+-1 basis on fibres of ``k`` elements at stride ``st > 1``.  The sums of up to
+    ``len(s)`` neighbouring fibres are kept in ``s``, so every inner loop is contiguous."""
+    one = np.uint64(1)
+    ch = np.uint64(s.size)
+    for b in range(base, base + n, k * st):
+        for j0 in range(b, b + st, ch):
+            m = min(ch, b + st - j0)
+            for jj in range(m):
+                s[jj] = x[j0 + jj]
+            for l in range(one, k):
+                ql = j0 + l * st
+                for jj in range(m):
+                    s[jj] += x[ql + jj]
+            if tr:
+                for jj in range(m):
+                    v = x[j0 + jj]
+                    t = (v + v) - s[jj]
+                    s[jj] = t
+                    x[j0 + jj] = t
+                for l in range(one, k):
+                    ql = j0 + l * st
+                    for jj in range(m):
+                        v = x[ql + jj]
+                        x[ql + jj] = (v + v) + s[jj]
+            else:
+                for jj in range(m):
+                    x[j0 + jj] = s[jj]
+                for l in range(one, k):
+                    ql = j0 + l * st
+                    for jj in range(m):
+                        v = x[ql + jj]
+                        x[ql + jj] = (v + v) - s[jj]
+
+
+# ---------------------------------------------------------------------------------
+# Programs, tiles, passes
+# ---------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _run_pass(x, passes, progs, ps, t0, t1):
+    """Tiles ``t0 .. t1-1`` of pass ``ps``.  Tile ``t`` covers rows ``r < R`` of
+    ``ww <= w`` contiguous elements at ``o R C + r C + c0`` (``o, c0`` from ``t``).
+    In place (``w == C``) that is one contiguous block; otherwise the tile is gathered
+    into a buffer, transformed there and scattered back.  The pass's program rows
+    (strides in rows) are scaled to elements for the tile width."""
+    one = np.uint64(1)
+    zero = np.uint64(0)
+    eight = np.uint64(8)
+    R = passes[ps, 0]
+    C = passes[ps, 1]
+    w = passes[ps, 2]
+    gather = passes[ps, 3] != zero
+    prog = progs[passes[ps, 4]:passes[ps, 5]]
+    s = np.empty(_PM_CHUNK, x.dtype)
+    # gathered rows are padded so that the buffer's rows do not all fall on the same
+    # cache sets / 4 KiB offsets as the table's rows (the pad is transformed, never stored)
+    pad = passes[ps, 7] if gather else zero
+    buf = np.zeros(np.int64(R * (w + pad)) if gather else 0, x.dtype)
+    nct = (C + w - one) // w
+    p = prog.copy()
+    cur = zero
+    for t in range(t0, t1):
+        o = t // nct
+        c0 = (t - o * nct) * w
+        ww = min(w, C - c0)
+        start = o * R * C + c0
+        pitch = ww + pad
+        if pitch != cur:
+            for i in range(p.shape[0]):
+                p[i, 1] = prog[i, 1] * pitch
+                for c in range(3, p.shape[1]):
+                    p[i, c] = prog[i, c] * pitch
+            cur = pitch
+        if gather:
+            for r in range(R):
+                src = start + r * C
+                dst = r * pitch
+                for j in range(ww):
+                    buf[dst + j] = x[src + j]
+            y = buf
+            base = zero
+        else:
+            y = x
+            base = start
+        n = R * pitch
+        for i in range(p.shape[0]):
+            kind = p[i, 0]
+            h = p[i, 1]
+            if kind == _R8:
+                if h == one:
+                    _r8_h1(y, base, n, p, i)
+                elif h == eight and p[i, 3] == eight:
+                    _r8a_h8(y, base, n, p, i)
+                elif h == eight and p[i, 3] == np.uint64(32):
+                    _r8d_h8(y, base, n, p, i)
+                else:
+                    _r8(y, base, n, p, i)
+            elif kind == _R4:
+                _r4(y, base, n, p, i)
+            elif kind == _R2:
+                _r2(y, base, n, p, i)
+            elif h == one:
+                _pm_c(y, base, n, p[i, 2], kind == _PMT)
+            else:
+                _pm_s(y, base, n, p[i, 2], h, kind == _PMT, s)
+        if gather:
+            for r in range(R):
+                src = start + r * C
+                dst = r * pitch
+                for j in range(ww):
+                    x[src + j] = buf[dst + j]
+
+
+def _transform_serial(x, passes, progs):
+    for ps in range(passes.shape[0]):
+        _run_pass(x, passes, progs, ps, np.uint64(0), passes[ps, 6])
+
+
+# ---------------------------------------------------------------------------------
+# Planning (pure Python, cached)
+# ---------------------------------------------------------------------------------
+
+class Plan:
+    """How :func:`transform_inplace` transforms one table: a list of passes over
+    memory, each with a program (see :meth:`describe`)."""
+
+    def __init__(self, shape, axes, transpose, itemsize, passes, progs, info):
+        self.shape = shape
+        self.axes = axes
+        self.transpose = transpose
+        self.itemsize = itemsize
+        self.passes = passes  # uint64 (npass, 8): R, C, w, gather, p0, p1, ntiles, pad
+        self.progs = progs    # uint64 (nrows, _NCOL): kind, h, k, o_1 .. o_7
+        self.info = info      # per pass: dict(R, C, w, gather, tiles, rows)
+
+    @property
+    def npasses(self) -> int:
+        return len(self.info)
+
+    def describe(self) -> str:
+        names = {_R2: "r2", _R4: "r4", _R8: "r8", _PMF: "pm", _PMT: "pmT"}
+        lines = [f"shape={self.shape} axes={self.axes} transpose={self.transpose} "
+                 f"itemsize={self.itemsize}: {self.npasses} pass(es)"]
+        for k, d in enumerate(self.info):
+            ks = " ".join(f"{names[r[0]]}{'d' if r[0] in (_R4, _R8) and r[3] != r[1] else ''}@{r[1]}"
+                          + (f"(k={r[2]})" if r[0] >= _PMF else "") for r in d["rows"])
+            lines.append(f"  pass {k}: {'gather' if d['gather'] else 'in place'} R={d['R']} "
+                         f"C={d['C']} w={d['w']} tiles={d['tiles']}: {ks}")
+        return "\n".join(lines)
+
+
+def _units(shape, axes):
+    """Outer -> inner ``[size, kind]``: "N" untouched, "W" Walsh, "P" +-1 (size 1 dropped)."""
+    units = []
+    for i, k in enumerate(shape):
+        if k == 1:
+            continue
+        kind = "N" if i not in axes else ("W" if k & (k - 1) == 0 else "P")
+        if kind == "N" and units and units[-1][1] == "N":
+            units[-1][0] *= k
+        else:
+            units.append([k, kind])
+    return units
+
+
+def _groups(units, block, tile, wmin):
+    """Cut the units into groups, innermost first: list of (members outer->inner, C, R)
+    with C the extent inside the group and R the group's extent (its rows).  The first
+    group fits ``block`` elements; later ones ``tile`` elements with rows of at least
+    ``min(C, wmin)``."""
+    units = [list(u) for u in units]
+    groups = []
+    i = len(units) - 1
+    C = 1
+    while i >= 0:
+        d, kind = units[i]
+        if kind == "N":
+            C *= d
+            i -= 1
+            continue
+        cap = max(1, (block if C == 1 else tile) // min(C, wmin))
+        members = []
+        R = 1
+        while i >= 0:
+            d, kind = units[i]
+            if R * d <= cap:
+                members.append((d, kind))
+                R *= d
+                i -= 1
+                continue
+            if kind == "W" and 2 * R <= cap:
+                b = (cap // R).bit_length() - 1  # split the axis: its low 2^b fit
+                members.append((1 << b, "W"))
+                R <<= b
+                units[i][0] = d >> b
+                break
+            if not members:  # one +-1 axis larger than the block: alone
+                members.append((d, kind))
+                R *= d
+                i -= 1
+            break
+        while members[-1][1] == "N":  # untouched axes at the outer edge stay outside
+            d, _ = members.pop()
+            R //= d
+            i += 1
+        members.reverse()
+        groups.append((members, C, R))
+        C *= R
+    return groups
+
+
+def _program(members, transpose):
+    """Program rows for one group, in the reference's order of operations."""
+    strides = []
+    s = 1
+    for d, _ in reversed(members):
+        strides.append(s)
+        s *= d
+    strides.reverse()
+    steps = []  # ("W", h) or ("P", k, h)
+    for (d, kind), st in zip(members, strides):
+        if kind == "W":
+            steps += [("W", st << b) for b in range(d.bit_length() - 1)]
+        elif kind == "P":
+            steps.append(("P", d, st))
+    rows = []
+    i = 0
+    while i < len(steps):
+        if steps[i][0] == "P":
+            rows.append((_PMT if transpose else _PMF, steps[i][2], steps[i][1]) + (0,) * 7)
+            i += 1
+            continue
+        run = [steps[i][1]]
+        j = i + 1
+        direction = 0
+        while j < len(steps) and steps[j][0] == "W":
+            h = steps[j][1]
+            if direction >= 0 and h == 2 * run[-1]:
+                direction = 1
+            elif direction <= 0 and 2 * h == run[-1]:
+                direction = -1
+            else:
+                break
+            run.append(h)
+            j += 1
+        rows += _chunk_run(run, direction)
+        i = j
+    return rows
+
+
+def _bitrev(k, m):
+    return int(format(k, f"0{m}b")[::-1], 2) if m else 0
+
+
+def _chunk_run(run, direction):
+    """Fuse a run of consecutive butterfly stages (strides doubling, ascending or
+    descending) into radix-8/4/2 rows, a full radix-8 at the small-stride end."""
+    L = len(run)
+    q, r = divmod(L, 3)
+    sizes = [3] * (q - 1) + [2, 2] if (r == 1 and q >= 1) else [3] * q + ([r] if r else [])
+    hs = sorted(run)
+    chunks = []
+    pos = 0
+    for sz in sizes:
+        chunks.append((hs[pos], sz))
+        pos += sz
+    if direction < 0:
+        chunks.reverse()  # descending run: large strides first
+    rows = []
+    for h, m in chunks:
+        perm = [_bitrev(k, m) if direction < 0 else k for k in range(1 << m)]
+        offs = [pk * h for pk in perm[1:]]
+        rows.append(({1: _R2, 2: _R4, 3: _R8}[m], h, 0) + tuple(offs) + (0,) * (7 - len(offs)))
+    return rows
+
+
+@lru_cache(maxsize=256)
+def _plan_cached(shape, axes, itemsize, budgets, transpose):
+    block_bytes, tile_bytes, row_bytes, pad_bytes = budgets
+    pad = pad_bytes // itemsize
+    block = max(16, block_bytes // itemsize)
+    tile = max(16, tile_bytes // itemsize)
+    wmin = max(1, row_bytes // itemsize)
+    units = _units(shape, set(axes))
+    groups = _groups(units, block, tile, wmin) if units else []
+    total = 1
+    for k in shape:
+        total *= k
+    passes, progs, info = [], [], []
+    for members, C, R in reversed(groups):  # outer groups first: the reference's order
+        rows = _program(members, transpose)
+        if not rows:
+            continue
+        O = total // (R * C)
+        if R * C <= block or C < 8:
+            gather, w, tiles = 0, C, O
+        else:
+            gather, w = 1, min(C, wmin)
+            while 2 * w * R <= tile and 2 * w <= C:
+                w *= 2
+            tiles = O * (-(-C // w))
+        p0 = len(progs)
+        progs += rows
+        passes.append((R, C, w, gather, p0, len(progs), tiles, pad if gather else 0))
+        info.append(dict(R=R, C=C, w=w, gather=gather, tiles=tiles, rows=rows))
+    passes_a = np.array(passes, dtype=np.uint64).reshape(-1, 8)
+    progs_a = np.array(progs, dtype=np.uint64).reshape(-1, _NCOL)
+    passes_a.setflags(write=False)
+    progs_a.setflags(write=False)
+    return Plan(shape, axes, transpose, itemsize, passes_a, progs_a, info)
+
+
+def _budgets():
+    return (_BLOCK_BYTES, _TILE_BYTES, _MIN_ROW_BYTES, _PAD_BYTES)
+
+
+def _axis_index(ax, ndim):
+    ax = operator.index(ax)
+    if not -ndim <= ax < ndim:
+        raise np.exceptions.AxisError(ax, ndim)
+    return ax % ndim
+
+
+def plan(shape, axes=None, transpose: bool = False, itemsize: int = 8) -> Plan:
+    """The plan :func:`transform_inplace` follows for a table of ``shape``."""
+    shape = tuple(int(k) for k in shape)
+    ax = range(len(shape)) if axes is None else axes
+    ax = tuple(sorted({_axis_index(a, len(shape)) for a in ax}))
+    return _plan_cached(shape, ax, int(itemsize), _budgets(), bool(transpose))
+
+
+# ---------------------------------------------------------------------------------
+# Threads
+# ---------------------------------------------------------------------------------
+
+_pool_lock = threading.Lock()
+_pool = {"ex": None, "n": 0, "pid": None}
+
+
+def _num_threads() -> int:
+    try:
+        from numba import config
+        n = int(config.NUMBA_NUM_THREADS)
+    except Exception:  # pragma: no cover
+        n = os.cpu_count() or 1
+    return max(1, n)
+
+
+def _executor(n):
+    """A private pool of ``n - 1`` helper threads (the caller is the n-th); rebuilt
+    after a fork."""
+    with _pool_lock:
+        if _pool["ex"] is None or _pool["n"] != n or _pool["pid"] != os.getpid():
+            _pool["ex"] = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="fsll-transform")
+            _pool["n"] = n
+            _pool["pid"] = os.getpid()
+        return _pool["ex"]
+
+
+def _transform_threads(x, passes, progs, n):
+    ex = _executor(n)
+    for ps in range(passes.shape[0]):
+        nt = int(passes[ps, 6])
+        k = min(n, nt)
+        bounds = [nt * c // k for c in range(k + 1)]
+        futs = [ex.submit(_run_pass, x, passes, progs, ps, np.uint64(bounds[c]), np.uint64(bounds[c + 1]))
+                for c in range(1, k)]
+        _run_pass(x, passes, progs, ps, np.uint64(bounds[0]), np.uint64(bounds[1]))
+        for f in futs:
+            f.result()
+
+
+# ---------------------------------------------------------------------------------
+# Public entry points
+# ---------------------------------------------------------------------------------
+
+def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpose: bool = False,
+                      parallel: bool = True) -> None:
+    """Overwrite ``a`` with ``basis.transform(a, axes, transpose=transpose)``.
+
+    ``a``: C-contiguous, writeable ``float64`` or ``float32`` array of shape
+    ``(k_0, ..., k_{n-1})`` (0-d and empty arrays are no-ops).  ``axes``: the axes to
+    transform, all by default; negative indices allowed; an axis listed twice is
+    transformed twice, as in the reference.  ``transpose``: ``T^T`` instead of ``T``
+    (they differ only on ``+-1`` axes).  ``parallel``: split large tables between
+    ``numba.config.NUMBA_NUM_THREADS`` threads.
+
+    Raises ``TypeError`` for a non-float array and ``ValueError`` for a non-contiguous
+    or read-only one (use ``np.ascontiguousarray`` or ``basis.transform``).  Other
+    float dtypes (float16, longdouble, non-native byte order) are done by the numpy
+    reference and copied back.
+    """
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"transform_inplace needs a numpy array, got {type(a).__name__}")
+    if a.dtype.kind != "f":
+        raise TypeError(f"transform_inplace needs a float array (float64 or float32), got {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError("transform_inplace needs a C-contiguous array "
+                         "(use np.ascontiguousarray(a), or basis.transform(a) for a copy)")
+    if not a.flags.writeable:
+        raise ValueError("transform_inplace needs a writeable array")
+    ndim = a.ndim
+    ax_list = list(range(ndim)) if axes is None else [_axis_index(ax, ndim) for ax in axes]
+    if a.size == 0 or not ax_list:
+        return
+    if a.dtype not in (np.float64, np.float32) or not a.dtype.isnative:
+        from . import basis
+        a[...] = basis.transform(a, ax_list, transpose=transpose)
+        return
+    counts = {}
+    for ax in ax_list:
+        counts[ax] = counts.get(ax, 0) + 1
+    x = a.reshape(-1)
+    n = _num_threads() if parallel and a.size >= _PAR_MIN_SIZE else 1
+    for r in range(max(counts.values())):  # one round per multiplicity of an axis
+        axs = tuple(sorted(ax for ax, c in counts.items() if c > r))
+        pl = _plan_cached(tuple(a.shape), axs, a.itemsize, _budgets(), bool(transpose))
+        if pl.passes.shape[0] == 0:
+            continue
+        if n > 1:
+            _transform_threads(x, pl.passes, pl.progs, n)
+        else:
+            _transform_serial(x, pl.passes, pl.progs)
+
+
+def warmup() -> None:
+    """Compile (or load from numba's on-disk cache) the kernels for float64 and
+    float32 on tiny tables, so that compilation stays out of timed regions."""
+    for dt in (np.float64, np.float32):
+        t = np.ones((2, 3, 4), dtype=dt)
+        transform_inplace(t, parallel=False)
+        pl = plan(t.shape, None, True, t.itemsize)
+        _run_pass(t.reshape(-1), pl.passes, pl.progs, 0, np.uint64(0), pl.passes[0, 6])
