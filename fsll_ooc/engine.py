@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -350,6 +351,19 @@ def task_partner(ctx: Context, kind: str, idx: int, step: Step, vars_: tuple) ->
 
 # ----------------------------------------------------------------------------- engine
 
+class _Ticking:
+    """A task function that advances a progress bar when it finishes (threads/serial only)."""
+
+    def __init__(self, fn, bar):
+        self.fn, self.bar = fn, bar
+        self.__name__ = getattr(fn, "__name__", "task")
+
+    def __call__(self, *args):
+        out = self.fn(*args)
+        self.bar.update(1)
+        return out
+
+
 class Engine:
     """Table passes of one fit over the tables ``specs`` laid out by ``layout``."""
 
@@ -359,15 +373,28 @@ class Engine:
         self.ctx = Context(layout, tuple(specs), float(r0), tuple(float(x) for x in w))
         self.executor = executor
         self.passes = 0  # band passes run so far (each reads and/or writes whole tables)
+        self.progress = False  # per-pass bars (set by the estimator when bars are shown)
 
     # -- helpers
     def _run(self, kind: str, fn, argfn, reduce=True):
-        args = [argfn(i) for i in range(n_bands(self.layout, kind))]
+        nb = n_bands(self.layout, kind)
+        args = [argfn(i) for i in range(nb)]
         self.passes += 1
-        if reduce:
-            res = self.executor.run_reduce(fn, args, combine)
-        else:
-            res = self.executor.run(fn, args)
+        bar = None
+        if self.progress and nb >= 8 and not self.executor.distributed:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=nb, desc=f"{getattr(fn, '__name__', 'pass')} ({kind}-bands)", unit="band",
+                       leave=False, file=sys.stderr, dynamic_ncols=True)
+            fn = _Ticking(fn, bar)
+        try:
+            if reduce:
+                res = self.executor.run_reduce(fn, args, combine)
+            else:
+                res = self.executor.run(fn, args)
+        finally:
+            if bar is not None:
+                bar.close()
         for s in self.ctx.specs:
             storage.flush(s)
         return res
@@ -466,3 +493,33 @@ class Engine:
             ops += (("T", head, False),)
         res = self._run("B", task_map, lambda i: (self.ctx, "B", i, dst, dst, ops))
         return res.total
+
+    # -- gathers (fully corrective step, fsll_ooc.corrective) ------------------------------
+    def gather(self, flat: np.ndarray, table: int = TB) -> np.ndarray:
+        """Values of ``table`` (default ``thetabar``) at global flat indices ``flat``.
+
+        One task per A-band that holds some of them; each reads only those cells
+        (out of core: only the chunks holding them), never a whole table.
+        """
+        flat = np.asarray(flat, np.int64)
+        if flat.size == 0:
+            return np.zeros(0)
+        groups = self._group("A", flat)
+        keys = sorted(groups)
+        parts = self.executor.run(task_gather, [(self.ctx, table, groups[b][1]) for b in keys])
+        self.gathers = getattr(self, "gathers", 0) + 1
+        pos = {}
+        out = np.empty(flat.size)
+        order = np.concatenate([np.nonzero(global_to_band(self.layout, "A", flat)[0] == b)[0] for b in keys])
+        out[order] = np.concatenate(parts)
+        del pos
+        return out
+
+
+def task_gather(ctx: Context, table: int, flat: np.ndarray) -> np.ndarray:
+    """Read the cells ``flat`` (global C-order indices) of ``table``: a gather task."""
+    spec = ctx.specs[table]
+    arr = storage.open_table(spec)
+    if spec.backend == "zarr":
+        return np.asarray(arr.get_coordinate_selection(np.unravel_index(flat, spec.shape)), dtype=np.float64)
+    return np.asarray(arr.reshape(-1)[flat], dtype=np.float64)

@@ -58,16 +58,20 @@ class DaskExecutor(Executor):
             return self.scheduler.gather(futs)
         return list(dask.compute(*objs, scheduler=self.scheduler))
 
-    def run(self, fn, args):
+    @staticmethod
+    def _tasks(fn, args):
+        # functools.partial keeps dask from traversing our (dataclass) arguments on every call
         from dask import delayed
 
-        name = getattr(fn, "__name__", "task")
-        return self._compute([delayed(fn, pure=False, name=name)(*a) for a in args])
+        return [delayed(functools.partial(fn, *a), pure=False)() for a in args]
+
+    def run(self, fn, args):
+        return self._compute(self._tasks(fn, args))
 
     def run_reduce(self, fn, args, combine):
         from dask import delayed
 
-        level = [delayed(fn, pure=False)(*a) for a in args]
+        level = self._tasks(fn, args)
         comb = delayed(_combine_many, pure=True)
         while len(level) > 1:
             level = [comb(combine, *level[i:i + self.fan_in]) for i in range(0, len(level), self.fan_in)]

@@ -222,9 +222,11 @@ class FSLL:
             raise PlanError("infeasible fit:\n" + p.report())
         return p
 
+    def _show_progress(self) -> bool:
+        return bool(self.progress if self.progress is not None else sys.stderr.isatty())
+
     def _bar(self, desc: str):
-        show = self.progress if self.progress is not None else sys.stderr.isatty()
-        if not show:
+        if not self._show_progress():
             return None
         from tqdm.auto import tqdm
 
@@ -252,6 +254,7 @@ class FSLL:
         engine, specs = self._open_engine(plan, backend, cards, N, create=True)
         if backend != "numpy":
             self._persist(state, plan, backend, status="starting")
+        engine.progress = self._show_progress()
         engine.compute_targets(flat, N)
         engine.init_duals()
         self._run(engine, state, plan, backend, fresh=True)
@@ -283,6 +286,7 @@ class FSLL:
 
     def _run(self, engine, state, plan, backend, fresh):
         bar = self._bar("fsll fit")
+        engine.progress = bar is not None
         cb = (lambda s: self._persist(s, plan, backend, status="running")) if backend != "numpy" else None
         try:
             learn(engine, state, epsilon=self.epsilon, max_iter=self.max_iter, resync_every=self.resync_every,

@@ -1,0 +1,207 @@
+"""Out-of-core scaling: binary |X| = 2^22 .. 2^28 and a mixed-cardinality BN of ~2^30 cells.
+
+Each case runs in a child process.  As root, the child is first moved into a fresh
+memory cgroup (v1 ``memory.limit_in_bytes`` or v2 ``memory.max``) of ``--cap`` bytes,
+which counts the page cache too, so the figures mean "fits a laptop with that much
+memory".  Without root the script says so and measures without the cap.
+
+Needs: disk ``3 * 8 * |X|`` bytes per case under ``--dir`` (checked first: 2^28 needs
+6 GiB, the 2^30 BN 27 GiB); memory: ``--cap`` (default 4 GiB).
+
+Usage::
+
+    python bench/scale.py --cases 22 24 26 28 bn30 --cap 4GiB --dir /work/scratch \\
+        --max-iter 40 --out docs/benchmarks_scale.md
+
+Data: a random Bayesian network (each variable has up to 3 parents among earlier
+ones, conditional tables drawn from a flat Dirichlet), 10^5 training samples and
+10^4 held-out samples drawn by ancestral sampling (no dense table is ever built).
+Quality: held-out ``mean(log p*(x) - log p(x))``, an unbiased estimate of
+``KL(p* || p)``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+BN30_CARDS = (2, 3, 4, 5, 6, 2, 3, 4, 5, 6, 2, 3, 4, 5, 2, 3, 3)  # 1,119,744,000 cells = 2^30.06
+
+
+def random_bn(cards, n_parents, seed):
+    rng = np.random.default_rng(seed)
+    parents, cpts = [], []
+    for i, k in enumerate(cards):
+        ps = sorted(rng.choice(i, size=min(i, n_parents), replace=False).tolist()) if i else []
+        shape = [cards[p] for p in ps] + [k]
+        cpts.append(rng.dirichlet(np.ones(k), size=int(np.prod(shape[:-1], dtype=np.int64))).reshape(shape))
+        parents.append(ps)
+    return parents, cpts
+
+
+def ancestral_sample(cards, parents, cpts, n, seed):
+    rng = np.random.default_rng(seed)
+    X = np.zeros((n, len(cards)), np.int64)
+    for i, (ps, cpt) in enumerate(zip(parents, cpts)):
+        probs = cpt[tuple(X[:, p] for p in ps)] if ps else np.broadcast_to(cpt, (n, cards[i]))
+        cdf = np.cumsum(probs, axis=1)
+        X[:, i] = np.minimum((rng.random((n, 1)) * cdf[:, -1:] > cdf).sum(axis=1), cards[i] - 1)
+    return X
+
+
+def true_logp(X, parents, cpts):
+    out = np.zeros(len(X))
+    for i, (ps, cpt) in enumerate(zip(parents, cpts)):
+        out += np.log(cpt[tuple(X[:, p] for p in ps) + (X[:, i],)])
+    return out
+
+
+def enter_cgroup(cap: int) -> str:
+    """Move this process into a new memory cgroup of ``cap`` bytes; returns a description."""
+    if os.geteuid() != 0:
+        return "not root: no memory cgroup, the cap is not enforced"
+    name = f"fsll_bench_{os.getpid()}"
+    v1 = Path("/sys/fs/cgroup/memory")
+    v2 = Path("/sys/fs/cgroup")
+    try:
+        if v1.is_dir():
+            cg = v1 / name
+            cg.mkdir(exist_ok=True)
+            (cg / "memory.limit_in_bytes").write_text(str(cap))
+            (cg / "cgroup.procs").write_text(str(os.getpid()))
+            return f"cgroup v1 {cg} memory.limit_in_bytes={cap}"
+        if (v2 / "cgroup.controllers").exists():
+            cg = v2 / name
+            cg.mkdir(exist_ok=True)
+            (cg / "memory.max").write_text(str(cap))
+            (cg / "cgroup.procs").write_text(str(os.getpid()))
+            return f"cgroup v2 {cg} memory.max={cap}"
+    except OSError as e:
+        return f"could not set up a memory cgroup ({e}); the cap is not enforced"
+    return "no memory cgroup hierarchy found; the cap is not enforced"
+
+
+def cgroup_peak() -> int | None:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        parts = line.split(":")
+        if "memory" in parts[1].split(",") or parts[1] == "":
+            base = Path("/sys/fs/cgroup/memory" if parts[1] else "/sys/fs/cgroup") / parts[2].lstrip("/")
+            for f in ("memory.max_usage_in_bytes", "memory.peak"):
+                if (base / f).exists():
+                    return int((base / f).read_text())
+    return None
+
+
+def child(args) -> None:
+    """Run one case (in the child process) and print one JSON line."""
+    cgroup = enter_cgroup(args.cap)
+    from fsll_ooc import FSLL
+
+    cards = BN30_CARDS if args.case == "bn30" else (2,) * int(args.case)
+    parents, cpts = random_bn(cards, 3, seed=0)
+    X = ancestral_sample(cards, parents, cpts, args.n, seed=1)
+    H = ancestral_sample(cards, parents, cpts, 10_000, seed=2)
+    store = Path(args.dir) / f"scale_{args.case}.zarr"
+    t0 = time.perf_counter()
+    m = FSLL(store=store, memory_limit=args.cap, max_iter=args.max_iter, progress=args.progress)
+    m.fit(X)
+    total = time.perf_counter() - t0
+    hist = m.history_
+    iter_times = np.diff([h["time"] for h in hist[1:]]) if len(hist) > 2 else np.array([np.nan])
+    kl_heldout = float(np.mean(true_logp(H, parents, cpts) - m.log_prob(H)))
+    import resource
+
+    out = {
+        "case": args.case, "cells": math.prod(cards), "cards": list(cards), "n_samples": args.n,
+        "layout": [m.plan_.layout.a, m.plan_.layout.c], "chunk": list(m.plan_.layout.chunk_shape),
+        "plan_peak": m.plan_.peak_memory, "disk": m.plan_.disk_bytes,
+        "bytes_per_iter": m.plan_.bytes_per_iteration, "fit_seconds": total,
+        "setup_seconds": hist[1]["time"] if len(hist) > 1 else total,
+        "sec_per_iter_median": float(np.median(iter_times)), "n_iter": m.n_iter_, "converged": m.converged_,
+        "n_bases": m.n_bases_, "kl_data": m.kl_data_, "kl_heldout": kl_heldout,
+        "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cgroup_peak": cgroup_peak(),
+        "cgroup": cgroup,
+    }
+    print("RESULT " + json.dumps(out), flush=True)
+    if not args.keep:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def main(argv=None):
+    from fsll_ooc.planner import format_bytes, parse_bytes
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", nargs="+", default=["22", "24", "26", "28", "bn30"])
+    ap.add_argument("--cap", default="4GiB")
+    ap.add_argument("--dir", default="scratch")
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--max-iter", type=int, default=None)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--progress", action="store_true")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.cap = parse_bytes(args.cap)
+    if args.child:
+        args.case = args.child
+        return child(args)
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    rows = []
+    for case in args.cases:
+        cells = math.prod(BN30_CARDS) if case == "bn30" else 2 ** int(case)
+        need = 3 * 8 * cells
+        free = shutil.disk_usage(args.dir).free
+        if need * 1.05 > free:
+            print(f"skip {case}: needs {format_bytes(need)} of disk, {format_bytes(free)} free in {args.dir}")
+            continue
+        print(f"case {case}: {cells:,} cells, disk {format_bytes(need)}, memory cap {format_bytes(args.cap)}", flush=True)
+        cmd = [sys.executable, __file__, "--child", case, "--cap", str(args.cap), "--dir", args.dir, "--n", str(args.n)]
+        if args.max_iter is not None:
+            cmd += ["--max-iter", str(args.max_iter)]
+        if args.keep:
+            cmd.append("--keep")
+        if args.progress:
+            cmd.append("--progress")
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        res = [json.loads(l[7:]) for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+        if r.returncode != 0 or not res:
+            print(f"case {case} failed with exit code {r.returncode}")
+            rows.append({"case": case, "failed": r.returncode})
+            continue
+        rows.append(res[0])
+        print(json.dumps(res[0], indent=1), flush=True)
+    text = table(rows)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+def table(rows) -> str:
+    from fsll_ooc.planner import format_bytes
+
+    head = ("| case | cells | chunk cells | iterations | s/iteration | bytes/iteration | setup s | fit s | "
+            "peak RSS | cgroup peak (incl. page cache) | disk | KL(p_d‖p) | held-out KL(p*‖p) est. |")
+    out = [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if "failed" in r:
+            out.append(f"| {r['case']} | failed (exit {r['failed']}) |")
+            continue
+        conv = "" if r["converged"] else " (capped)"
+        cg = format_bytes(r["cgroup_peak"]) if r.get("cgroup_peak") else "n/a"
+        out.append(f"| {r['case']} | 2^{math.log2(r['cells']):.2f} | {math.prod(r['chunk']):,} | {r['n_iter']}{conv} | "
+                   f"{r['sec_per_iter_median']:.2f} | {format_bytes(r['bytes_per_iter'])} | {r['setup_seconds']:.1f} | "
+                   f"{r['fit_seconds']:.1f} | {format_bytes(r['rss_peak'])} | {cg} | {format_bytes(r['disk'])} | "
+                   f"{r['kl_data']:.3f} | {r['kl_heldout']:.4f} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    main()
