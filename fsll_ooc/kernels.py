@@ -26,7 +26,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["update_scan_perm", "update_scan_explicit", "reduce_rows"]
+__all__ = ["update_scan_perm", "update_scan_explicit", "reduce_rows", "warmup"]
 
 
 @njit(inline="always")
@@ -83,6 +83,55 @@ def _update_scan_perm(t, d, rP, rQ, r_const, permP, permQ, ch, sh, inv_den, thre
         row_pos[p] = bpos
 
 
+def _update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold, skip, row_best, row_pos):
+    # Same as _update_scan_perm when the permutation is (p ^ mp, q ^ mq): no index loads.
+    P, Q = t.shape
+    ca = ch * inv_den
+    sb = sh * inv_den
+    for p in prange(P):
+        pp = p ^ mp
+        best = threshold
+        bpos = np.int64(-1)
+        if p <= pp:
+            rp = r_const + rP[p]
+            rpp = r_const + rP[pp]
+            tp = t[p]
+            tpp = t[pp]
+            dp = d[p]
+            dpp = d[pp]
+            for q in range(Q):
+                qq = q ^ mq
+                if p == pp and q > qq:
+                    continue
+                a = tp[q]
+                b = tpp[qq]
+                na = ca * a + sb * b
+                nb = ca * b + sb * a
+                tp[q] = na
+                tpp[qq] = nb
+                da = dp[q]
+                r = rp + rQ[q]
+                if (r - best) * (1.0 - na * na) < (na - da) * (na - da):
+                    pos = np.int64(p) * Q + q
+                    if pos != skip:
+                        ex = _exact(na, da, r)
+                        if ex < best or (ex == best and pos < bpos):
+                            best = ex
+                            bpos = pos
+                if p != pp or q != qq:
+                    db = dpp[qq]
+                    r = rpp + rQ[qq]
+                    if (r - best) * (1.0 - nb * nb) < (nb - db) * (nb - db):
+                        pos = np.int64(pp) * Q + qq
+                        if pos != skip:
+                            ex = _exact(nb, db, r)
+                            if ex < best or (ex == best and pos < bpos):
+                                best = ex
+                                bpos = pos
+        row_best[p] = best
+        row_pos[p] = bpos
+
+
 def _update_scan_explicit(t, partner, d, rP, rQ, r_const, ch, sh, inv_den, update, threshold, skip, row_best, row_pos):
     P, Q = t.shape
     for p in prange(P):
@@ -109,6 +158,8 @@ def _update_scan_explicit(t, partner, d, rP, rQ, r_const, ch, sh, inv_den, updat
 
 _perm_serial = njit(cache=True, nogil=True)(_update_scan_perm)
 _perm_parallel = njit(cache=True, nogil=True, parallel=True)(_update_scan_perm)
+_xor_serial = njit(cache=True, nogil=True)(_update_scan_xor)
+_xor_parallel = njit(cache=True, nogil=True, parallel=True)(_update_scan_xor)
 _expl_serial = njit(cache=True, nogil=True)(_update_scan_explicit)
 _expl_parallel = njit(cache=True, nogil=True, parallel=True)(_update_scan_explicit)
 
@@ -136,6 +187,13 @@ def update_scan_perm(t, d, rP, rQ, r_const, permP, permQ, ch, sh, inv_den, thres
     Returns ``(best_delta, flat_position)``; position ``-1`` when no candidate beats ``threshold``.
     """
     rb, rp = _rows(t.shape[0])
+    P, Q = t.shape
+    mp, mq = int(permP[0]), int(permQ[0])
+    if np.array_equal(permP, np.arange(P) ^ mp) and np.array_equal(permQ, np.arange(Q) ^ mq):
+        fn = _xor_parallel if parallel else _xor_serial
+        fn(t, d, rP, rQ, float(r_const), np.int64(mp), np.int64(mq), float(ch), float(sh), float(inv_den),
+           float(threshold), np.int64(skip), rb, rp)
+        return reduce_rows(rb, rp)
     fn = _perm_parallel if parallel else _perm_serial
     fn(t, d, rP, rQ, float(r_const), permP, permQ, float(ch), float(sh), float(inv_den), float(threshold), np.int64(skip), rb, rp)
     return reduce_rows(rb, rp)
@@ -150,3 +208,14 @@ def update_scan_explicit(t, partner, d, rP, rQ, r_const, ch=1.0, sh=0.0, inv_den
         partner = t
     fn(t, partner, d, rP, rQ, float(r_const), float(ch), float(sh), float(inv_den), bool(update), float(threshold), np.int64(skip), rb, rp)
     return reduce_rows(rb, rp)
+
+
+def warmup() -> None:
+    """Compile (or load from numba's cache) every kernel variant on tiny inputs."""
+    t = np.zeros((2, 4))
+    d = np.zeros((2, 4))
+    r = np.zeros(2), np.zeros(4)
+    for par in (False, True):
+        update_scan_perm(t, d, *r, 0.0, np.array([1, 0]), np.array([1, 0, 3, 2]), 1.0, 0.0, 1.0, parallel=par)
+        update_scan_perm(t, d, *r, 0.0, np.array([0, 1]), np.array([0, 2, 1, 3]), 1.0, 0.0, 1.0, parallel=par)
+        update_scan_explicit(t, None, d, *r, 0.0, update=False, parallel=par)

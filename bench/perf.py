@@ -1,0 +1,143 @@
+"""In-core speed: the paper's six datasets, iteration cost in copy units, transform cost, a profile.
+
+Usage: python bench/perf.py [--out docs/benchmarks_perf.md] [--sizes 20 24 26] [--skip-profile]
+Memory: about 3 GiB at 2^26 (three tables of 512 MiB plus temporaries); disk: none.
+Time: a few minutes on 2 cores.
+
+"Copy units": seconds of the measured operation divided by the seconds numpy needs to
+copy one float64 table of the same |X| (``np.copyto``), measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from paper_table import PAPER, machine  # noqa: E402
+
+from fsll_ooc import FSLL, datasets  # noqa: E402
+
+
+def copy_seconds(size: int, reps: int = 7) -> float:
+    a = np.random.default_rng(0).random(size)
+    b = np.empty_like(a)
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        ts.append(time.perf_counter() - t)
+    return min(ts)
+
+
+def cold_fit_seconds(name: str) -> float:
+    """Fit in a fresh interpreter (numba's on-disk cache warm, nothing else)."""
+    code = ("import time; t=time.perf_counter(); from fsll_ooc import FSLL, datasets; "
+            f"X,_=datasets.paper_dataset({name!r}, seed=0); t1=time.perf_counter(); FSLL(progress=False).fit(X); "
+            "print(time.perf_counter()-t1)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+def paper_rows():
+    X0, _ = datasets.paper_dataset("Ising5x4S", seed=0)
+    FSLL(progress=False, max_iter=2).fit(X0)  # compile / load the kernels once
+    lines = ["| data | iterations | cold fit (s) | warm fit (s, best of 3) | paper (s) | speed-up vs paper | target (1/20) |",
+             "|---|---|---|---|---|---|---|"]
+    for name in datasets.PAPER_DATASETS:
+        X, _ = datasets.paper_dataset(name, seed=0)
+        cold = cold_fit_seconds(name)
+        warm = []
+        for _ in range(3):
+            t = time.perf_counter()
+            m = FSLL(progress=False).fit(X)
+            warm.append(time.perf_counter() - t)
+        w = min(warm)
+        paper = PAPER[name][3]
+        lines.append(f"| {name} | {m.n_iter_} | {cold:.2f} | {w:.2f} | {paper} | {paper / w:.1f}x | "
+                     f"{paper / 20:.2f} s {'met' if w <= paper / 20 else 'missed'} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def iteration_rows(sizes):
+    lines = ["| \\|X\\| | copy of one table (ms) | s / iteration (median) | copy units | full transform (ms) | transform copy units |",
+             "|---|---|---|---|---|---|"]
+    try:
+        from fsll_ooc.fast_transform import transform_inplace
+    except ImportError:  # pragma: no cover
+        transform_inplace = None
+    from fsll_ooc import basis
+
+    for lg in sizes:
+        n = int(lg)
+        size = 2**n
+        cp = copy_seconds(size)
+        rng = np.random.default_rng(n)
+        # data with structure so that iterations pick terms of several orders
+        X = rng.integers(0, 2, size=(20000, n))
+        for j in range(1, n):
+            flip = rng.random(20000) < 0.2
+            X[:, j] = np.where(flip, X[:, j], X[:, j - 1] ^ X[:, (j * 7) % j])
+        m = FSLL(progress=False, max_iter=30, resync_every=10**9).fit(X)
+        times = np.diff([h["time"] for h in m.history_[1:]])
+        it = float(np.median(times)) if len(times) else float("nan")
+        t = np.random.default_rng(1).random((2,) * n)
+        ts = []
+        for _ in range(3):
+            s = time.perf_counter()
+            if transform_inplace is not None:
+                transform_inplace(t)
+            else:
+                basis.transform(t)
+            ts.append(time.perf_counter() - s)
+        tr = min(ts)
+        lines.append(f"| 2^{n} | {cp * 1e3:.2f} | {it * 1e3:.2f} ms | {it / cp:.1f} | {tr * 1e3:.1f} | {tr / cp:.1f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def profile_text() -> str:
+    X, _ = datasets.paper_dataset("BN20-54L", seed=0)
+    FSLL(progress=False, max_iter=2).fit(X)
+    pr = cProfile.Profile()
+    pr.enable()
+    FSLL(progress=False).fit(X)
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(12)
+    body = [l for l in s.getvalue().splitlines() if l.strip()]
+    return "\n".join(body[:30])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--sizes", nargs="+", default=["20", "24", "26"])
+    ap.add_argument("--skip-profile", action="store_true")
+    ap.add_argument("--skip-paper", action="store_true")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    parts = [f"Machine: {machine()}. Load average at start: {os.getloadavg()[0]:.2f}.\n"]
+    if not args.skip_paper:
+        parts += ["### The paper's datasets (epsilon 1e-4)\n", *paper_rows(), ""]
+    parts += ["### One iteration and one full transform, in copy units\n", *iteration_rows(args.sizes), ""]
+    if not args.skip_profile:
+        parts += ["### Profile of one BN20-54L fit (cProfile, sorted by own time)\n", "```", profile_text(), "```", ""]
+    parts.append(f"Total benchmark time: {time.time() - t0:.0f} s.\n")
+    text = "\n".join(parts)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+
+
+if __name__ == "__main__":
+    main()
