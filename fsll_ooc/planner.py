@@ -45,6 +45,9 @@ TABLES = 3
 TASK_FACTOR = 4
 #: Resident memory of the interpreter, numpy, numba, zarr and dask before any table.
 BASE_OVERHEAD = 400 * 2**20
+#: Share of an out-of-core memory limit left to the page cache and I/O buffers (a cgroup
+#: limit counts them too; without headroom, writeback stalls or the kernel kills the fit).
+IO_HEADROOM = 0.25
 #: Preferred smallest chunk (elements): below about 1 MB per chunk, overhead grows.
 MIN_CHUNK = 2**17
 #: Smallest chunk accepted (elements): below it every pass drowns in per-chunk overhead.
@@ -258,7 +261,7 @@ def _costs(layout: Layout, itemsize: int, workers: int, out_of_core: bool):
     band = max(layout.a_band_elements, layout.b_band_elements if layout.a > 0 else 0)
     par = min(workers, max(layout.n_a_bands, 1)) if layout.a > 0 else 1
     task = TASK_FACTOR * band * itemsize
-    peak = BASE_OVERHEAD + par * task
+    peak = BASE_OVERHEAD + par * task  # process memory; the page cache comes on top (IO_HEADROOM)
     if not out_of_core:
         peak = BASE_OVERHEAD + (TABLES + 1) * size * itemsize  # tables + one band-sized temporary
     disk = TABLES * size * itemsize if out_of_core else 0
@@ -311,7 +314,7 @@ def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, dis
     elif not out_of_core:
         L = Layout(cards, 0, 0)
     else:
-        budget = (mem - BASE_OVERHEAD) if mem is not None else 2**31
+        budget = (int(mem * (1 - IO_HEADROOM)) - BASE_OVERHEAD) if mem is not None else 2**31
         band_max = max(budget // (workers * TASK_FACTOR * itemsize), 1)
         band_max = min(band_max, max(size // 4, 1)) if mem is None else band_max
         a = 0
