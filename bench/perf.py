@@ -104,6 +104,70 @@ def iteration_rows(sizes):
     return lines
 
 
+def numpy_iteration_seconds(n: int) -> float:
+    """The same fused update + scan written with plain numpy ufuncs (what numba replaces)."""
+    rng = np.random.default_rng(0)
+    t = rng.uniform(-0.01, 0.01, 2**n)
+    d = rng.uniform(-0.01, 0.01, 2**n)
+    r = np.full(2**n, 0.007)
+    perm = np.arange(2**n) ^ 5
+    ch, sh = np.cosh(0.1), np.sinh(0.1)
+    ts = []
+    for _ in range(5):
+        s = time.perf_counter()
+        new = (ch * t + sh * t[perm]) / (ch + sh * t[5])
+        diff = new - d
+        lb = r - diff * diff / (1 - new * new)
+        cand = np.nonzero(lb < 0)[0]
+        if len(cand):
+            a, dd = new[cand], d[cand]
+            ex = 0.5 * ((1 + dd) * (np.log1p(a) - np.log1p(dd)) + (1 - dd) * (np.log1p(-a) - np.log1p(-dd))) + r[cand]
+            int(cand[np.argmin(ex)])
+        ts.append(time.perf_counter() - s)
+    return min(ts)
+
+
+def numba_rows(sizes):
+    """What the compiled kernels buy: numpy-only vs compiled, same machine, same run."""
+    from fsll_ooc import basis, kernels
+
+    try:
+        from fsll_ooc.fast_transform import transform_inplace
+    except ImportError:  # pragma: no cover
+        return ["(fast_transform not available)"]
+    lines = ["| \\|X\\| | update+scan, numpy (ms) | update+scan, numba serial (ms) | numba 2 threads (ms) | "
+             "transform, numpy (ms) | transform, numba (ms) |", "|---|---|---|---|---|---|"]
+    for lg in sizes:
+        n = int(lg)
+        rng = np.random.default_rng(0)
+        P, Q = 2 ** (n - 14), 2**14
+        t = rng.uniform(-0.01, 0.01, (P, Q))
+        d = rng.uniform(-0.01, 0.01, (P, Q))
+        rP, rQ = np.full(P, 0.0035), np.full(Q, 0.0035)
+        permP, permQ = np.arange(P), np.arange(Q) ^ 5
+        res = {}
+        for par in (False, True):
+            kernels.update_scan_perm(t, d, rP, rQ, 0.0, permP, permQ, 1.0, 0.0, 1.0, parallel=par)
+            ts = []
+            for _ in range(5):
+                s = time.perf_counter()
+                kernels.update_scan_perm(t, d, rP, rQ, 0.0, permP, permQ, 1.0, 0.0, 1.0, parallel=par)
+                ts.append(time.perf_counter() - s)
+            res[par] = min(ts)
+        g = rng.random((2,) * n)
+        s = time.perf_counter()
+        basis.transform(g)
+        tnp = time.perf_counter() - s
+        transform_inplace(g.copy())
+        s = time.perf_counter()
+        transform_inplace(g)
+        tnb = time.perf_counter() - s
+        lines.append(f"| 2^{n} | {numpy_iteration_seconds(n) * 1e3:.1f} | {res[False] * 1e3:.1f} | {res[True] * 1e3:.1f} | "
+                     f"{tnp * 1e3:.0f} | {tnb * 1e3:.0f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def profile_text() -> str:
     X, _ = datasets.paper_dataset("BN20-54L", seed=0)
     FSLL(progress=False, max_iter=2).fit(X)
@@ -129,6 +193,7 @@ def main(argv=None):
     if not args.skip_paper:
         parts += ["### The paper's datasets (epsilon 1e-4)\n", *paper_rows(), ""]
     parts += ["### One iteration and one full transform, in copy units\n", *iteration_rows(args.sizes), ""]
+    parts += ["### What numba buys (same run)\n", *numba_rows(args.sizes[:2]), ""]
     if not args.skip_profile:
         parts += ["### Profile of one BN20-54L fit (cProfile, sorted by own time)\n", "```", profile_text(), "```", ""]
     parts.append(f"Total benchmark time: {time.time() - t0:.0f} s.\n")
