@@ -51,21 +51,24 @@ __all__ = ["transform_inplace", "plan", "Plan", "warmup"]
 # most _TILE_BYTES whose rows are at least _MIN_ROW_BYTES long (short rows make the
 # gather latency-bound: the prefetchers need long contiguous runs).
 _BLOCK_BYTES = 1 << 20
-_TILE_BYTES = 1 << 20
+_TILE_BYTES = 1 << 18
 _MIN_ROW_BYTES = 2048
 _PAD_BYTES = 64
+# Sub-blocks (bytes) for consecutive program rows acting within them (L1, L2).
+_SUB1_BYTES = 1 << 15
+_SUB2_BYTES = 1 << 18
 # Tables smaller than this (elements) are done on the calling thread only.
 _PAR_MIN_SIZE = 1 << 16
 # How many fibres a +-1 kernel keeps sums for (scratch length).
 _PM_CHUNK = 256
 
-# Program rows: (kind, h, k, o_1 .. o_7) with strides/offsets in rows of the group
+# Program rows: (kind, h, k, o_1 .. o_7, span) with strides/offsets in rows of the group
 # (multiplied by the tile width before use).  A radix-r row transforms fibres
 # x[b + o_k + j], j < h, with butterflies between positions k and k ^ 2^s for
 # s = 0, 1, ...: the offsets o_k put the stages in the wanted order (bit-reversed
 # offsets = descending strides).
 _R2, _R4, _R8, _PMF, _PMT = 0, 1, 2, 3, 4
-_NCOL = 10
+_NCOL = 11
 
 # ---------------------------------------------------------------------------------
 # Butterfly kernels (generated straight-line code).  The region is x[base:base+n];
@@ -173,9 +176,54 @@ def _r8(x, base, n, p, i):
 
 
 @njit(cache=True, nogil=True)
-def _r8_h1(x, base, n, p, i):
-    """Radix-8 butterflies at h = 1 (groups of 8 consecutive elements), scalar."""
-    step = np.uint64(8)
+def _r2s(x, base, n, p, i):
+    """Radix-2 butterflies at a small stride h = p[i, 1] < 8, fibre by fibre (offsets
+    read once: per-block reloads and alias checks would cost more than the work)."""
+    h = p[i, 1]
+    o1 = p[i, 3]
+    for b in range(base, base + n, h * np.uint64(2)):
+        for j in range(b, b + h):
+            x0 = x[j]
+            x1 = x[j + o1]
+            t0 = x0 + x1
+            t1 = x0 - x1
+            x[j] = t0
+            x[j + o1] = t1
+
+
+@njit(cache=True, nogil=True)
+def _r4s(x, base, n, p, i):
+    """Radix-4 butterflies at a small stride h = p[i, 1] < 8, fibre by fibre (offsets
+    read once: per-block reloads and alias checks would cost more than the work)."""
+    h = p[i, 1]
+    o1 = p[i, 3]
+    o2 = p[i, 4]
+    o3 = p[i, 5]
+    for b in range(base, base + n, h * np.uint64(4)):
+        for j in range(b, b + h):
+            x0 = x[j]
+            x1 = x[j + o1]
+            x2 = x[j + o2]
+            x3 = x[j + o3]
+            t0 = x0 + x1
+            t1 = x0 - x1
+            t2 = x2 + x3
+            t3 = x2 - x3
+            t4 = t0 + t2
+            t5 = t0 - t2
+            t6 = t1 + t3
+            t7 = t1 - t3
+            x[j] = t4
+            x[j + o1] = t6
+            x[j + o2] = t5
+            x[j + o3] = t7
+
+
+@njit(cache=True, nogil=True)
+def _r8s(x, base, n, p, i):
+    """Radix-8 butterflies at a small stride h = p[i, 1] < 8, fibre by fibre (offsets
+    read once: per-block reloads and alias checks would cost more than the work)."""
+    h = p[i, 1]
     o1 = p[i, 3]
     o2 = p[i, 4]
     o3 = p[i, 5]
@@ -183,52 +231,53 @@ def _r8_h1(x, base, n, p, i):
     o5 = p[i, 7]
     o6 = p[i, 8]
     o7 = p[i, 9]
-    for q in range(base, base + n, step):
-        x0 = x[q]
-        x1 = x[q + o1]
-        x2 = x[q + o2]
-        x3 = x[q + o3]
-        x4 = x[q + o4]
-        x5 = x[q + o5]
-        x6 = x[q + o6]
-        x7 = x[q + o7]
-        t0 = x0 + x1
-        t1 = x0 - x1
-        t2 = x2 + x3
-        t3 = x2 - x3
-        t4 = x4 + x5
-        t5 = x4 - x5
-        t6 = x6 + x7
-        t7 = x6 - x7
-        t8 = t0 + t2
-        t9 = t0 - t2
-        t10 = t1 + t3
-        t11 = t1 - t3
-        t12 = t4 + t6
-        t13 = t4 - t6
-        t14 = t5 + t7
-        t15 = t5 - t7
-        t16 = t8 + t12
-        t17 = t8 - t12
-        t18 = t10 + t14
-        t19 = t10 - t14
-        t20 = t9 + t13
-        t21 = t9 - t13
-        t22 = t11 + t15
-        t23 = t11 - t15
-        x[q] = t16
-        x[q + o1] = t18
-        x[q + o2] = t20
-        x[q + o3] = t22
-        x[q + o4] = t17
-        x[q + o5] = t19
-        x[q + o6] = t21
-        x[q + o7] = t23
+    for b in range(base, base + n, h * np.uint64(8)):
+        for j in range(b, b + h):
+            x0 = x[j]
+            x1 = x[j + o1]
+            x2 = x[j + o2]
+            x3 = x[j + o3]
+            x4 = x[j + o4]
+            x5 = x[j + o5]
+            x6 = x[j + o6]
+            x7 = x[j + o7]
+            t0 = x0 + x1
+            t1 = x0 - x1
+            t2 = x2 + x3
+            t3 = x2 - x3
+            t4 = x4 + x5
+            t5 = x4 - x5
+            t6 = x6 + x7
+            t7 = x6 - x7
+            t8 = t0 + t2
+            t9 = t0 - t2
+            t10 = t1 + t3
+            t11 = t1 - t3
+            t12 = t4 + t6
+            t13 = t4 - t6
+            t14 = t5 + t7
+            t15 = t5 - t7
+            t16 = t8 + t12
+            t17 = t8 - t12
+            t18 = t10 + t14
+            t19 = t10 - t14
+            t20 = t9 + t13
+            t21 = t9 - t13
+            t22 = t11 + t15
+            t23 = t11 - t15
+            x[j] = t16
+            x[j + o1] = t18
+            x[j + o2] = t20
+            x[j + o3] = t22
+            x[j + o4] = t17
+            x[j + o5] = t19
+            x[j + o6] = t21
+            x[j + o7] = t23
 
 
 @njit(cache=True, nogil=True)
 def _r8a_h8(x, base, n, p, i):
-    """Radix-8 at h = 8, ascending stages (constant strides: no runtime alias checks)."""
+    """Radix-8 at h = 8, ascending stages (constant strides: no run-time alias checks)."""
     h = np.uint64(8)
     step = np.uint64(64)
     for b in range(base, base + n, step):
@@ -284,7 +333,7 @@ def _r8a_h8(x, base, n, p, i):
 
 @njit(cache=True, nogil=True)
 def _r8d_h8(x, base, n, p, i):
-    """Radix-8 at h = 8, descending stages (constant strides: no runtime alias checks)."""
+    """Radix-8 at h = 8, descending stages (constant strides: no run-time alias checks)."""
     h = np.uint64(8)
     step = np.uint64(64)
     for b in range(base, base + n, step):
@@ -424,12 +473,43 @@ def _pairwise(x, q, n, sq, sn, sv):
 def _pm_c(x, base, n, k, tr):
     """+-1 basis on fibres of ``k`` consecutive elements (the table's last axis)."""
     one = np.uint64(1)
-    sq = np.empty(256, np.uint64)
-    sn = np.empty(256, np.uint64)
-    sv = np.empty(256, x.dtype)
+    eight = np.uint64(8)
+    lim = np.uint64(128)
+    # explicit stacks for _pairwise (only used when k > 128)
+    m = 256 if k > np.uint64(128) else 1
+    sq = np.empty(m, np.uint64)
+    sn = np.empty(m, np.uint64)
+    sv = np.empty(m, x.dtype)
     for q in range(base, base + n, k):
-        s = _pairwise(x, q, k, sq, sn, sv)
         x0 = x[q]
+        if k < eight:  # numpy: a plain loop below 8 elements
+            s = x0
+            for l in range(q + one, q + k):
+                s += x[l]
+        elif k <= lim:  # numpy: 8 accumulators (written out: a call per fibre costs more)
+            r0 = x0
+            r1 = x[q + one]
+            r2 = x[q + np.uint64(2)]
+            r3 = x[q + np.uint64(3)]
+            r4 = x[q + np.uint64(4)]
+            r5 = x[q + np.uint64(5)]
+            r6 = x[q + np.uint64(6)]
+            r7 = x[q + np.uint64(7)]
+            end8 = q + k - k % eight
+            for i in range(q + eight, end8, eight):
+                r0 += x[i]
+                r1 += x[i + one]
+                r2 += x[i + np.uint64(2)]
+                r3 += x[i + np.uint64(3)]
+                r4 += x[i + np.uint64(4)]
+                r5 += x[i + np.uint64(5)]
+                r6 += x[i + np.uint64(6)]
+                r7 += x[i + np.uint64(7)]
+            s = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+            for i in range(end8, q + k):
+                s += x[i]
+        else:
+            s = _pairwise(x, q, k, sq, sn, sv)
         if tr:
             b = (x0 + x0) - s  # (T^T g)_0 = g_0 - S1 = 2 g_0 - S
             x[q] = b
@@ -441,6 +521,30 @@ def _pm_c(x, base, n, k, tr):
             for l in range(q + one, q + k):
                 v = x[l]
                 x[l] = (v + v) - s
+
+
+@njit(cache=True, nogil=True)
+def _pm_f(x, base, n, k, st, tr):
+    """+-1 basis on fibres of ``k`` elements at a small stride ``st`` (2, 3), fibre by
+    fibre (scalar; sums in sequence, as numpy's reduction over a non-contiguous axis)."""
+    one = np.uint64(1)
+    for b in range(base, base + n, k * st):
+        for q in range(b, b + st):
+            x0 = x[q]
+            s = x0
+            for l in range(one, k):
+                s += x[q + l * st]
+            if tr:
+                t = (x0 + x0) - s
+                x[q] = t
+                for l in range(one, k):
+                    v = x[q + l * st]
+                    x[q + l * st] = (v + v) + t
+            else:
+                x[q] = s
+                for l in range(one, k):
+                    v = x[q + l * st]
+                    x[q + l * st] = (v + v) - s
 
 
 @njit(cache=True, nogil=True)
@@ -484,6 +588,19 @@ def _pm_s(x, base, n, k, st, tr, s):
 # ---------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
+def _grow(span, total, limit):
+    """A multiple of ``span`` dividing ``total`` (itself a multiple of ``span``), as large
+    as small prime factors allow without exceeding ``limit``."""
+    q = total // span
+    for f in (2, 3, 5, 7):
+        fu = np.uint64(f)
+        while q % fu == np.uint64(0) and span * fu <= limit:
+            span *= fu
+            q //= fu
+    return span
+
+
+@njit(cache=True, nogil=True)
 def _run_pass(x, passes, progs, ps, t0, t1):
     """Tiles ``t0 .. t1-1`` of pass ``ps``.  Tile ``t`` covers rows ``r < R`` of
     ``ww <= w`` contiguous elements at ``o R C + r C + c0`` (``o, c0`` from ``t``).
@@ -493,6 +610,9 @@ def _run_pass(x, passes, progs, ps, t0, t1):
     one = np.uint64(1)
     zero = np.uint64(0)
     eight = np.uint64(8)
+    four = np.uint64(4)
+    sub1 = np.uint64(_SUB1_BYTES // x.itemsize)
+    sub2 = np.uint64(_SUB2_BYTES // x.itemsize)
     R = passes[ps, 0]
     C = passes[ps, 1]
     w = passes[ps, 2]
@@ -516,7 +636,7 @@ def _run_pass(x, passes, progs, ps, t0, t1):
             for i in range(p.shape[0]):
                 p[i, 1] = prog[i, 1] * pitch
                 for c in range(3, p.shape[1]):
-                    p[i, c] = prog[i, c] * pitch
+                    p[i, c] = prog[i, c] * pitch  # offsets and span (column 10)
             cur = pitch
         if gather:
             for r in range(R):
@@ -530,26 +650,65 @@ def _run_pass(x, passes, progs, ps, t0, t1):
             y = x
             base = start
         n = R * pitch
-        for i in range(p.shape[0]):
-            kind = p[i, 0]
-            h = p[i, 1]
-            if kind == _R8:
-                if h == one:
-                    _r8_h1(y, base, n, p, i)
-                elif h == eight and p[i, 3] == eight:
-                    _r8a_h8(y, base, n, p, i)
-                elif h == eight and p[i, 3] == np.uint64(32):
-                    _r8d_h8(y, base, n, p, i)
-                else:
-                    _r8(y, base, n, p, i)
-            elif kind == _R4:
-                _r4(y, base, n, p, i)
-            elif kind == _R2:
-                _r2(y, base, n, p, i)
-            elif h == one:
-                _pm_c(y, base, n, p[i, 2], kind == _PMT)
+        # Rows run in order, but consecutive rows whose butterflies stay inside
+        # sub-blocks of <= sub2 (L2) or <= sub1 (L1) elements run sub-block by
+        # sub-block (spans form a divisibility chain, so this only reorders
+        # independent work): fewer sweeps through the larger caches.
+        nrows = p.shape[0]
+        i0 = 0
+        while i0 < nrows:
+            i1 = i0 + 1
+            s0 = p[i0, 10]
+            if s0 > sub2:
+                s0 = n
             else:
-                _pm_s(y, base, n, p[i, 2], h, kind == _PMT, s)
+                while i1 < nrows and p[i1, 10] <= sub2:
+                    s0 = max(s0, p[i1, 10])
+                    i1 += 1
+                s0 = _grow(s0, n, sub2)
+            for b0 in range(base, base + n, s0):
+                k = i0
+                while k < i1:
+                    kend = k + 1
+                    s1 = p[k, 10]
+                    if s1 > sub1:
+                        s1 = s0
+                    else:
+                        while kend < i1 and p[kend, 10] <= sub1:
+                            s1 = max(s1, p[kend, 10])
+                            kend += 1
+                        s1 = _grow(s1, s0, sub1)
+                    for b1 in range(b0, b0 + s0, s1):
+                        for i in range(k, kend):
+                            kind = p[i, 0]
+                            h = p[i, 1]
+                            if kind == _R8:
+                                if h < eight:
+                                    _r8s(y, b1, s1, p, i)
+                                elif h == eight and p[i, 3] == eight:
+                                    _r8a_h8(y, b1, s1, p, i)
+                                elif h == eight and p[i, 3] == np.uint64(32):
+                                    _r8d_h8(y, b1, s1, p, i)
+                                else:
+                                    _r8(y, b1, s1, p, i)
+                            elif kind == _R4:
+                                if h < eight:
+                                    _r4s(y, b1, s1, p, i)
+                                else:
+                                    _r4(y, b1, s1, p, i)
+                            elif kind == _R2:
+                                if h < eight:
+                                    _r2s(y, b1, s1, p, i)
+                                else:
+                                    _r2(y, b1, s1, p, i)
+                            elif h == one:
+                                _pm_c(y, b1, s1, p[i, 2], kind == _PMT)
+                            elif h < four:
+                                _pm_f(y, b1, s1, p[i, 2], h, kind == _PMT)
+                            else:
+                                _pm_s(y, b1, s1, p[i, 2], h, kind == _PMT, s)
+                    k = kend
+            i0 = i1
         if gather:
             for r in range(R):
                 src = start + r * C
@@ -577,7 +736,7 @@ class Plan:
         self.transpose = transpose
         self.itemsize = itemsize
         self.passes = passes  # uint64 (npass, 8): R, C, w, gather, p0, p1, ntiles, pad
-        self.progs = progs    # uint64 (nrows, _NCOL): kind, h, k, o_1 .. o_7
+        self.progs = progs    # uint64 (nrows, _NCOL): kind, h, k, o_1 .. o_7, span
         self.info = info      # per pass: dict(R, C, w, gather, tiles, rows)
 
     @property
@@ -674,7 +833,8 @@ def _program(members, transpose):
     i = 0
     while i < len(steps):
         if steps[i][0] == "P":
-            rows.append((_PMT if transpose else _PMF, steps[i][2], steps[i][1]) + (0,) * 7)
+            rows.append((_PMT if transpose else _PMF, steps[i][2], steps[i][1]) + (0,) * 7
+                        + (steps[i][1] * steps[i][2],))
             i += 1
             continue
         run = [steps[i][1]]
@@ -717,7 +877,8 @@ def _chunk_run(run, direction):
     for h, m in chunks:
         perm = [_bitrev(k, m) if direction < 0 else k for k in range(1 << m)]
         offs = [pk * h for pk in perm[1:]]
-        rows.append(({1: _R2, 2: _R4, 3: _R8}[m], h, 0) + tuple(offs) + (0,) * (7 - len(offs)))
+        rows.append(({1: _R2, 2: _R4, 3: _R8}[m], h, 0) + tuple(offs) + (0,) * (7 - len(offs))
+                    + (h << m,))
     return rows
 
 
