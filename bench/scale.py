@@ -170,11 +170,17 @@ def main(argv=None):
             cmd.append("--keep")
         if args.progress:
             cmd.append("--progress")
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-        res = [json.loads(l[7:]) for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-        if r.returncode != 0 or not res:
-            print(f"case {case} failed with exit code {r.returncode}")
-            rows.append({"case": case, "failed": r.returncode})
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        stdout, _ = proc.communicate()
+        for base in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")):  # the child's cgroup, now empty
+            try:
+                (base / f"fsll_bench_{proc.pid}").rmdir()
+            except OSError:
+                pass
+        res = [json.loads(l[7:]) for l in stdout.splitlines() if l.startswith("RESULT ")]
+        if proc.returncode != 0 or not res:
+            print(f"case {case} failed with exit code {proc.returncode}")
+            rows.append({"case": case, "failed": proc.returncode})
             continue
         rows.append(res[0])
         print(json.dumps(res[0], indent=1), flush=True)
