@@ -12,6 +12,7 @@ Usage::
 
     python bench/scale.py --cases 22 24 26 28 bn30 --cap 4GiB --dir /work/scratch \\
         --max-iter 40 --out docs/benchmarks_scale.md
+    python bench/scale.py --cases 26 --workers 1 2 --max-iter 20     # LocalCluster speed-up
 
 Data: a random Bayesian network (each variable has up to 3 parents among earlier
 ones, conditional tables drawn from a flat Dirichlet), 10^5 training samples and
@@ -109,18 +110,29 @@ def child(args) -> None:
     parents, cpts = random_bn(cards, 3, seed=0)
     X = ancestral_sample(cards, parents, cpts, args.n, seed=1)
     H = ancestral_sample(cards, parents, cpts, 10_000, seed=2)
-    store = Path(args.dir) / f"scale_{args.case}.zarr"
+    store = Path(args.dir) / f"scale_{args.case}_{args.workers}.zarr"
+    client = cluster = None
+    if args.workers:
+        from distributed import Client, LocalCluster
+
+        # each worker gets an equal share of the cap; the planner sees the cluster's thread count
+        cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                               memory_limit=args.cap // (args.workers + 1), dashboard_address=None)
+        client = Client(cluster)
     t0 = time.perf_counter()
-    m = FSLL(store=store, memory_limit=args.cap, max_iter=args.max_iter, progress=args.progress)
+    m = FSLL(store=store, memory_limit=args.cap, max_iter=args.max_iter, progress=args.progress, scheduler=client)
     m.fit(X)
     total = time.perf_counter() - t0
+    if client is not None:
+        client.close()
+        cluster.close()
     hist = m.history_
     iter_times = np.diff([h["time"] for h in hist[1:]]) if len(hist) > 2 else np.array([np.nan])
     kl_heldout = float(np.mean(true_logp(H, parents, cpts) - m.log_prob(H)))
     import resource
 
     out = {
-        "case": args.case, "cells": math.prod(cards), "cards": list(cards), "n_samples": args.n,
+        "case": args.case + (f" ({args.workers} workers)" if args.workers else ""), "cells": math.prod(cards), "cards": list(cards), "n_samples": args.n,
         "layout": [m.plan_.layout.a, m.plan_.layout.c], "chunk": list(m.plan_.layout.chunk_shape),
         "plan_peak": m.plan_.peak_memory, "disk": m.plan_.disk_bytes,
         "bytes_per_iter": m.plan_.bytes_per_iteration, "fit_seconds": total,
@@ -147,15 +159,18 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--progress", action="store_true")
+    ap.add_argument("--workers", type=int, nargs="*", default=[0],
+                    help="dask.distributed LocalCluster sizes to run each case with (0: default threads)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.cap = parse_bytes(args.cap)
     if args.child:
         args.case = args.child
+        args.workers = args.workers[0]
         return child(args)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     rows = []
-    for case in args.cases:
+    for case, workers in [(c, w) for c in args.cases for w in args.workers]:
         cells = math.prod(BN30_CARDS) if case == "bn30" else 2 ** int(case)
         need = 3 * 8 * cells
         free = shutil.disk_usage(args.dir).free
@@ -163,7 +178,8 @@ def main(argv=None):
             print(f"skip {case}: needs {format_bytes(need)} of disk, {format_bytes(free)} free in {args.dir}")
             continue
         print(f"case {case}: {cells:,} cells, disk {format_bytes(need)}, memory cap {format_bytes(args.cap)}", flush=True)
-        cmd = [sys.executable, __file__, "--child", case, "--cap", str(args.cap), "--dir", args.dir, "--n", str(args.n)]
+        cmd = [sys.executable, __file__, "--child", case, "--cap", str(args.cap), "--dir", args.dir, "--n", str(args.n),
+               "--workers", str(workers)]
         if args.max_iter is not None:
             cmd += ["--max-iter", str(args.max_iter)]
         if args.keep:
