@@ -158,9 +158,9 @@ def apply_product(g: np.ndarray, axis: int, b: int) -> np.ndarray:
     k = g.shape[axis]
     if b == 0:
         return g.copy()
-    x = np.moveaxis(g, axis, 0)
     if is_walsh(k):
-        return np.moveaxis(x[np.arange(k) ^ b], 0, axis).copy()
+        return np.take(g, np.arange(k) ^ b, axis=axis)  # one C-contiguous copy
+    x = np.moveaxis(g, axis, 0)
     out = np.empty_like(x)
     # rows a not in {0, b}: -(g_0 + g_a + g_b)
     common = x[0] + x[b]
