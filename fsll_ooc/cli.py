@@ -3,15 +3,23 @@
 Commands (each has ``--help``):
 
 * ``demo``   fit the paper's dataset(s) and print the paper-style result row(s);
-* ``fit``    read a ``.csv``/``.npy``/``.parquet`` file, fit a model, save it;
-* ``info``   summary of a saved model and its terms sorted by ``|theta|``;
+* ``fit``    read a ``.csv``/``.npy``/``.parquet`` file, fit a model (in core, or out of
+  core with ``--store``), save it;
+* ``info``   summary of a saved model and its terms sorted by their share of the cost
+  reduction (:func:`fsll_ooc.queries.interactions`);
 * ``sample`` draw samples from a saved model, as CSV with the original labels;
-* ``score``  mean log-likelihood of a data file under a saved model.
+* ``score``  mean log-likelihood of a data file under a saved model;
+* ``plot``   save PNGs: cost per iteration and the interaction graph;
+* ``plan``   the chunk plan of a fit (memory, disk, passes) before anything is allocated;
+  ``tools/plan_memory.py`` is the same command.
+
+``MODEL`` arguments are a file written by ``fit``, or the store directory of a
+completed out-of-core fit (then queries stream over its tables).
 
 Exit codes: 0 success; 2 bad input or usage (printed as one line
 ``fsll-ooc: error: ...`` on stderr, no traceback); 1 unexpected failure (one line,
-``--debug`` shows the traceback).  Progress bars go to stderr, and only when stderr is
-a terminal and ``--quiet`` is not given.
+``--debug`` shows the traceback); 3 ``plan`` found the problem infeasible.  Progress
+bars go to stderr, and only when stderr is a terminal and ``--quiet`` is not given.
 
 Adding a command: write ``_register_<name>(subparsers)`` that adds a sub-parser and
 sets ``func=`` to a function ``(args) -> int``, and append it to ``_REGISTRARS``.
@@ -34,8 +42,13 @@ import numpy as np
 
 from . import __version__
 from .io import DataError, decode, encode, encode_with, read_table
+from .queries import describe_factor as _describe_factor, factor_text as _factor_text, labels as _labels_of
 
 PROG = "fsll-ooc"
+#: Labels of a CLI fit, kept in its store so that the store itself can serve as MODEL.
+LABELS_FILE = "fsll_cli_labels.json"
+#: Exit code of ``plan`` (and ``tools/plan_memory.py``) when the problem does not fit.
+EXIT_INFEASIBLE = 3
 
 #: Table 1 of the paper (Java, i7-6700K): KL(pd||p), KL(p*||p), #basis, seconds.
 PAPER_TABLE1 = {
@@ -115,8 +128,27 @@ def _float(x) -> float | None:
 
 
 def _load_model(path: str):
+    """A model file, or the store directory of a completed out-of-core fit."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such model file: '{path}'")
+    if os.path.isdir(path):
+        from .model import STATE_FILE
+        from .storage import read_json
+
+        state = os.path.join(path, STATE_FILE)
+        if not os.path.exists(state):
+            raise DataError(f"'{path}' is a directory but not an fsll-ooc store (no {STATE_FILE})")
+        with _user_input():
+            status = read_json(state).get("status")
+            if status != "complete":
+                raise DataError(f"the fit in store '{path}' is not complete (status {status!r}); "
+                                "finish it with FSLL.resume(store) in Python")
+            model = _model_class().resume(path, progress=False)
+            labels = os.path.join(path, LABELS_FILE)
+            if getattr(model, "feature_names_in_", None) is None and os.path.exists(labels):
+                obj = read_json(labels)
+                _set_labels(model, obj["names"], obj["categories"])
+            return model
     with _user_input():
         return _model_class().load(path)
 
@@ -138,16 +170,6 @@ def _set_labels(model, names, categories) -> None:
     else:  # older model without the helper
         model.feature_names_in_ = list(names)
         model.categories_ = [list(c) for c in categories]
-
-
-def _labels_of(model) -> tuple[list, list]:
-    """(names, categories) of a model; defaults X0.. and 0..k-1 when it has none."""
-    ks = tuple(int(k) for k in model.cardinalities_)
-    names = getattr(model, "feature_names_in_", None)
-    cats = getattr(model, "categories_", None)
-    names = list(names) if names is not None else [f"X{i}" for i in range(len(ks))]
-    cats = [list(c) for c in cats] if cats is not None else [list(range(k)) for k in ks]
-    return names, cats
 
 
 # ---------------------------------------------------------------- argument types
@@ -301,26 +323,68 @@ def _register_fit(sub) -> None:
                    help="stopping threshold on the cost improvement (default: %(default)s)")
     p.add_argument("--max-iter", type=_positive_int, default=None, metavar="N",
                    help="stop after N iterations (default: no limit)")
+    p.add_argument("--store", metavar="DIR",
+                   help="fit out of core: keep the working tables in this directory (Zarr v3); "
+                        "check the budget first with 'fsll-ooc plan'. The finished store can be "
+                        "given as MODEL to info/sample/score/plot.")
+    p.add_argument("--memory-limit", metavar="SIZE",
+                   help="memory budget such as 4GiB; the planner picks a chunk layout within it "
+                        "(default: the machine's RAM in core; 2 GiB out of core)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run the chunk passes on a dask.distributed cluster, e.g. tcp://host:8786 "
+                        "(every worker must see the --store directory)")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar (the summary is still printed)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_fit)
 
 
+def _connect(address: str):
+    """A ``dask.distributed.Client`` for ``address``; a refused connection is the user's input."""
+    try:
+        from dask.distributed import Client
+    except ImportError as exc:  # pragma: no cover - distributed is a dependency
+        raise ImportError("--scheduler needs dask.distributed: pip install distributed") from exc
+    try:
+        return Client(address, timeout="10s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise DataError(f"cannot connect to the dask scheduler at '{address}': {exc}") from None
+
+
 def _cmd_fit(args) -> int:
+    from .planner import PlanError, parse_bytes
+
     _check_writable(args.out, "model")
+    if args.store is not None and os.path.isfile(args.store):
+        raise DataError(f"--store must be a directory, but '{args.store}' is a file")
     FSLL = _model_class()
     with _user_input():
+        memory = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
         data = read_table(args.data)
         enc = encode(data, cardinalities=args.cardinalities)
         del data
-        model = FSLL(cardinalities=enc.cardinalities, epsilon=args.epsilon,
-                     max_iter=args.max_iter, progress=_show_progress(args))
-    t0 = time.perf_counter()
-    model.fit(enc.codes)
-    seconds = time.perf_counter() - t0
+    client = _connect(args.scheduler) if args.scheduler else None
+    try:
+        with _user_input():
+            model = FSLL(cardinalities=enc.cardinalities, epsilon=args.epsilon, max_iter=args.max_iter,
+                         store=args.store, memory_limit=memory, scheduler=client, progress=_show_progress(args))
+        t0 = time.perf_counter()
+        try:
+            model.fit(enc.codes)
+        except PlanError as exc:  # the budget does not fit the problem: the user's input
+            raise DataError(str(exc)) from exc
+        seconds = time.perf_counter() - t0
+    finally:
+        if client is not None:
+            client.close()
     _set_labels(model, enc.names, enc.categories)
     model.save(args.out)
+    if args.store is not None:
+        from .model import _jsonable
+        from .storage import write_json_atomic
+
+        write_json_atomic(os.path.join(args.store, LABELS_FILE),
+                          {"names": enc.names, "categories": _jsonable(enc.categories)})
     summary = {
         "data": args.data,
         "model": args.out,
@@ -334,6 +398,7 @@ def _cmd_fit(args) -> int:
         "cost": _float(getattr(model, "cost_", None)),
         "kl_data": _float(getattr(model, "kl_data_", None)),
         "seconds": seconds,
+        "store": args.store,
     }
     if args.json:
         _print_json(summary)
@@ -344,7 +409,7 @@ def _cmd_fit(args) -> int:
     print(f"  bases {summary['n_bases']}   iterations {summary['n_iter']}   "
           f"cost {_fmt_num(summary['cost'])}   KL(pd||p) {_fmt_num(summary['kl_data'])}   "
           f"time {seconds:.2f} s")
-    print(f"  saved to {args.out}")
+    print(f"  saved to {args.out}" + (f" (tables in store {args.store})" if args.store else ""))
     return 0
 
 
@@ -356,70 +421,38 @@ def _fmt_num(x, spec: str = ".4f") -> str:
 
 def _register_info(sub) -> None:
     p = sub.add_parser(
-        "info", help="summary of a saved model and its terms sorted by |theta|",
-        description="Print a saved model's summary and its selected terms sorted by |theta|. "
-                    "A term adds theta * Phi_y(x) to log p(x) (up to log Z). Each variable in "
-                    "a term is shown with the categories on which its basis function is +1 "
-                    "(e.g. 'colour=red'; -1 elsewhere); Phi_y(x) is the product, i.e. +1 when "
-                    "an even number of the shown conditions fail.")
-    p.add_argument("model", metavar="MODEL", help="a model saved by 'fsll-ooc fit'")
+        "info", help="summary of a saved model and its terms, most important first",
+        description="Print a saved model's summary and its selected terms, sorted by their share "
+                    "of the fit's cost reduction (the gain of the iteration that appended the term "
+                    "plus its later adjustments). A term adds theta * Phi_y(x) to log p(x) (up to "
+                    "log Z). Each variable in a term is shown with the categories on which its "
+                    "basis function is +1 (e.g. 'colour=red'; -1 elsewhere); Phi_y(x) is the "
+                    "product, i.e. +1 when an even number of the shown conditions fail. Order = "
+                    "number of variables in the term: order >= 2 terms are interactions.")
+    p.add_argument("model", metavar="MODEL", help="a model saved by 'fsll-ooc fit' (or a completed store)")
     p.add_argument("--top", type=_nonneg_int, default=20, metavar="K",
-                   help="show the K largest terms; 0 shows all (default: %(default)s)")
+                   help="show the K most important terms; 0 shows all (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print summary and terms as JSON")
     p.set_defaults(func=_cmd_info)
 
 
-def _is_walsh(k: int) -> bool:
-    return k >= 1 and (k & (k - 1)) == 0
-
-
-def _plus_set(k: int, j: int) -> list[int]:
-    """Categories l where the local basis function phi_j(l) is +1."""
-    if _is_walsh(k):
-        return [l for l in range(k) if bin(j & l).count("1") % 2 == 0]
-    return [j]
-
-
-def _describe_factor(name: str, cats: list, k: int, j: int) -> dict:
-    plus = _plus_set(k, j)
-    return {
-        "var": name,
-        "index": j,
-        "basis": "walsh" if _is_walsh(k) else "indicator",
-        "plus": [cats[l] for l in plus],
-    }
-
-
-def _factor_text(f: dict, limit: int = 6) -> str:
-    plus = f["plus"]
-    if len(plus) == 1:
-        return f"{f['var']}={plus[0]}"
-    shown = ",".join(str(v) for v in plus[:limit])
-    if len(plus) > limit:
-        shown += f",...({len(plus)})"
-    return f"{f['var']} in {{{shown}}}"
-
-
-def _terms(model, names, cats) -> list[dict]:
-    ks = tuple(int(k) for k in model.cardinalities_)
-    out = []
-    for y, theta in dict(model.theta_).items():
-        y = tuple(int(v) for v in y)
-        theta = float(theta)
-        if not any(y) or theta == 0.0:
-            continue
-        factors = [_describe_factor(names[i], cats[i], ks[i], yi) for i, yi in enumerate(y) if yi]
-        out.append({"y": list(y), "theta": theta, "order": len(factors), "factors": factors})
-    out.sort(key=lambda t: (-abs(t["theta"]), t["order"], t["y"]))
-    return out
+def _nan_to_none(x):
+    return None if isinstance(x, float) and math.isnan(x) else x
 
 
 def _cmd_info(args) -> int:
+    from .queries import interactions
+
     model = _load_model(args.model)
     names, cats = _labels_of(model)
     ks = tuple(int(k) for k in model.cardinalities_)
-    terms = _terms(model, names, cats)
+    terms = [{"term": t["term"], "variables": list(t["variables"]), "order": t["order"], "theta": t["theta"],
+              "share": _nan_to_none(t["share"]), "y": list(t["y"]), "factors": t["factors"]}
+             for t in interactions(model, as_frame=False)]
     shown = terms if args.top == 0 else terms[:args.top]
+    by_order: dict[int, int] = {}
+    for t in terms:
+        by_order[t["order"]] = by_order.get(t["order"], 0) + 1
     summary = {
         "model": args.model,
         "n_vars": len(ks),
@@ -434,6 +467,7 @@ def _cmd_info(args) -> int:
         "cost": _float(getattr(model, "cost_", None)),
         "kl_data": _float(getattr(model, "kl_data_", None)),
         "n_terms": len(terms),
+        "terms_by_order": {str(o): c for o, c in sorted(by_order.items())},
         "terms": shown,
     }
     if args.json:
@@ -450,12 +484,13 @@ def _cmd_info(args) -> int:
     if not terms:
         print("  no terms: the model is the uniform distribution")
         return 0
+    print("  terms       " + ", ".join(f"{c} of order {o}" for o, c in sorted(by_order.items())))
     more = "" if len(shown) == len(terms) else f" (top {len(shown)} of {len(terms)}; --top 0 shows all)"
-    print(f"\nterms by |theta|{more}:")
-    print(f"  {'#':>4}  {'theta':>10}  {'order':>5}  term")
+    print(f"\nterms by share of the cost reduction{more}:")
+    print(f"  {'#':>4}  {'share':>6}  {'theta':>9}  {'order':>5}  term")
     for r, t in enumerate(shown, 1):
-        text = " * ".join(_factor_text(f) for f in t["factors"])
-        print(f"  {r:>4}  {t['theta']:>+10.4f}  {t['order']:>5}  {text}")
+        share = "n/a" if t["share"] is None else f"{100 * t['share']:.1f}%"
+        print(f"  {r:>4}  {share:>6}  {t['theta']:>+9.4f}  {t['order']:>5}  {t['term']}")
     return 0
 
 
@@ -471,11 +506,15 @@ def _register_sample(sub) -> None:
                    help="number of samples")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh entropy)")
     p.add_argument("--out", "-o", metavar="FILE.csv", help="write here instead of stdout")
+    p.add_argument("--json", action="store_true",
+                   help="write the samples to stdout as a JSON list of records instead of CSV")
     p.set_defaults(func=_cmd_sample)
 
 
 def _cmd_sample(args) -> int:
     model = _load_model(args.model)
+    if args.json and args.out is not None:
+        raise UsageError("--json writes to stdout; it cannot be combined with --out")
     if args.out is not None and not args.out.lower().endswith(".csv"):
         raise DataError(f"--out must name a .csv file, got '{args.out}'")
     if args.out is not None:
@@ -483,7 +522,9 @@ def _cmd_sample(args) -> int:
     names, cats = _labels_of(model)
     codes = model.sample(args.n, random_state=args.seed)
     df = decode(codes, cats, names)
-    if args.out is None:
+    if args.json:
+        _print_json([{nm: cats[j][int(c)] for j, (nm, c) in enumerate(zip(names, row))} for row in codes])
+    elif args.out is None:
         df.to_csv(sys.stdout, index=False, lineterminator="\n")
     else:
         df.to_csv(args.out, index=False, lineterminator="\n")
@@ -529,17 +570,144 @@ def _cmd_score(args) -> int:
     return 0
 
 
+# -------------------------------------------------------------------------- plot
+
+def _register_plot(sub) -> None:
+    p = sub.add_parser(
+        "plot", help="save PNGs: cost per iteration and the interaction graph",
+        description="Save two PNG files: PREFIX-cost.png (cost and number of bases per iteration; "
+                    "needs the fit history, which 'fsll-ooc fit' saves) and PREFIX-interactions.png "
+                    "(variables on a circle; an edge's width is the strength of the pairwise terms "
+                    "of its two variables, higher-order terms are hubs joined to their variables, "
+                    "a variable's ring is the strength of its single-variable terms). Strength is "
+                    "the share of the cost reduction (or |theta| with --weight theta). "
+                    "Needs matplotlib: pip install \"fsll-ooc[docs]\".")
+    p.add_argument("model", metavar="MODEL", help="a model saved by 'fsll-ooc fit' (or a completed store)")
+    p.add_argument("--out-dir", "-d", default=".", metavar="DIR",
+                   help="directory for the PNGs, created if needed (default: current directory)")
+    p.add_argument("--prefix", metavar="NAME",
+                   help="file name prefix (default: the model file name without extension)")
+    p.add_argument("--weight", choices=("auto", "share", "theta"), default="auto",
+                   help="edge strength: share of the cost reduction, |theta|, or auto (share when "
+                        "the model has a fit history; default)")
+    p.add_argument("--top", type=_nonneg_int, default=40, metavar="K",
+                   help="draw the K strongest edges/hyperedges; 0 draws all (default: %(default)s)")
+    p.add_argument("--dpi", type=_positive_int, default=120, help="resolution (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the written paths as JSON")
+    p.set_defaults(func=_cmd_plot)
+
+
+def _cmd_plot(args) -> int:
+    from .plotting import save_plots
+
+    model = _load_model(args.model)
+    if os.path.isfile(args.out_dir):
+        raise DataError(f"--out-dir '{args.out_dir}' is a file, not a directory")
+    prefix = args.prefix or os.path.splitext(os.path.basename(os.path.normpath(args.model)))[0] or "model"
+    paths = save_plots(model, args.out_dir, prefix, dpi=args.dpi, weight=args.weight,
+                       top=None if args.top == 0 else args.top)
+    if args.json:
+        _print_json({"model": args.model, "files": paths})
+    else:
+        for path in paths:
+            print(f"wrote {path}")
+    return 0
+
+
+# -------------------------------------------------------------------------- plan
+
+def _register_plan(sub) -> None:
+    p = sub.add_parser(
+        "plan", help="the chunk plan of a fit: memory, disk, passes (exit 3 if it does not fit)",
+        description="Plan a fit before anything is allocated: from the cardinalities (given, or read "
+                    "from a data file) and your memory and disk budget, print the chunk layout, "
+                    "the passes per iteration, the bytes moved, the peak memory and the disk the "
+                    "store needs, and whether it fits. Exit code 0: feasible; 3: infeasible (the "
+                    "report says what would fit); 2: bad input. 'python tools/plan_memory.py' is "
+                    "the same command.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--cards", metavar="SPEC",
+                     help="cardinalities, e.g. 2x20,3x4 (twenty binary and four ternary variables) or 2,3,4")
+    src.add_argument("--data", metavar="FILE", help="a data file (.csv, .npy, .parquet): use its cardinalities")
+    p.add_argument("--memory", metavar="SIZE",
+                   help="memory budget, e.g. 4GiB (default: this machine's RAM)")
+    p.add_argument("--disk", metavar="SIZE",
+                   help="free disk for the store, e.g. 100GiB (default: the free space of --store, "
+                        "else not checked)")
+    p.add_argument("--store", metavar="DIR", help="where the store would go (its free space is the disk budget)")
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                   help="table dtype (default: %(default)s; fits use float64)")
+    p.add_argument("--workers", type=_positive_int, default=2, metavar="N",
+                   help="tasks running at once: threads or dask workers (default: %(default)s)")
+    p.add_argument("--out-of-core", action="store_true",
+                   help="plan an out-of-core fit even if the tables fit in memory")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=_cmd_plan)
+
+
+def _machine_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return None
+
+
+def _free_disk(path: str) -> int:
+    import shutil
+
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    return shutil.disk_usage(parent).free
+
+
+def _cmd_plan(args) -> int:
+    from .planner import parse_bytes, parse_cards, plan
+
+    with _user_input():
+        if args.cards is not None:
+            cards = parse_cards(args.cards)
+        else:
+            cards = tuple(encode(read_table(args.data)).cardinalities)
+        memory = parse_bytes(args.memory) if args.memory is not None else _machine_memory()
+        disk = parse_bytes(args.disk) if args.disk is not None else (
+            _free_disk(args.store) if args.store is not None else None)
+        p = plan(cards, dtype=args.dtype, memory_limit=memory, disk_free=disk, workers=args.workers,
+                 out_of_core=True if args.out_of_core else None)
+    if args.json:
+        L = p.layout
+        _print_json({
+            "cards": list(cards), "cells": math.prod(cards), "dtype": p.dtype, "feasible": p.feasible,
+            "problems": list(p.problems), "out_of_core": p.out_of_core, "workers": p.workers,
+            "layout": {"a": L.a, "c": L.c, "chunk_shape": list(L.chunk_shape),
+                       "n_a_bands": L.n_a_bands, "n_b_bands": L.n_b_bands},
+            "memory_limit": p.memory_limit, "disk_free": p.disk_free, "task_bytes": p.task_bytes,
+            "peak_memory": p.peak_memory, "disk_bytes": p.disk_bytes,
+            "bytes_per_iteration": p.bytes_per_iteration,
+            "bytes_per_iteration_worst": p.bytes_per_iteration_worst, "report": p.report()})
+    else:
+        print(p.report())
+    return 0 if p.feasible else EXIT_INFEASIBLE
+
+
+def plan_main(argv: Sequence[str] | None = None) -> int:
+    """``fsll-ooc plan ARGS`` as a function (the body of ``tools/plan_memory.py``)."""
+    return main(["plan", *(sys.argv[1:] if argv is None else argv)])
+
+
 # -------------------------------------------------------------------------- main
 
 #: One function per command; each adds its sub-parser.  Append new ones here.
-_REGISTRARS = [_register_demo, _register_fit, _register_info, _register_sample, _register_score]
+_REGISTRARS = [_register_demo, _register_fit, _register_info, _register_sample, _register_score,
+               _register_plot, _register_plan]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Full-span log-linear (FSLL) models of discrete data: fit, inspect, "
-                    "sample, score.")
+                    "sample, score, plot, plan. Exit codes: 0 ok, 2 bad input or usage, 1 "
+                    "unexpected failure, 3 infeasible plan.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of unexpected failures")

@@ -527,6 +527,123 @@ class FSLL:
         m.categories_ = obj.get("categories")
         return m
 
+    # ------------------------------------------------------------------ queries (fsll_ooc.queries)
+    def marginal(self, variables, as_frame: bool = False):
+        """Marginal distribution of ``variables`` (names or indices); streams out of core.
+
+        Returns an array of shape ``(k_i, k_j, ...)`` in the order given, or with
+        ``as_frame=True`` a tidy ``DataFrame`` (labels and ``p``).  See
+        :func:`fsll_ooc.queries.marginal`.
+
+        >>> import numpy as np
+        >>> X = np.array([[0, 0], [0, 0], [1, 1], [1, 1], [0, 1]] * 40)
+        >>> m = FSLL(progress=False).fit(X)
+        >>> m.marginal([1, 0]).shape, round(float(m.marginal(0).sum()), 12)
+        ((2, 2), 1.0)
+        """
+        from . import queries
+
+        return queries.marginal(self, variables, as_frame=as_frame)
+
+    def conditional(self, target, given=None, as_frame: bool = False):
+        """Distribution of ``target`` given evidence ``{variable: value}`` (labels or codes).
+
+        See :func:`fsll_ooc.queries.conditional`.
+
+        >>> import numpy as np
+        >>> X = np.array([[0, 0], [0, 0], [1, 1], [1, 1], [0, 1]] * 40)
+        >>> m = FSLL(progress=False).fit(X)
+        >>> bool(m.conditional(1, given={0: 1})[1] > 0.9)
+        True
+        """
+        from . import queries
+
+        return queries.conditional(self, target, given=given, as_frame=as_frame)
+
+    def mode(self, k: int = 1, given=None, as_frame: bool = False):
+        """The ``k`` most probable joint states and their probabilities: ``(states, probs)``.
+
+        See :func:`fsll_ooc.queries.mode`.
+
+        >>> import numpy as np
+        >>> X = np.array([[0, 0], [0, 0], [1, 1], [1, 1], [0, 1]] * 40)
+        >>> states, probs = FSLL(progress=False).fit(X).mode(k=2)
+        >>> sorted(map(tuple, states.tolist()))
+        [(0, 0), (1, 1)]
+        """
+        from . import queries
+
+        return queries.mode(self, k=k, given=given, as_frame=as_frame)
+
+    def interactions(self, as_frame: bool = True):
+        """The selected terms in words, sorted by their share of the cost reduction.
+
+        Columns ``term``, ``variables``, ``order``, ``theta``, ``share``, ``y``.  See
+        :func:`fsll_ooc.queries.interactions`.
+
+        >>> import numpy as np
+        >>> X = np.array([[0, 0], [0, 0], [1, 1], [1, 1], [0, 1]] * 40)
+        >>> FSLL(progress=False).fit(X).interactions()["term"].iloc[0]
+        'X0=0 * X1=0'
+        """
+        from . import queries
+
+        return queries.interactions(self, as_frame=as_frame)
+
+
+_DAMAGED = ("the store's tables cannot be trusted; FSLL.resume({store!r}, restart=True) rebuilds them from the "
+            "data kept in the store and fits again")
+
+
+def _with_checksum_bytes(plan, backend):
+    """The plan with the tables' checksum bytes in its disk figure (zarr: 4 bytes per chunk)."""
+    if backend != "zarr":
+        return plan
+    extra = len(TABLE_NAMES) * storage.overhead_bytes(backend, plan.layout.cards, plan.layout.chunk_shape)
+    return dataclasses.replace(plan, disk_bytes=plan.disk_bytes + extra)
+
+
+def _json_or_none(obj):
+    try:
+        json.dumps(obj)
+        return obj
+    except (TypeError, ValueError):
+        return None
+
+
+def _tree_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for dp, _, fs in os.walk(path):
+        for f in fs:
+            try:
+                total += os.stat(os.path.join(dp, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    parent = os.path.dirname(path)
+    if os.path.basename(parent) == READERS_DIR:
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)  # only when empty
+
+
+def _clean_dead_readers(root: Path) -> None:
+    """Remove private scratch tables of readers that died without cleaning up (this host only)."""
+    d = root / READERS_DIR
+    if not d.is_dir():
+        return
+    host = socket.gethostname()
+    for sub in d.iterdir():
+        h, _, rest = sub.name.rpartition("-")  # host-pid-token
+        h, _, pid = h.rpartition("-")
+        if h == host and pid.isdigit() and not locking.pid_alive(int(pid)):
+            shutil.rmtree(sub, ignore_errors=True)
+
 
 def _jsonable(categories):
     if categories is None:

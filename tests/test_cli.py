@@ -85,16 +85,21 @@ def test_info_text_and_json(capsys, model_path):
     assert rc == 0
     assert "variables   3: colour (3), size (4), ok (2)" in out
     assert "joint table 24 cells" in out
-    assert "terms by |theta|" in out
+    assert "terms by share of the cost reduction" in out
+    assert "share" in out and "%" in out
     rc, out, _ = run(capsys, "info", model_path, "--json", "--top", "0")
     assert rc == 0
     info = json.loads(out)
     terms = info["terms"]
     assert len(terms) == info["n_terms"] >= 1
-    thetas = [abs(t["theta"]) for t in terms]
-    assert thetas == sorted(thetas, reverse=True)
+    shares = [t["share"] for t in terms]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
+    assert sum(info["terms_by_order"].values()) == len(terms)
+    m = cli._model_class().load(model_path)
+    assert [t["term"] for t in terms] == list(m.interactions()["term"])
     for t in terms:
-        assert t["order"] == len(t["factors"]) == sum(1 for v in t["y"] if v)
+        assert t["order"] == len(t["factors"]) == len(t["variables"]) == sum(1 for v in t["y"] if v)
+        assert t["term"] == " * ".join(cli._factor_text(f) for f in t["factors"])
         for f in t["factors"]:
             assert f["var"] in ("colour", "size", "ok")
             assert f["basis"] == ("indicator" if f["var"] == "colour" else "walsh")
@@ -179,7 +184,7 @@ def test_progress_only_on_a_tty(capsys, data_csv, tmp_path, monkeypatch):
 
 
 def test_help_for_every_command(capsys):
-    for cmd in ([], ["demo"], ["fit"], ["info"], ["sample"], ["score"]):
+    for cmd in ([], ["demo"], ["fit"], ["info"], ["sample"], ["score"], ["plot"], ["plan"]):
         rc, out, _ = run(capsys, *cmd, "--help")
         assert rc == 0 and "usage: fsll-ooc" in out
     rc, out, _ = run(capsys, "--version")
@@ -296,9 +301,122 @@ def test_subprocess_entry_point(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fsll_ooc.cli", "--help"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
-    for cmd in ("demo", "fit", "info", "sample", "score"):
+    for cmd in ("demo", "fit", "info", "sample", "score", "plot", "plan"):
         assert cmd in r.stdout
     r = subprocess.run([sys.executable, "-m", "fsll_ooc.cli", "fit", str(tmp_path / "x.csv"), "-o", "m"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"fsll-ooc: error: no such file: '{tmp_path / 'x.csv'}'"]
+
+
+# ------------------------------------------------------------- sample --json
+
+def test_sample_json(capsys, model_path):
+    rc, out, _ = run(capsys, "sample", model_path, "-n", 5, "--seed", 1, "--json")
+    assert rc == 0
+    rows = json.loads(out)
+    assert len(rows) == 5 and set(rows[0]) == {"colour", "size", "ok"}
+    assert rows[0]["colour"] in ("blue", "green", "red") and isinstance(rows[0]["ok"], bool)
+    rc, csv_out, _ = run(capsys, "sample", model_path, "-n", 5, "--seed", 1)
+    assert pd.read_csv(io.StringIO(csv_out))["colour"].tolist() == [r["colour"] for r in rows]
+    assert_usage_error(*run(capsys, "sample", model_path, "-n", 5, "--json", "--out", "x.csv"), "--json")
+
+
+# ---------------------------------------------------------------------- plot
+
+def test_plot_writes_pngs(capsys, model_path, tmp_path):
+    pytest.importorskip("matplotlib")
+    rc, out, err = run(capsys, "plot", model_path, "--out-dir", tmp_path / "figs")
+    assert rc == 0, err
+    cost, graph = tmp_path / "figs" / "model-cost.png", tmp_path / "figs" / "model-interactions.png"
+    assert out.splitlines() == [f"wrote {cost}", f"wrote {graph}"]
+    for f in (cost, graph):
+        assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rc, out, _ = run(capsys, "plot", model_path, "-d", tmp_path, "--prefix", "x", "--weight", "theta",
+                     "--top", 0, "--json")
+    assert rc == 0 and json.loads(out)["files"] == [str(tmp_path / "x-cost.png"), str(tmp_path / "x-interactions.png")]
+    f = tmp_path / "file"
+    f.write_text("")
+    assert_usage_error(*run(capsys, "plot", model_path, "-d", f), "is a file")
+
+
+def test_plot_without_matplotlib_exit_1(capsys, model_path, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    rc, out, err = run(capsys, "plot", model_path, "-d", tmp_path)
+    assert rc == 1
+    assert err.strip() == ('fsll-ooc: error: plotting needs matplotlib; install it with: '
+                           'pip install "fsll-ooc[docs]" (or pip install matplotlib)')
+
+
+# ---------------------------------------------------------------------- plan
+
+def test_plan_feasible_infeasible_bad_input(capsys, data_csv):
+    rc, out, _ = run(capsys, "plan", "--cards", "2x20,3x4", "--memory", "4GiB", "--disk", "100GiB")
+    assert rc == 0 and out.startswith("fsll-ooc plan: 24 variables") and "FEASIBLE" in out
+    rc, out, _ = run(capsys, "plan", "--cards", "2x34", "--memory", "4GiB", "--disk", "100GiB")
+    assert rc == cli.EXIT_INFEASIBLE == 3 and "INFEASIBLE" in out and "! the store needs" in out
+    rc, out, _ = run(capsys, "plan", "--cards", "2x30", "--memory", "4GiB", "--disk", "100GiB",
+                     "--workers", 2, "--json")
+    p = json.loads(out)
+    assert rc == 0 and p["feasible"] and p["out_of_core"] and p["cells"] == 2**30
+    assert p["peak_memory"] <= 4 * 2**30 and p["report"].startswith("fsll-ooc plan: 30 variables")
+    rc, out, _ = run(capsys, "plan", "--data", data_csv, "--json")
+    assert rc == 0 and json.loads(out)["cards"] == [3, 4, 2]
+    assert_usage_error(*run(capsys, "plan", "--cards", "2x3,a"), "cannot read cardinalities 'a'")
+    assert_usage_error(*run(capsys, "plan", "--cards", "2x3", "--memory", "lots"), "cannot read 'lots'")
+    assert_usage_error(*run(capsys, "plan"), "one of the arguments --cards --data is required")
+    assert_usage_error(*run(capsys, "plan", "--cards", "2", "--data", data_csv), "not allowed with")
+
+
+def test_plan_memory_tool_is_the_same_command(tmp_path):
+    import pathlib
+
+    tool = pathlib.Path(__file__).resolve().parents[1] / "tools" / "plan_memory.py"
+    args = ["--cards", "2x34", "--memory", "4GiB", "--disk", "100GiB"]
+    r = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert r.stdout.rstrip("\n") == cli_plan_report(args)
+    r = subprocess.run([sys.executable, str(tool), "--cards", "x"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("fsll-ooc: error: cannot read cardinalities")
+
+
+def cli_plan_report(args):
+    out = io.StringIO()
+    import contextlib
+    with contextlib.redirect_stdout(out):
+        cli.plan_main(args)
+    return out.getvalue().rstrip("\n")
+
+
+# ------------------------------------------------------- out of core via the CLI
+
+def test_fit_out_of_core_and_use_the_store(capsys, data_csv, tmp_path):
+    store = tmp_path / "fit.zarr"
+    rc, out, err = run(capsys, "fit", data_csv, "-o", tmp_path / "m.json", "--store", store,
+                       "--memory-limit", "1GiB", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["store"] == str(store) and (store / "fsll_state.json").exists()
+    rc, info_file, _ = run(capsys, "info", tmp_path / "m.json", "--json")
+    rc2, info_store, _ = run(capsys, "info", store, "--json")
+    assert rc == rc2 == 0
+    a, b = json.loads(info_file), json.loads(info_store)
+    assert [t["term"] for t in a["terms"]] == [t["term"] for t in b["terms"]]
+    assert b["names"] == ["colour", "size", "ok"]
+    rc, out, _ = run(capsys, "sample", store, "-n", 7, "--seed", 0)
+    df = pd.read_csv(io.StringIO(out))
+    assert rc == 0 and len(df) == 7 and set(df["colour"]) <= {"blue", "green", "red"}
+    assert_usage_error(*run(capsys, "info", tmp_path), "not an fsll-ooc store")
+    assert_usage_error(*run(capsys, "fit", data_csv, "-o", tmp_path / "m2.json", "--memory-limit", "x"),
+                       "cannot read 'x' as a size")
+
+
+def test_fit_bad_scheduler_address(capsys, data_csv, tmp_path, monkeypatch):
+    import dask.distributed as distributed
+
+    def refuse(address, timeout=None):  # what Client does after its timeout, without the wait
+        raise OSError(f"Timed out trying to connect to {address} after {timeout}")
+
+    monkeypatch.setattr(distributed, "Client", refuse)
+    assert_usage_error(*run(capsys, "fit", data_csv, "-o", tmp_path / "m.json", "--scheduler", "tcp://127.0.0.1:1"),
+                       "cannot connect to the dask scheduler at 'tcp://127.0.0.1:1'")

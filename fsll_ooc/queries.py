@@ -1,0 +1,408 @@
+"""Questions a fitted model answers: marginals, conditionals, most probable states, its terms.
+
+Every function takes a fitted :class:`~fsll_ooc.FSLL` (``FSLL`` has thin methods of the
+same names that call these).  Variables are named by index or by name
+(``feature_names_in_``); values by label (``categories_``) or by code ``0 .. k-1``.
+
+In core the functions work on the dense table ``model.probabilities()``.  Out of core
+that table is a dask array over the store, and the same code streams over it chunk by
+chunk: a marginal is a dask tree reduction (one partial sum per chunk), evidence is a
+slice that reads only the chunks it touches, and :func:`mode` keeps the best ``k``
+cells of each chunk.  Peak memory is a few chunks plus the result; the full table is
+never in memory.
+
+:func:`interactions` reads the model's terms (``theta_``) and its fit history
+(``history_``) and describes each term in words, e.g. ``colour=red * size in {0,2}``.
+
+Example
+-------
+>>> import numpy as np, pandas as pd
+>>> from fsll_ooc import FSLL
+>>> rng = np.random.default_rng(0)
+>>> rain = rng.random(400) < 0.5; umbrella = rain ^ (rng.random(400) < 0.1)
+>>> df = pd.DataFrame({"rain": np.where(rain, "yes", "no"), "umbrella": np.where(umbrella, "yes", "no"),
+...                    "day": rng.choice(["mon", "tue", "wed"], 400)})
+>>> m = FSLL(progress=False).fit(df)
+>>> marginal(m, ["rain", "umbrella"]).round(2)
+array([[0.46, 0.04],
+       [0.04, 0.46]])
+>>> conditional(m, "umbrella", given={"rain": "yes"}).round(2)
+array([0.07, 0.93])
+>>> mode(m, k=2, given={"day": "tue"}, as_frame=True).round(3)
+  rain umbrella  day      p
+0   no       no  tue  0.464
+1  yes      yes  tue  0.464
+>>> interactions(m)[["term", "order", "share"]]
+                    term  order  share
+0  rain=no * umbrella=no      2    1.0
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .basis import is_walsh
+
+__all__ = ["marginal", "conditional", "mode", "interactions", "labels", "resolve_variable",
+           "resolve_value", "factor_text", "describe_factor"]
+
+
+# --------------------------------------------------------------------------- labels
+
+def labels(model) -> tuple[list[str], list[list]]:
+    """``(names, categories)`` of a fitted model; ``X0, X1, ...`` and ``0 .. k-1`` when it has none."""
+    _check_fitted(model)
+    ks = tuple(int(k) for k in model.cardinalities_)
+    names = getattr(model, "feature_names_in_", None)
+    cats = getattr(model, "categories_", None)
+    names = [str(v) for v in names] if names is not None else [f"X{i}" for i in range(len(ks))]
+    cats = [list(c) for c in cats] if cats is not None else [list(range(k)) for k in ks]
+    return names, cats
+
+
+def _check_fitted(model) -> None:
+    if not hasattr(model, "theta_"):
+        raise RuntimeError("this FSLL model is not fitted yet; call fit(X) first")
+
+
+def resolve_variable(model, var) -> int:
+    """Index of variable ``var``, given as an index (``0 .. n-1``) or a name.
+
+    >>> class M: cardinalities_ = (2, 3); theta_ = {}; feature_names_in_ = ["a", "b"]
+    >>> resolve_variable(M(), "b"), resolve_variable(M(), 0)
+    (1, 0)
+    """
+    names, _ = labels(model)
+    n = len(names)
+    if isinstance(var, (bool, np.bool_)):
+        raise ValueError(f"variable {var!r} is neither a name nor an index")
+    if isinstance(var, (int, np.integer)):
+        if not 0 <= int(var) < n:
+            raise ValueError(f"variable index {int(var)} is out of range; the model has {n} variables (0..{n - 1})")
+        return int(var)
+    if isinstance(var, str):
+        if var in names:
+            return names.index(var)
+        raise ValueError(f"unknown variable {var!r}; the model's variables are {_fmt_list(names)}")
+    raise ValueError(f"variable {var!r} is neither a name nor an index")
+
+
+def resolve_value(model, i: int, value) -> int:
+    """Code of ``value`` for variable ``i``: a category label, or a code ``0 .. k-1``.
+
+    Labels are matched first.  An integer that is not a label is read as a code,
+    unless the variable's labels are themselves integers (then it is an error, since
+    it would be ambiguous).
+    """
+    names, cats = labels(model)
+    cat = cats[i]
+    for c, lab in enumerate(cat):
+        if _same(lab, value):
+            return c
+    int_labels = any(isinstance(lab, (int, np.integer)) and not isinstance(lab, (bool, np.bool_)) for lab in cat)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and not int_labels:
+        if 0 <= int(value) < len(cat):
+            return int(value)
+    raise ValueError(f"unknown value {value!r} of variable {names[i]!r}; its categories are {_fmt_list(cat)}"
+                     + ("" if int_labels else f" (or codes 0..{len(cat) - 1})"))
+
+
+def _same(label, value) -> bool:
+    a = label.item() if isinstance(label, np.generic) else label
+    b = value.item() if isinstance(value, np.generic) else value
+    if isinstance(a, bool) != isinstance(b, bool) or isinstance(a, str) != isinstance(b, str):
+        return False  # True is not the label 1, "1" is not the label 1
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - incomparable labels are not equal
+        return False
+
+
+def _fmt_list(items: Sequence, limit: int = 10) -> str:
+    shown = ", ".join(repr(v) for v in list(items)[:limit])
+    return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+
+
+def _variables(model, variables) -> list[int]:
+    single = isinstance(variables, (str, int, np.integer))
+    idx = [resolve_variable(model, v) for v in ([variables] if single else list(variables))]
+    if not idx:
+        raise ValueError("need at least one variable")
+    if len(set(idx)) != len(idx):
+        names, _ = labels(model)
+        dup = next(names[i] for i in idx if idx.count(i) > 1)
+        raise ValueError(f"variable {dup!r} is listed twice")
+    return idx
+
+
+def _evidence(model, given: Mapping | None) -> dict[int, int]:
+    out: dict[int, int] = {}
+    names, _ = labels(model)
+    for var, value in (given or {}).items():
+        i = resolve_variable(model, var)
+        if i in out:
+            raise ValueError(f"variable {names[i]!r} appears twice in the evidence")
+        out[i] = resolve_value(model, i, value)
+    return out
+
+
+# --------------------------------------------------------------------------- the table
+
+def _table(model):
+    """``model.probabilities()``: a numpy array in core, a dask array out of core."""
+    _check_fitted(model)
+    return model.probabilities()
+
+
+def _compute(x) -> np.ndarray:
+    return np.asarray(x.compute() if hasattr(x, "compute") else x, dtype=np.float64)
+
+
+def _reduce(p, keep: Sequence[int], evidence: Mapping[int, int]) -> np.ndarray:
+    """Sum of ``p`` restricted to ``evidence`` over all axes but ``keep`` (in ``keep``'s order).
+
+    ``p`` is numpy or dask; dask slices read only the chunks they touch and ``sum``
+    is a chunk-wise tree reduction, so nothing of table size is ever held.
+    """
+    n = p.ndim
+    index = tuple(evidence.get(i, slice(None)) for i in range(n))
+    sub = p[index] if evidence else p
+    rest = [i for i in range(n) if i not in evidence]  # axes of sub, in order
+    drop = tuple(a for a, i in enumerate(rest) if i not in keep)
+    out = _compute(sub.sum(axis=drop) if drop else sub)
+    kept = [i for i in rest if i in keep]
+    return np.transpose(out, [kept.index(i) for i in keep])
+
+
+def _frame(model, idx: Sequence[int], table: np.ndarray, column: str = "p"):
+    import pandas as pd
+
+    names, cats = labels(model)
+    grids = np.meshgrid(*[np.arange(len(cats[i])) for i in idx], indexing="ij")
+    cols = {names[i]: pd.Categorical.from_codes(g.ravel(), categories=pd.Index(cats[i], dtype=object))
+            for i, g in zip(idx, grids)}
+    cols[column] = table.ravel()
+    return pd.DataFrame(cols)
+
+
+# --------------------------------------------------------------------------- queries
+
+def marginal(model, variables, as_frame: bool = False):
+    """Marginal distribution of ``variables`` (a name/index, or a list of them).
+
+    Returns an array of shape ``(k_i, k_j, ...)`` in the order given (1-D for a single
+    variable); with ``as_frame=True`` a tidy ``DataFrame``: one column per variable
+    (labels) and ``p``, one row per joint state (pivot it for a cross table).
+    """
+    idx = _variables(model, variables)
+    out = _reduce(_table(model), idx, {})
+    return _frame(model, idx, out) if as_frame else out
+
+
+def conditional(model, target, given: Mapping | None = None, as_frame: bool = False):
+    """Distribution of ``target`` (a variable or a list) given evidence ``{variable: value}``.
+
+    Variables by name or index, values by label or code.  Returns an array of shape
+    ``(k_t, ...)`` summing to 1 (``as_frame=True``: a tidy ``DataFrame`` as in
+    :func:`marginal`).  Raises ``ValueError`` for unknown variables or values, a
+    target that is also evidence, or evidence of probability zero.
+    """
+    idx = _variables(model, target)
+    ev = _evidence(model, given)
+    both = [i for i in idx if i in ev]
+    if both:
+        names, _ = labels(model)
+        raise ValueError(f"variable {names[both[0]]!r} is both a target and evidence")
+    out = _reduce(_table(model), idx, ev)
+    total = float(out.sum())
+    if not total > 0:
+        raise ValueError(f"the evidence {dict(given or {})!r} has probability zero under the model")
+    out = out / total
+    return _frame(model, idx, out) if as_frame else out
+
+
+def _top_block(block: np.ndarray, offsets: Sequence[int], shape: Sequence[int], k: int):
+    """The ``k`` largest cells of one block: (values, flat indices into ``shape``), ties kept."""
+    flat = np.asarray(block, dtype=np.float64).reshape(-1)
+    if flat.size > k:
+        kth = np.partition(flat, flat.size - k)[flat.size - k]
+        pos = np.flatnonzero(flat >= kth)
+    else:
+        pos = np.arange(flat.size)
+    local = np.unravel_index(pos, np.shape(block))
+    glob = tuple(l + o for l, o in zip(local, offsets))
+    return flat[pos], np.ravel_multi_index(glob, tuple(shape)).astype(np.int64)
+
+
+def _top_k(p, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(values, flat indices) of the ``k`` largest cells of ``p``; ties by lowest index."""
+    shape = tuple(p.shape)
+    if isinstance(p, np.ndarray):
+        vals, pos = _top_block(p, (0,) * p.ndim, shape, k)
+    else:  # dask: the best k of every chunk, in parallel, then merge (never the whole table)
+        import dask
+
+        offs = [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(int) for c in p.chunks]
+        blocks = p.to_delayed()
+        tasks = [dask.delayed(_top_block)(blocks[b], tuple(int(offs[a][j]) for a, j in enumerate(b)), shape, k)
+                 for b in np.ndindex(*blocks.shape)]
+        parts = dask.compute(*tasks)
+        vals = np.concatenate([v for v, _ in parts])
+        pos = np.concatenate([q for _, q in parts])
+    order = np.lexsort((pos, -vals))[:k]
+    return vals[order], pos[order]
+
+
+def mode(model, k: int = 1, given: Mapping | None = None, as_frame: bool = False):
+    """The ``k`` most probable joint states, most probable first (ties: lowest code first).
+
+    Returns ``(states, probs)``: ``states`` an ``(k, n)`` int64 array of codes (as
+    :meth:`~fsll_ooc.FSLL.sample`), ``probs`` their probabilities.  With evidence
+    ``given`` the states agree with it and ``probs`` are conditional on it.
+    ``as_frame=True``: one ``DataFrame`` with the labels and a column ``p``.
+    """
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    ev = _evidence(model, given)
+    p = _table(model)
+    n = p.ndim
+    free = [i for i in range(n) if i not in ev]
+    sub = p[tuple(ev.get(i, slice(None)) for i in range(n))] if ev else p
+    if not free:  # every variable is evidence: one state, certain given itself
+        vals, pos = np.ones(1), np.zeros(1, np.int64)
+    else:
+        vals, pos = _top_k(sub, min(int(k), math.prod(sub.shape)))
+    if ev and free:
+        total = float(_compute(sub.sum()))
+        if not total > 0:
+            raise ValueError(f"the evidence {dict(given or {})!r} has probability zero under the model")
+        vals = vals / total
+    states = np.empty((len(pos), n), dtype=np.int64)
+    if free:
+        for i, col in zip(free, np.unravel_index(pos, tuple(sub.shape))):
+            states[:, i] = col
+    for i, v in ev.items():
+        states[:, i] = v
+    if not as_frame:
+        return states, vals
+    import pandas as pd
+
+    names, cats = labels(model)
+    cols = {names[i]: [cats[i][c] for c in states[:, i]] for i in range(n)}
+    cols["p"] = vals
+    return pd.DataFrame(cols)
+
+
+# ------------------------------------------------------------------------ the terms
+
+def _plus_set(k: int, j: int) -> list[int]:
+    """Categories ``l`` where the local basis function ``phi_j(l)`` is +1."""
+    if is_walsh(k):
+        return [l for l in range(k) if bin(j & l).count("1") % 2 == 0]
+    return [j]
+
+
+def describe_factor(name: str, cats: Sequence, k: int, j: int) -> dict:
+    """One variable's part of a term: ``{"var", "index", "basis", "plus"}``.
+
+    ``plus`` lists the categories where the local basis function ``phi_j`` is +1 (it is
+    -1 on the others).
+
+    >>> describe_factor("size", [0, 1, 2, 3], 4, 1)["plus"]
+    [0, 2]
+    """
+    return {"var": name, "index": int(j), "basis": "walsh" if is_walsh(k) else "indicator",
+            "plus": [cats[l] for l in _plus_set(k, j)]}
+
+
+def factor_text(f: Mapping, limit: int = 6) -> str:
+    """``colour=red`` or ``size in {0,2}``: the categories where the factor is +1.
+
+    >>> factor_text(describe_factor("colour", ["blue", "green", "red"], 3, 2))
+    'colour=red'
+    """
+    plus = f["plus"]
+    if len(plus) == 1:
+        return f"{f['var']}={plus[0]}"
+    shown = ",".join(str(v) for v in plus[:limit])
+    if len(plus) > limit:
+        shown += f",...({len(plus)})"
+    return f"{f['var']} in {{{shown}}}"
+
+
+def _contributions(history: Iterable[Mapping]) -> tuple[dict[tuple, float], float]:
+    """Cost reduction owed to each term now in the model, and the total reduction.
+
+    * ``append`` of ``y`` starts its account with that iteration's gain (``-delta``);
+      ``adjust`` of ``y`` adds to it; ``remove`` closes it (the gains stay in the
+      total, so the shares of the remaining terms then sum to less than 1);
+    * a move that appends several terms at once (a history entry with ``added``)
+      splits its gain equally among them;
+    * a move on no single term (e.g. a joint refit of all parameters) shares its gain
+      among the terms present in proportion to their accounts.
+    """
+    contrib: dict[tuple, float] = {}
+    total = 0.0
+    for h in history:
+        move, y = h.get("move"), h.get("y")
+        gain = -float(h.get("delta") or 0.0)
+        if move in (None, "init") or not gain:
+            continue
+        total += gain
+        if y is not None:
+            y = tuple(int(v) for v in y)
+            if move == "remove":
+                contrib.pop(y, None)
+            elif move == "append":
+                contrib[y] = gain
+            else:  # adjust, or any other move of one term
+                contrib[y] = contrib.get(y, 0.0) + gain
+        elif h.get("added"):
+            added = [tuple(int(v) for v in a) for a in h["added"]]
+            for a in added:
+                contrib[a] = gain / len(added)
+        elif contrib:
+            base = sum(contrib.values())
+            for t in contrib:
+                contrib[t] += gain * (contrib[t] / base if base > 0 else 1 / len(contrib))
+    return contrib, total
+
+
+def interactions(model, as_frame: bool = True):
+    """The model's terms in words, sorted by their share of the cost reduction.
+
+    One row per selected basis function ``y``: ``term`` (e.g. ``colour=red * size in
+    {0,2}``: the categories where each factor is +1; the term adds ``theta`` to
+    ``log p(x)`` where an even number of the factors are -1, and subtracts it
+    elsewhere), ``variables`` (tuple of names), ``order`` (number of variables),
+    ``theta``, ``share`` (fraction of the fit's total cost reduction that appending
+    and adjusting this term brought, see :func:`_contributions`; NaN when the model
+    has no history) and ``y``.
+    Sorted by ``share``, then ``|theta|``.  ``as_frame=False`` returns the rows as
+    dicts, each with its ``factors`` (see :func:`describe_factor`) too.
+    """
+    _check_fitted(model)
+    names, cats = labels(model)
+    ks = tuple(int(k) for k in model.cardinalities_)
+    contrib, total = _contributions(getattr(model, "history_", None) or [])
+    rows = []
+    for y, theta in dict(model.theta_).items():
+        y = tuple(int(v) for v in y)
+        if not any(y) or float(theta) == 0.0:
+            continue
+        factors = [describe_factor(names[i], cats[i], ks[i], yi) for i, yi in enumerate(y) if yi]
+        share = contrib[y] / total if (y in contrib and total > 0) else math.nan
+        rows.append({"term": " * ".join(factor_text(f) for f in factors),
+                     "variables": tuple(names[i] for i, yi in enumerate(y) if yi),
+                     "order": len(factors), "theta": float(theta), "share": share, "y": y, "factors": factors})
+    rows.sort(key=lambda r: (math.isnan(r["share"]), -(0.0 if math.isnan(r["share"]) else r["share"]),
+                             -abs(r["theta"]), r["order"], r["y"]))
+    if not as_frame:
+        return rows
+    import pandas as pd
+
+    cols = ["term", "variables", "order", "theta", "share", "y"]
+    return pd.DataFrame([{c: r[c] for c in cols} for r in rows], columns=cols)
+
