@@ -34,6 +34,7 @@ negative-index wraparound checks that stop LLVM from vectorising the loops.
 """
 from __future__ import annotations
 
+import itertools
 import operator
 import os
 import threading
@@ -59,16 +60,20 @@ _SUB1_BYTES = 1 << 15
 _SUB2_BYTES = 1 << 18
 # Tables smaller than this (elements) are done on the calling thread only.
 _PAR_MIN_SIZE = 1 << 16
+# Work chunks per thread and pass (taken dynamically).
+_CHUNKS_PER_THREAD = 4
 # How many fibres a +-1 kernel keeps sums for (scratch length).
 _PM_CHUNK = 256
 
-# Program rows: (kind, h, k, o_1 .. o_7, span) with strides/offsets in rows of the group
-# (multiplied by the tile width before use).  A radix-r row transforms fibres
-# x[b + o_k + j], j < h, with butterflies between positions k and k ^ 2^s for
-# s = 0, 1, ...: the offsets o_k put the stages in the wanted order (bit-reversed
-# offsets = descending strides).
+# Program rows: (kind, h, k, o_1 .. o_7, span, pattern), strides/offsets in rows of the
+# group (multiplied by the tile pitch before use).  A radix-r row transforms the fibres
+# x[b + j + o_k], k < r, j < h, of each block of span = r*h elements: butterflies
+# between positions k and k ^ 2^t for t = 0, 1, ..: the offsets o_k put the stages in
+# the reference's order.  pattern: 1 = strides ascending (o_k = k h), 2 = descending
+# (bit-reversed), 0 = other.  A +-1 row: h = stride, k = cardinality.
 _R2, _R4, _R8, _PMF, _PMT = 0, 1, 2, 3, 4
-_NCOL = 11
+_C_SPAN, _C_PAT = 10, 11
+_NCOL = 12
 
 # ---------------------------------------------------------------------------------
 # Butterfly kernels (generated straight-line code).  The region is x[base:base+n];
@@ -181,14 +186,23 @@ def _r2s(x, base, n, p, i):
     read once: per-block reloads and alias checks would cost more than the work)."""
     h = p[i, 1]
     o1 = p[i, 3]
-    for b in range(base, base + n, h * np.uint64(2)):
-        for j in range(b, b + h):
-            x0 = x[j]
-            x1 = x[j + o1]
+    if h == np.uint64(1):
+        for q in range(base, base + n, np.uint64(2)):
+            x0 = x[q]
+            x1 = x[q + o1]
             t0 = x0 + x1
             t1 = x0 - x1
-            x[j] = t0
-            x[j + o1] = t1
+            x[q] = t0
+            x[q + o1] = t1
+    else:
+        for b in range(base, base + n, h * np.uint64(2)):
+            for j in range(b, b + h):
+                x0 = x[j]
+                x1 = x[j + o1]
+                t0 = x0 + x1
+                t1 = x0 - x1
+                x[j] = t0
+                x[j + o1] = t1
 
 
 @njit(cache=True, nogil=True)
@@ -199,12 +213,12 @@ def _r4s(x, base, n, p, i):
     o1 = p[i, 3]
     o2 = p[i, 4]
     o3 = p[i, 5]
-    for b in range(base, base + n, h * np.uint64(4)):
-        for j in range(b, b + h):
-            x0 = x[j]
-            x1 = x[j + o1]
-            x2 = x[j + o2]
-            x3 = x[j + o3]
+    if h == np.uint64(1):
+        for q in range(base, base + n, np.uint64(4)):
+            x0 = x[q]
+            x1 = x[q + o1]
+            x2 = x[q + o2]
+            x3 = x[q + o3]
             t0 = x0 + x1
             t1 = x0 - x1
             t2 = x2 + x3
@@ -213,10 +227,29 @@ def _r4s(x, base, n, p, i):
             t5 = t0 - t2
             t6 = t1 + t3
             t7 = t1 - t3
-            x[j] = t4
-            x[j + o1] = t6
-            x[j + o2] = t5
-            x[j + o3] = t7
+            x[q] = t4
+            x[q + o1] = t6
+            x[q + o2] = t5
+            x[q + o3] = t7
+    else:
+        for b in range(base, base + n, h * np.uint64(4)):
+            for j in range(b, b + h):
+                x0 = x[j]
+                x1 = x[j + o1]
+                x2 = x[j + o2]
+                x3 = x[j + o3]
+                t0 = x0 + x1
+                t1 = x0 - x1
+                t2 = x2 + x3
+                t3 = x2 - x3
+                t4 = t0 + t2
+                t5 = t0 - t2
+                t6 = t1 + t3
+                t7 = t1 - t3
+                x[j] = t4
+                x[j + o1] = t6
+                x[j + o2] = t5
+                x[j + o3] = t7
 
 
 @njit(cache=True, nogil=True)
@@ -231,16 +264,16 @@ def _r8s(x, base, n, p, i):
     o5 = p[i, 7]
     o6 = p[i, 8]
     o7 = p[i, 9]
-    for b in range(base, base + n, h * np.uint64(8)):
-        for j in range(b, b + h):
-            x0 = x[j]
-            x1 = x[j + o1]
-            x2 = x[j + o2]
-            x3 = x[j + o3]
-            x4 = x[j + o4]
-            x5 = x[j + o5]
-            x6 = x[j + o6]
-            x7 = x[j + o7]
+    if h == np.uint64(1):
+        for q in range(base, base + n, np.uint64(8)):
+            x0 = x[q]
+            x1 = x[q + o1]
+            x2 = x[q + o2]
+            x3 = x[q + o3]
+            x4 = x[q + o4]
+            x5 = x[q + o5]
+            x6 = x[q + o6]
+            x7 = x[q + o7]
             t0 = x0 + x1
             t1 = x0 - x1
             t2 = x2 + x3
@@ -265,14 +298,57 @@ def _r8s(x, base, n, p, i):
             t21 = t9 - t13
             t22 = t11 + t15
             t23 = t11 - t15
-            x[j] = t16
-            x[j + o1] = t18
-            x[j + o2] = t20
-            x[j + o3] = t22
-            x[j + o4] = t17
-            x[j + o5] = t19
-            x[j + o6] = t21
-            x[j + o7] = t23
+            x[q] = t16
+            x[q + o1] = t18
+            x[q + o2] = t20
+            x[q + o3] = t22
+            x[q + o4] = t17
+            x[q + o5] = t19
+            x[q + o6] = t21
+            x[q + o7] = t23
+    else:
+        for b in range(base, base + n, h * np.uint64(8)):
+            for j in range(b, b + h):
+                x0 = x[j]
+                x1 = x[j + o1]
+                x2 = x[j + o2]
+                x3 = x[j + o3]
+                x4 = x[j + o4]
+                x5 = x[j + o5]
+                x6 = x[j + o6]
+                x7 = x[j + o7]
+                t0 = x0 + x1
+                t1 = x0 - x1
+                t2 = x2 + x3
+                t3 = x2 - x3
+                t4 = x4 + x5
+                t5 = x4 - x5
+                t6 = x6 + x7
+                t7 = x6 - x7
+                t8 = t0 + t2
+                t9 = t0 - t2
+                t10 = t1 + t3
+                t11 = t1 - t3
+                t12 = t4 + t6
+                t13 = t4 - t6
+                t14 = t5 + t7
+                t15 = t5 - t7
+                t16 = t8 + t12
+                t17 = t8 - t12
+                t18 = t10 + t14
+                t19 = t10 - t14
+                t20 = t9 + t13
+                t21 = t9 - t13
+                t22 = t11 + t15
+                t23 = t11 - t15
+                x[j] = t16
+                x[j + o1] = t18
+                x[j + o2] = t20
+                x[j + o3] = t22
+                x[j + o4] = t17
+                x[j + o5] = t19
+                x[j + o6] = t21
+                x[j + o7] = t23
 
 
 @njit(cache=True, nogil=True)
@@ -610,6 +686,7 @@ def _run_pass(x, passes, progs, ps, t0, t1):
     one = np.uint64(1)
     zero = np.uint64(0)
     eight = np.uint64(8)
+    two = np.uint64(2)
     four = np.uint64(4)
     sub1 = np.uint64(_SUB1_BYTES // x.itemsize)
     sub2 = np.uint64(_SUB2_BYTES // x.itemsize)
@@ -635,8 +712,8 @@ def _run_pass(x, passes, progs, ps, t0, t1):
         if pitch != cur:
             for i in range(p.shape[0]):
                 p[i, 1] = prog[i, 1] * pitch
-                for c in range(3, p.shape[1]):
-                    p[i, c] = prog[i, c] * pitch  # offsets and span (column 10)
+                for c in range(3, _C_SPAN + 1):
+                    p[i, c] = prog[i, c] * pitch  # offsets and span
             cur = pitch
         if gather:
             for r in range(R):
@@ -658,24 +735,24 @@ def _run_pass(x, passes, progs, ps, t0, t1):
         i0 = 0
         while i0 < nrows:
             i1 = i0 + 1
-            s0 = p[i0, 10]
+            s0 = p[i0, _C_SPAN]
             if s0 > sub2:
                 s0 = n
             else:
-                while i1 < nrows and p[i1, 10] <= sub2:
-                    s0 = max(s0, p[i1, 10])
+                while i1 < nrows and p[i1, _C_SPAN] <= sub2:
+                    s0 = max(s0, p[i1, _C_SPAN])
                     i1 += 1
                 s0 = _grow(s0, n, sub2)
             for b0 in range(base, base + n, s0):
                 k = i0
                 while k < i1:
                     kend = k + 1
-                    s1 = p[k, 10]
+                    s1 = p[k, _C_SPAN]
                     if s1 > sub1:
                         s1 = s0
                     else:
-                        while kend < i1 and p[kend, 10] <= sub1:
-                            s1 = max(s1, p[kend, 10])
+                        while kend < i1 and p[kend, _C_SPAN] <= sub1:
+                            s1 = max(s1, p[kend, _C_SPAN])
                             kend += 1
                         s1 = _grow(s1, s0, sub1)
                     for b1 in range(b0, b0 + s0, s1):
@@ -685,9 +762,9 @@ def _run_pass(x, passes, progs, ps, t0, t1):
                             if kind == _R8:
                                 if h < eight:
                                     _r8s(y, b1, s1, p, i)
-                                elif h == eight and p[i, 3] == eight:
+                                elif h == eight and p[i, _C_PAT] == one:
                                     _r8a_h8(y, b1, s1, p, i)
-                                elif h == eight and p[i, 3] == np.uint64(32):
+                                elif h == eight and p[i, _C_PAT] == two:
                                     _r8d_h8(y, b1, s1, p, i)
                                 else:
                                     _r8(y, b1, s1, p, i)
@@ -736,7 +813,7 @@ class Plan:
         self.transpose = transpose
         self.itemsize = itemsize
         self.passes = passes  # uint64 (npass, 8): R, C, w, gather, p0, p1, ntiles, pad
-        self.progs = progs    # uint64 (nrows, _NCOL): kind, h, k, o_1 .. o_7, span
+        self.progs = progs    # uint64 (nrows, _NCOL): kind, h, k, o_1 .. o_7, span, pattern
         self.info = info      # per pass: dict(R, C, w, gather, tiles, rows)
 
     @property
@@ -748,7 +825,7 @@ class Plan:
         lines = [f"shape={self.shape} axes={self.axes} transpose={self.transpose} "
                  f"itemsize={self.itemsize}: {self.npasses} pass(es)"]
         for k, d in enumerate(self.info):
-            ks = " ".join(f"{names[r[0]]}{'d' if r[0] in (_R4, _R8) and r[3] != r[1] else ''}@{r[1]}"
+            ks = " ".join(f"{names[r[0]]}{'' if r[0] >= _PMF or r[0] == _R2 else '.ad*'[r[_C_PAT]]}@{r[1]}"
                           + (f"(k={r[2]})" if r[0] >= _PMF else "") for r in d["rows"])
             lines.append(f"  pass {k}: {'gather' if d['gather'] else 'in place'} R={d['R']} "
                          f"C={d['C']} w={d['w']} tiles={d['tiles']}: {ks}")
@@ -815,8 +892,9 @@ def _groups(units, block, tile, wmin):
     return groups
 
 
-def _program(members, transpose):
-    """Program rows for one group, in the reference's order of operations."""
+def _program(members, transpose, unit):
+    """Program rows for one group, in the reference's order of operations.  ``unit``:
+    elements per group row when the program runs (tile pitch, or C in place)."""
     strides = []
     s = 1
     for d, _ in reversed(members):
@@ -833,52 +911,75 @@ def _program(members, transpose):
     i = 0
     while i < len(steps):
         if steps[i][0] == "P":
-            rows.append((_PMT if transpose else _PMF, steps[i][2], steps[i][1]) + (0,) * 7
-                        + (steps[i][1] * steps[i][2],))
+            k, h = steps[i][1], steps[i][2]
+            row = [0] * _NCOL
+            row[0], row[1], row[2], row[_C_SPAN] = (_PMT if transpose else _PMF), h, k, h * k
+            rows.append(tuple(row))
             i += 1
             continue
-        run = [steps[i][1]]
-        j = i + 1
-        direction = 0
+        j = i
         while j < len(steps) and steps[j][0] == "W":
-            h = steps[j][1]
-            if direction >= 0 and h == 2 * run[-1]:
-                direction = 1
-            elif direction <= 0 and 2 * h == run[-1]:
-                direction = -1
-            else:
-                break
-            run.append(h)
             j += 1
-        rows += _chunk_run(run, direction)
+        rows += _chunk_stages([st[1] for st in steps[i:j]], unit)
         i = j
     return rows
 
 
-def _bitrev(k, m):
-    return int(format(k, f"0{m}b")[::-1], 2) if m else 0
+def _radix_cost(m, h, pattern):
+    """Cycles per element of one radix-2^m sweep at stride h (elements), as measured on
+    an L2-resident block (Xeon, AVX-512 machine; only the ranking matters)."""
+    if m == 1:
+        return 3.0 if h < 4 else (0.9 if h < 8 else 0.5)
+    if m == 2:
+        return 1.1 if h < 16 else (0.7 if h < 32 else (0.58 if h < 64 else 0.53))
+    if h < 8:
+        return 1.45
+    if h == 8 and pattern:
+        return 0.51  # the constant-stride kernels
+    return 1.04 if h < 32 else (0.8 if h < 64 else (0.66 if h < 128 else 0.57))
 
 
-def _chunk_run(run, direction):
-    """Fuse a run of consecutive butterfly stages (strides doubling, ascending or
-    descending) into radix-8/4/2 rows, a full radix-8 at the small-stride end."""
-    L = len(run)
-    q, r = divmod(L, 3)
-    sizes = [3] * (q - 1) + [2, 2] if (r == 1 and q >= 1) else [3] * q + ([r] if r else [])
-    hs = sorted(run)
-    chunks = []
-    pos = 0
-    for sz in sizes:
-        chunks.append((hs[pos], sz))
-        pos += sz
-    if direction < 0:
-        chunks.reverse()  # descending run: large strides first
+def _pattern(seq):
+    """1: strides ascending (h0, 2 h0, ..), 2: descending, 0: other order."""
+    h0 = min(seq)
+    up = [h0 << t for t in range(len(seq))]
+    return 1 if seq == up else (2 if seq == up[::-1] else 0)
+
+
+def _chunk_stages(hs, unit):
+    """Fuse a sequence of butterfly stages (strides ``hs`` in rows, in the order they must
+    run) into radix-2/4/8/16 rows.  A row takes consecutive stages whose strides are
+    ``h0 * 2^j`` (j < m, any order): offsets o_k = sum_t bit_t(k) * hs[t] make the
+    kernel's t-th stage the t-th of the sequence, so the order (and rounding) is kept.
+    The split minimises ``_radix_cost`` (dynamic programming)."""
+    L = len(hs)
+    best = [0.0] * (L + 1)
+    choice = [0] * (L + 1)
+    for a in range(L - 1, -1, -1):
+        best[a] = float("inf")
+        for m in range(1, 4):
+            if a + m > L:
+                break
+            seq = hs[a:a + m]
+            h0 = min(seq)
+            if sorted(seq) != [h0 << t for t in range(m)]:
+                continue
+            c = _radix_cost(m, h0 * unit, _pattern(seq)) + best[a + m]
+            if c < best[a] - 1e-12:
+                best[a], choice[a] = c, m
     rows = []
-    for h, m in chunks:
-        perm = [_bitrev(k, m) if direction < 0 else k for k in range(1 << m)]
-        offs = [pk * h for pk in perm[1:]]
-        rows.append(({1: _R2, 2: _R4, 3: _R8}[m], h, 0) + tuple(offs) + (0,) * (7 - len(offs))
-                    + (h << m,))
+    a = 0
+    while a < L:
+        m = choice[a]
+        seq = hs[a:a + m]
+        h0 = min(seq)
+        offs = [sum(seq[t] for t in range(m) if k >> t & 1) for k in range(1 << m)]
+        row = [0] * _NCOL
+        row[0], row[1] = {1: _R2, 2: _R4, 3: _R8}[m], h0
+        row[3:3 + len(offs) - 1] = offs[1:]
+        row[_C_SPAN], row[_C_PAT] = h0 << m, _pattern(seq)
+        rows.append(tuple(row))
+        a += m
     return rows
 
 
@@ -896,8 +997,7 @@ def _plan_cached(shape, axes, itemsize, budgets, transpose):
         total *= k
     passes, progs, info = [], [], []
     for members, C, R in reversed(groups):  # outer groups first: the reference's order
-        rows = _program(members, transpose)
-        if not rows:
+        if all(kind == "N" for _, kind in members):
             continue
         O = total // (R * C)
         if R * C <= block or C < 8:
@@ -907,6 +1007,7 @@ def _plan_cached(shape, axes, itemsize, budgets, transpose):
             while 2 * w * R <= tile and 2 * w <= C:
                 w *= 2
             tiles = O * (-(-C // w))
+        rows = _program(members, transpose, w + pad if gather else C)
         p0 = len(progs)
         progs += rows
         passes.append((R, C, w, gather, p0, len(progs), tiles, pad if gather else 0))
@@ -966,16 +1067,29 @@ def _executor(n):
 
 
 def _transform_threads(x, passes, progs, n):
+    """Each pass: its tiles in contiguous chunks (a few per thread), taken by ``n``
+    threads (the caller and ``n - 1`` helpers) in order; a pass ends when all are done.
+    Taking chunks as they come keeps the threads busy when a core is shared."""
     ex = _executor(n)
     for ps in range(passes.shape[0]):
         nt = int(passes[ps, 6])
-        k = min(n, nt)
-        bounds = [nt * c // k for c in range(k + 1)]
-        futs = [ex.submit(_run_pass, x, passes, progs, ps, np.uint64(bounds[c]), np.uint64(bounds[c + 1]))
-                for c in range(1, k)]
-        _run_pass(x, passes, progs, ps, np.uint64(bounds[0]), np.uint64(bounds[1]))
-        for f in futs:
-            f.result()
+        k = max(1, min(nt, _CHUNKS_PER_THREAD * n))
+        bounds = [np.uint64(nt * c // k) for c in range(k + 1)]
+        counter = itertools.count()
+
+        def work():
+            while True:
+                c = next(counter)  # atomic under the GIL
+                if c >= k:
+                    return
+                _run_pass(x, passes, progs, ps, bounds[c], bounds[c + 1])
+
+        futs = [ex.submit(work) for _ in range(min(n, k) - 1)]
+        try:
+            work()
+        finally:
+            for f in futs:
+                f.result()
 
 
 # ---------------------------------------------------------------------------------
