@@ -4,33 +4,41 @@
 (the dimension-by-dimension local transform ``T``, or ``T^T``), in place and in few
 passes over memory:
 
-* Consecutive power-of-two axes are butterfly stages of one Walsh-Hadamard transform
-  (Sylvester order factorises: ``H_{2^a} (x) H_{2^b} = H_{2^{a+b}}``).  Up to three
-  consecutive stages are fused into one radix-8 (or radix-4) sweep that reads and
-  writes each element once.
-* The table is cut into *groups* of adjacent axes whose extent fits a cache-sized
-  block (``_BLOCK_BYTES``).  The innermost group is transformed block by contiguous
-  block, in place.  An outer group is transformed in *tiles*: its ``R`` index rows by
-  ``w`` contiguous columns are gathered into an L2-resident buffer, transformed there
-  (every stride a multiple of ``w``, so the loops vectorise) and scattered back.  A
-  ``2^24`` binary table takes two passes over memory, ``2^30`` three.
+* Power-of-two axes are butterfly stages of Walsh-Hadamard transforms (Sylvester
+  order factorises: ``H_{2^a} (x) H_{2^b} = H_{2^{a+b}}``, so stages of neighbouring
+  axes combine).  Up to three consecutive stages whose strides are ``h, 2h, 4h`` (in
+  any order) are fused into one radix-8 (or radix-4) sweep that reads and writes each
+  element once; the split of the stage sequence into sweeps minimises a measured cost
+  table (:func:`_chunk_stages`).
+* The table is cut into *groups* of adjacent axes.  The innermost group is transformed
+  block by contiguous block (``_BLOCK_BYTES``), in place.  An outer group is
+  transformed in *tiles*: its ``R`` index rows by ``w`` contiguous columns
+  (``_TILE_BYTES``, rows of at least ``_MIN_ROW_BYTES``) are gathered into a padded
+  L2-resident buffer, transformed there (every stride a multiple of the row pitch, so
+  the loops vectorise) and scattered back.  A ``2^24`` binary table takes two passes
+  over memory, ``2^30`` three (:func:`plan` shows the passes).
+* Inside a block or tile, consecutive sweeps whose butterflies stay within 32 KiB (L1)
+  or 256 KiB (L2) sub-blocks run sub-block by sub-block.
 * ``+-1`` axes use the O(k) formulas of ``basis.transform_axis``.
-* Tiles are independent.  The kernels release the GIL, and large tables are split
-  between a small pool of Python threads (``parallel=True``), so no numba threading
-  layer (OpenMP/TBB/workqueue) is involved: nothing extra to compile, fork-safe, and
-  callable from several threads (dask) at once.
+* Tiles are independent.  The kernels release the GIL, and large tables are shared
+  between a small pool of Python threads (``parallel=True``) that take chunks of tiles
+  as they come.  No numba threading layer (OpenMP/TBB/workqueue) is involved: nothing
+  extra to compile, fork-safe, and callable from several threads (dask) at once.
 
 Floating point: the operations are the reference's own (``a + b``, ``a - b``,
 ``2 g - S``, ``2 g_0 - S + 2 g_l``) in the reference's order: axes ascending and,
 within a power-of-two axis, low bit first; the ``+-1`` sums in numpy's summation
-order.  So for ``axes=None`` (or ascending ``axes``) the result is normally
-bit-identical to the reference.  The exception is a power-of-two axis of cardinality
->= 4 that straddles two groups (its high bits are done first), which differs by
-rounding only (~1e-16 of the table's scale); float32 is computed in float32, as numpy
-does.
+order (sequential, or numpy's pairwise sum along the last axis).  So for
+``axes=None`` (or ascending ``axes``) the result is normally bit-identical to the
+reference.  The exception is a power-of-two axis of cardinality >= 4 that straddles
+two groups (its high bits are then done first), which differs by rounding only
+(~1e-16 of the table's scale).  float32 is computed in float32, as numpy does.
 
-All index arithmetic in the kernels is ``uint64``: with signed indices numba emits
-negative-index wraparound checks that stop LLVM from vectorising the loops.
+Kernel notes: all index arithmetic is ``uint64`` (with signed indices numba emits
+negative-index wraparound checks that stop LLVM from vectorising); strides are re-read
+from the program array for every block, which keeps LLVM's run-time alias checks per
+block (hoisted out of the block loop they always fail); strides below 8 use scalar
+kernels and the radix-8 sweep at stride 8 constant-stride ones.
 """
 from __future__ import annotations
 
@@ -1145,11 +1153,10 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
             _transform_serial(x, pl.passes, pl.progs)
 
 
-def warmup() -> None:
-    """Compile (or load from numba's on-disk cache) the kernels for float64 and
-    float32 on tiny tables, so that compilation stays out of timed regions."""
-    for dt in (np.float64, np.float32):
+def warmup(dtypes=(np.float64, np.float32)) -> None:
+    """Compile (or load from numba's on-disk cache) the kernels for ``dtypes`` on tiny
+    tables, so that compilation stays out of timed regions.  Compiling takes a few
+    seconds per dtype the first time on a machine; loading the cache ~0.1 s."""
+    for dt in dtypes:
         t = np.ones((2, 3, 4), dtype=dt)
         transform_inplace(t, parallel=False)
-        pl = plan(t.shape, None, True, t.itemsize)
-        _run_pass(t.reshape(-1), pl.passes, pl.progs, 0, np.uint64(0), pl.passes[0, 6])
