@@ -133,6 +133,18 @@ def test_other_float_dtypes_go_through_reference():
     got = _run(g, transpose=True)
     assert got.dtype == np.float16
     np.testing.assert_array_equal(got, basis.transform(g, transpose=True))
+    big_endian = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(">f8")
+    _close(_run(big_endian), basis.transform(big_endian))
+
+
+def test_big_cardinalities():
+    """A +-1 axis larger than a cache block, alone in its pass; untouched axes between."""
+    rng = np.random.default_rng(8)
+    for shape, axes in [((100003, 3), None), ((3, 70001), None), ((5, 1, 30001, 1, 2), [0, 2]),
+                        ((2,) * 6 + (999,), None), ((3,) * 12, [1, 5, 11])]:
+        g = rng.standard_normal(shape)
+        for tr in (False, True):
+            _close(_run(g, axes, transpose=tr), basis.transform(g, axes, transpose=tr))
 
 
 def test_duplicate_axes_apply_twice():
