@@ -555,7 +555,8 @@ def _pairwise(x, q, n, sq, sn, sv):
 
 @njit(cache=True, nogil=True)
 def _pm_c(x, base, n, k, tr):
-    """+-1 basis on fibres of ``k`` consecutive elements (the table's last axis)."""
+    """+-1 basis on fibres of ``k`` consecutive elements (the table's last axis).  The
+    common small k are written out (loops of 2-6 iterations per fibre cost ~3x more)."""
     one = np.uint64(1)
     eight = np.uint64(8)
     lim = np.uint64(128)
@@ -564,47 +565,190 @@ def _pm_c(x, base, n, k, tr):
     sq = np.empty(m, np.uint64)
     sn = np.empty(m, np.uint64)
     sv = np.empty(m, x.dtype)
-    for q in range(base, base + n, k):
-        x0 = x[q]
-        if k < eight:  # numpy: a plain loop below 8 elements
-            s = x0
-            for l in range(q + one, q + k):
-                s += x[l]
-        elif k <= lim:  # numpy: 8 accumulators (written out: a call per fibre costs more)
-            r0 = x0
-            r1 = x[q + one]
-            r2 = x[q + np.uint64(2)]
-            r3 = x[q + np.uint64(3)]
-            r4 = x[q + np.uint64(4)]
-            r5 = x[q + np.uint64(5)]
-            r6 = x[q + np.uint64(6)]
-            r7 = x[q + np.uint64(7)]
-            end8 = q + k - k % eight
-            for i in range(q + eight, end8, eight):
-                r0 += x[i]
-                r1 += x[i + one]
-                r2 += x[i + np.uint64(2)]
-                r3 += x[i + np.uint64(3)]
-                r4 += x[i + np.uint64(4)]
-                r5 += x[i + np.uint64(5)]
-                r6 += x[i + np.uint64(6)]
-                r7 += x[i + np.uint64(7)]
-            s = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-            for i in range(end8, q + k):
-                s += x[i]
-        else:
-            s = _pairwise(x, q, k, sq, sn, sv)
+    if k == np.uint64(3):
         if tr:
-            b = (x0 + x0) - s  # (T^T g)_0 = g_0 - S1 = 2 g_0 - S
-            x[q] = b
-            for l in range(q + one, q + k):
-                v = x[l]
-                x[l] = (v + v) + b
+            for q in range(base, base + n, np.uint64(3)):
+                x0 = x[q]
+                x1 = x[q + np.uint64(1)]
+                x2 = x[q + np.uint64(2)]
+                s = x0 + x1
+                s = s + x2
+                b = (x0 + x0) - s
+                x[q] = b
+                x[q + np.uint64(1)] = (x1 + x1) + b
+                x[q + np.uint64(2)] = (x2 + x2) + b
         else:
-            x[q] = s
-            for l in range(q + one, q + k):
-                v = x[l]
-                x[l] = (v + v) - s
+            for q in range(base, base + n, np.uint64(3)):
+                x0 = x[q]
+                x1 = x[q + np.uint64(1)]
+                x2 = x[q + np.uint64(2)]
+                s = x0 + x1
+                s = s + x2
+                x[q] = s
+                x[q + np.uint64(1)] = (x1 + x1) - s
+                x[q + np.uint64(2)] = (x2 + x2) - s
+    elif k == np.uint64(5):
+        if tr:
+            for q in range(base, base + n, np.uint64(5)):
+                x0 = x[q]
+                x1 = x[q + np.uint64(1)]
+                x2 = x[q + np.uint64(2)]
+                x3 = x[q + np.uint64(3)]
+                x4 = x[q + np.uint64(4)]
+                s = x0 + x1
+                s = s + x2
+                s = s + x3
+                s = s + x4
+                b = (x0 + x0) - s
+                x[q] = b
+                x[q + np.uint64(1)] = (x1 + x1) + b
+                x[q + np.uint64(2)] = (x2 + x2) + b
+                x[q + np.uint64(3)] = (x3 + x3) + b
+                x[q + np.uint64(4)] = (x4 + x4) + b
+        else:
+            for q in range(base, base + n, np.uint64(5)):
+                x0 = x[q]
+                x1 = x[q + np.uint64(1)]
+                x2 = x[q + np.uint64(2)]
+                x3 = x[q + np.uint64(3)]
+                x4 = x[q + np.uint64(4)]
+                s = x0 + x1
+                s = s + x2
+                s = s + x3
+                s = s + x4
+                x[q] = s
+                x[q + np.uint64(1)] = (x1 + x1) - s
+                x[q + np.uint64(2)] = (x2 + x2) - s
+                x[q + np.uint64(3)] = (x3 + x3) - s
+                x[q + np.uint64(4)] = (x4 + x4) - s
+    elif k == np.uint64(6):
+        if tr:
+            for q in range(base, base + n, np.uint64(6)):
+                x0 = x[q]
+                x1 = x[q + np.uint64(1)]
+                x2 = x[q + np.uint64(2)]
+                x3 = x[q + np.uint64(3)]
+                x4 = x[q + np.uint64(4)]
+                x5 = x[q + np.uint64(5)]
+                s = x0 + x1
+                s = s + x2
+                s = s + x3
+                s = s + x4
+                s = s + x5
+                b = (x0 + x0) - s
+                x[q] = b
+                x[q + np.uint64(1)] = (x1 + x1) + b
+                x[q + np.uint64(2)] = (x2 + x2) + b
+                x[q + np.uint64(3)] = (x3 + x3) + b
+                x[q + np.uint64(4)] = (x4 + x4) + b
+                x[q + np.uint64(5)] = (x5 + x5) + b
+        else:
+            for q in range(base, base + n, np.uint64(6)):
+                x0 = x[q]
+                x1 = x[q + np.uint64(1)]
+                x2 = x[q + np.uint64(2)]
+                x3 = x[q + np.uint64(3)]
+                x4 = x[q + np.uint64(4)]
+                x5 = x[q + np.uint64(5)]
+                s = x0 + x1
+                s = s + x2
+                s = s + x3
+                s = s + x4
+                s = s + x5
+                x[q] = s
+                x[q + np.uint64(1)] = (x1 + x1) - s
+                x[q + np.uint64(2)] = (x2 + x2) - s
+                x[q + np.uint64(3)] = (x3 + x3) - s
+                x[q + np.uint64(4)] = (x4 + x4) - s
+                x[q + np.uint64(5)] = (x5 + x5) - s
+    elif k == np.uint64(7):
+        if tr:
+            for q in range(base, base + n, np.uint64(7)):
+                x0 = x[q]
+                x1 = x[q + np.uint64(1)]
+                x2 = x[q + np.uint64(2)]
+                x3 = x[q + np.uint64(3)]
+                x4 = x[q + np.uint64(4)]
+                x5 = x[q + np.uint64(5)]
+                x6 = x[q + np.uint64(6)]
+                s = x0 + x1
+                s = s + x2
+                s = s + x3
+                s = s + x4
+                s = s + x5
+                s = s + x6
+                b = (x0 + x0) - s
+                x[q] = b
+                x[q + np.uint64(1)] = (x1 + x1) + b
+                x[q + np.uint64(2)] = (x2 + x2) + b
+                x[q + np.uint64(3)] = (x3 + x3) + b
+                x[q + np.uint64(4)] = (x4 + x4) + b
+                x[q + np.uint64(5)] = (x5 + x5) + b
+                x[q + np.uint64(6)] = (x6 + x6) + b
+        else:
+            for q in range(base, base + n, np.uint64(7)):
+                x0 = x[q]
+                x1 = x[q + np.uint64(1)]
+                x2 = x[q + np.uint64(2)]
+                x3 = x[q + np.uint64(3)]
+                x4 = x[q + np.uint64(4)]
+                x5 = x[q + np.uint64(5)]
+                x6 = x[q + np.uint64(6)]
+                s = x0 + x1
+                s = s + x2
+                s = s + x3
+                s = s + x4
+                s = s + x5
+                s = s + x6
+                x[q] = s
+                x[q + np.uint64(1)] = (x1 + x1) - s
+                x[q + np.uint64(2)] = (x2 + x2) - s
+                x[q + np.uint64(3)] = (x3 + x3) - s
+                x[q + np.uint64(4)] = (x4 + x4) - s
+                x[q + np.uint64(5)] = (x5 + x5) - s
+                x[q + np.uint64(6)] = (x6 + x6) - s
+    else:
+        for q in range(base, base + n, k):
+            x0 = x[q]
+            if k < eight:  # numpy: a plain loop below 8 elements
+                s = x0
+                for l in range(q + one, q + k):
+                    s += x[l]
+            elif k <= lim:  # numpy: 8 accumulators (written out: a call per fibre costs more)
+                r0 = x0
+                r1 = x[q + one]
+                r2 = x[q + np.uint64(2)]
+                r3 = x[q + np.uint64(3)]
+                r4 = x[q + np.uint64(4)]
+                r5 = x[q + np.uint64(5)]
+                r6 = x[q + np.uint64(6)]
+                r7 = x[q + np.uint64(7)]
+                end8 = q + k - k % eight
+                for i in range(q + eight, end8, eight):
+                    r0 += x[i]
+                    r1 += x[i + one]
+                    r2 += x[i + np.uint64(2)]
+                    r3 += x[i + np.uint64(3)]
+                    r4 += x[i + np.uint64(4)]
+                    r5 += x[i + np.uint64(5)]
+                    r6 += x[i + np.uint64(6)]
+                    r7 += x[i + np.uint64(7)]
+                s = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+                for i in range(end8, q + k):
+                    s += x[i]
+            else:
+                s = _pairwise(x, q, k, sq, sn, sv)
+            if tr:
+                b = (x0 + x0) - s  # (T^T g)_0 = g_0 - S1 = 2 g_0 - S
+                x[q] = b
+                for l in range(q + one, q + k):
+                    v = x[l]
+                    x[l] = (v + v) + b
+            else:
+                x[q] = s
+                for l in range(q + one, q + k):
+                    v = x[l]
+                    x[l] = (v + v) - s
 
 
 @njit(cache=True, nogil=True)
