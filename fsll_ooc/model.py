@@ -396,8 +396,13 @@ class FSLL:
 
     def _kl_data(self, flat, counts, N) -> float:
         uniq = np.unique(flat)
-        codes = np.stack(np.unravel_index(uniq, self.cardinalities_), axis=1)
-        lp = self._log_potential(codes) - self.log_z_
+        eng = getattr(self, "_engine", None)
+        if eng is not None and eng.layout.a == 0 and len(uniq) * len(self.theta_) > eng.layout.size:
+            # in core with many occupied cells and terms: one pass over the table is cheaper
+            lp = np.log(self.probabilities().reshape(-1)[uniq])
+        else:
+            codes = np.stack(np.unravel_index(uniq, self.cardinalities_), axis=1)
+            lp = self._log_potential(codes) - self.log_z_
         return float(-C.empirical_entropy(counts, N) - np.dot(counts, lp) / N)
 
     def probabilities(self):
@@ -411,14 +416,22 @@ class FSLL:
         sup = np.fromiter(st.theta.keys(), np.int64, len(st.theta))
         val = np.fromiter(st.theta.values(), np.float64, len(st.theta))
         eng = getattr(self, "_engine", None)
-        if eng is None or eng.layout.a == 0:
+        if eng is None:  # a loaded model: build the table here
             table = np.zeros(self.cardinalities_)
             table.reshape(-1)[sup] = val
-            l = basis.transform_t(table)
+            try:
+                from .fast_transform import transform_inplace
+
+                transform_inplace(table, transpose=True)
+                l = table
+            except ImportError:  # pragma: no cover
+                l = basis.transform_t(table)
             l -= l.max()
-            p = np.exp(l)
+            p = np.exp(l, out=l)
             return p / p.sum()
         total = eng.density(sup, val, self.log_z_)
+        if eng.ctx.specs[2].backend == "numpy":
+            return eng.ctx.specs[2].array / total
         import dask.array as da
 
         spec = eng.ctx.specs[2]
