@@ -164,3 +164,26 @@ def test_fit_stays_within_memory_limit(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     peak = int(r.stdout.strip().splitlines()[-1])
     assert peak <= limit, f"peak RSS {peak / 2**20:.0f} MiB above the {limit / 2**20:.0f} MiB limit"
+
+
+def test_plan_task_memory_bounds_what_a_band_task_allocates(tmp_path):
+    """The planner's per-task memory (TASK_FACTOR band buffers) bounds the numpy memory one
+    band task really allocates (traced), and is not a gross overestimate."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    X = rng.integers(0, 2, size=(3000, 22))
+    X[:, 5] = X[:, 3] ^ (rng.random(3000) < 0.1)
+    kw = dict(progress=False, backend="memmap", layout=(1, 4), scheduler="serial", max_iter=4)
+    FSLL(store=tmp_path / "warm", **kw).fit(X)  # imports and one-time allocations
+    m = FSLL(store=tmp_path / "t", **kw)
+    tracemalloc.start()
+    m.fit(X)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    L = m.plan_.layout
+    band = max(L.a_band_elements, L.b_band_elements) * 8
+    assert m.n_iter_ >= 1
+    assert band <= peak  # a task holds at least one band
+    # serial scheduler: one task at a time; small per-fit bookkeeping on top
+    assert peak <= m.plan_.task_bytes + 4 * 2**20, (peak, m.plan_.task_bytes)
