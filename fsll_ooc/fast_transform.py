@@ -752,6 +752,198 @@ def _pm_c(x, base, n, k, tr):
 
 
 @njit(cache=True, nogil=True)
+def _pm3s(x, base, n, p, i, tr):
+    """+-1 basis, k = 3, stride h = p[i, 1] >= 8: the 3 elements of a fibre stay in
+    registers (one read and one write per element; the loop over fibres vectorises)."""
+    step = p[i, 1] * np.uint64(3)
+    for b in range(base, base + n, step):
+        h = p[i, 1]  # re-read for every block: LLVM's alias checks stay per block
+        q1 = b + h
+        q2 = q1 + h
+        if tr:
+            for j in range(h):
+                x0 = x[b + j]
+                x1 = x[q1 + j]
+                x2 = x[q2 + j]
+                s = x0 + x1
+                s = s + x2
+                t = (x0 + x0) - s
+                x[b + j] = t
+                x[q1 + j] = (x1 + x1) + t
+                x[q2 + j] = (x2 + x2) + t
+        else:
+            for j in range(h):
+                x0 = x[b + j]
+                x1 = x[q1 + j]
+                x2 = x[q2 + j]
+                s = x0 + x1
+                s = s + x2
+                x[b + j] = s
+                x[q1 + j] = (x1 + x1) - s
+                x[q2 + j] = (x2 + x2) - s
+
+
+@njit(cache=True, nogil=True)
+def _pm5s(x, base, n, p, i, tr):
+    """+-1 basis, k = 5, stride h = p[i, 1] >= 8: the 5 elements of a fibre stay in
+    registers (one read and one write per element; the loop over fibres vectorises)."""
+    step = p[i, 1] * np.uint64(5)
+    for b in range(base, base + n, step):
+        h = p[i, 1]  # re-read for every block: LLVM's alias checks stay per block
+        q1 = b + h
+        q2 = q1 + h
+        q3 = q2 + h
+        q4 = q3 + h
+        if tr:
+            for j in range(h):
+                x0 = x[b + j]
+                x1 = x[q1 + j]
+                x2 = x[q2 + j]
+                x3 = x[q3 + j]
+                x4 = x[q4 + j]
+                s = x0 + x1
+                s = s + x2
+                s = s + x3
+                s = s + x4
+                t = (x0 + x0) - s
+                x[b + j] = t
+                x[q1 + j] = (x1 + x1) + t
+                x[q2 + j] = (x2 + x2) + t
+                x[q3 + j] = (x3 + x3) + t
+                x[q4 + j] = (x4 + x4) + t
+        else:
+            for j in range(h):
+                x0 = x[b + j]
+                x1 = x[q1 + j]
+                x2 = x[q2 + j]
+                x3 = x[q3 + j]
+                x4 = x[q4 + j]
+                s = x0 + x1
+                s = s + x2
+                s = s + x3
+                s = s + x4
+                x[b + j] = s
+                x[q1 + j] = (x1 + x1) - s
+                x[q2 + j] = (x2 + x2) - s
+                x[q3 + j] = (x3 + x3) - s
+                x[q4 + j] = (x4 + x4) - s
+
+
+@njit(cache=True, nogil=True)
+def _pm6s(x, base, n, p, i, tr):
+    """+-1 basis, k = 6, stride h = p[i, 1] >= 8: the 6 elements of a fibre stay in
+    registers (one read and one write per element; the loop over fibres vectorises)."""
+    step = p[i, 1] * np.uint64(6)
+    for b in range(base, base + n, step):
+        h = p[i, 1]  # re-read for every block: LLVM's alias checks stay per block
+        q1 = b + h
+        q2 = q1 + h
+        q3 = q2 + h
+        q4 = q3 + h
+        q5 = q4 + h
+        if tr:
+            for j in range(h):
+                x0 = x[b + j]
+                x1 = x[q1 + j]
+                x2 = x[q2 + j]
+                x3 = x[q3 + j]
+                x4 = x[q4 + j]
+                x5 = x[q5 + j]
+                s = x0 + x1
+                s = s + x2
+                s = s + x3
+                s = s + x4
+                s = s + x5
+                t = (x0 + x0) - s
+                x[b + j] = t
+                x[q1 + j] = (x1 + x1) + t
+                x[q2 + j] = (x2 + x2) + t
+                x[q3 + j] = (x3 + x3) + t
+                x[q4 + j] = (x4 + x4) + t
+                x[q5 + j] = (x5 + x5) + t
+        else:
+            for j in range(h):
+                x0 = x[b + j]
+                x1 = x[q1 + j]
+                x2 = x[q2 + j]
+                x3 = x[q3 + j]
+                x4 = x[q4 + j]
+                x5 = x[q5 + j]
+                s = x0 + x1
+                s = s + x2
+                s = s + x3
+                s = s + x4
+                s = s + x5
+                x[b + j] = s
+                x[q1 + j] = (x1 + x1) - s
+                x[q2 + j] = (x2 + x2) - s
+                x[q3 + j] = (x3 + x3) - s
+                x[q4 + j] = (x4 + x4) - s
+                x[q5 + j] = (x5 + x5) - s
+
+
+@njit(cache=True, nogil=True)
+def _pm7s(x, base, n, p, i, tr):
+    """+-1 basis, k = 7, stride h = p[i, 1] >= 8: the 7 elements of a fibre stay in
+    registers (one read and one write per element; the loop over fibres vectorises)."""
+    step = p[i, 1] * np.uint64(7)
+    for b in range(base, base + n, step):
+        h = p[i, 1]  # re-read for every block: LLVM's alias checks stay per block
+        q1 = b + h
+        q2 = q1 + h
+        q3 = q2 + h
+        q4 = q3 + h
+        q5 = q4 + h
+        q6 = q5 + h
+        if tr:
+            for j in range(h):
+                x0 = x[b + j]
+                x1 = x[q1 + j]
+                x2 = x[q2 + j]
+                x3 = x[q3 + j]
+                x4 = x[q4 + j]
+                x5 = x[q5 + j]
+                x6 = x[q6 + j]
+                s = x0 + x1
+                s = s + x2
+                s = s + x3
+                s = s + x4
+                s = s + x5
+                s = s + x6
+                t = (x0 + x0) - s
+                x[b + j] = t
+                x[q1 + j] = (x1 + x1) + t
+                x[q2 + j] = (x2 + x2) + t
+                x[q3 + j] = (x3 + x3) + t
+                x[q4 + j] = (x4 + x4) + t
+                x[q5 + j] = (x5 + x5) + t
+                x[q6 + j] = (x6 + x6) + t
+        else:
+            for j in range(h):
+                x0 = x[b + j]
+                x1 = x[q1 + j]
+                x2 = x[q2 + j]
+                x3 = x[q3 + j]
+                x4 = x[q4 + j]
+                x5 = x[q5 + j]
+                x6 = x[q6 + j]
+                s = x0 + x1
+                s = s + x2
+                s = s + x3
+                s = s + x4
+                s = s + x5
+                s = s + x6
+                x[b + j] = s
+                x[q1 + j] = (x1 + x1) - s
+                x[q2 + j] = (x2 + x2) - s
+                x[q3 + j] = (x3 + x3) - s
+                x[q4 + j] = (x4 + x4) - s
+                x[q5 + j] = (x5 + x5) - s
+                x[q6 + j] = (x6 + x6) - s
+
+
+
+@njit(cache=True, nogil=True)
 def _pm_f(x, base, n, k, st, tr):
     """+-1 basis on fibres of ``k`` elements at a small stride ``st`` (2, 3), fibre by
     fibre (scalar; sums in sequence, as numpy's reduction over a non-contiguous axis)."""
@@ -934,6 +1126,16 @@ def _run_pass(x, passes, progs, ps, t0, t1):
                                 _pm_c(y, b1, s1, p[i, 2], kind == _PMT)
                             elif h < four:
                                 _pm_f(y, b1, s1, p[i, 2], h, kind == _PMT)
+                            elif h < eight:
+                                _pm_s(y, b1, s1, p[i, 2], h, kind == _PMT, s)
+                            elif p[i, 2] == np.uint64(3):
+                                _pm3s(y, b1, s1, p, i, kind == _PMT)
+                            elif p[i, 2] == np.uint64(5):
+                                _pm5s(y, b1, s1, p, i, kind == _PMT)
+                            elif p[i, 2] == np.uint64(6):
+                                _pm6s(y, b1, s1, p, i, kind == _PMT)
+                            elif p[i, 2] == np.uint64(7):
+                                _pm7s(y, b1, s1, p, i, kind == _PMT)
                             else:
                                 _pm_s(y, b1, s1, p[i, 2], h, kind == _PMT, s)
                     k = kend
