@@ -661,7 +661,7 @@ def _pm_c(x, base, n, k, tr):
                 x[q + np.uint64(3)] = (x3 + x3) - s
                 x[q + np.uint64(4)] = (x4 + x4) - s
                 x[q + np.uint64(5)] = (x5 + x5) - s
-    elif k == np.uint64(7):
+    elif k == np.uint64(7):  # (k < 8 is one of 3, 5, 6, 7: powers of two are Walsh axes)
         if tr:
             for q in range(base, base + n, np.uint64(7)):
                 x0 = x[q]
@@ -710,11 +710,7 @@ def _pm_c(x, base, n, k, tr):
     else:
         for q in range(base, base + n, k):
             x0 = x[q]
-            if k < eight:  # numpy: a plain loop below 8 elements
-                s = x0
-                for l in range(q + one, q + k):
-                    s += x[l]
-            elif k <= lim:  # numpy: 8 accumulators (written out: a call per fibre costs more)
+            if k <= lim:  # k >= 9 here; numpy: 8 accumulators (written out: a call costs more)
                 r0 = x0
                 r1 = x[q + one]
                 r2 = x[q + np.uint64(2)]
