@@ -143,6 +143,22 @@ def main(argv=None):
             f"| {r['name']} | {cards} | {r['size']:,} | {r['passes']} | {fmt(r['copy'])} | {fmt(r['ref'], 3)} | "
             f"{fmt(r['cold'], 2)} | {fmt(r['cached'], 3)} | {fmt(r['par'])} | {fmt(r['ser'])} | "
             f"{r['par'] / r['copy']:.2f} | {r['ser'] / r['copy']:.2f} | {r['cpu_units']:.2f} | {speedup} |")
+    lines += [
+        "",
+        "Plans (`fast_transform.plan(shape).describe()`: passes over memory, then the sweeps of",
+        "each pass; `r8d@h` = radix-8 butterflies at stride h with descending stages, `pm` = +-1 axis):",
+        "",
+        "```",
+    ]
+    for name, shape in CASES:
+        lines.append(ft.plan(shape).describe())
+    lines += [
+        "```",
+        "",
+        "Reproduce: `python bench/perf_transform.py --out docs/benchmarks_transform.md` "
+        "(`--quick`: no cold runs, fewer repetitions).  Wall-clock columns are only meaningful "
+        "on an otherwise idle machine; see the load average above.",
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
