@@ -67,7 +67,7 @@ _PAD_BYTES = 64
 _SUB1_BYTES = 1 << 15
 _SUB2_BYTES = 1 << 18
 # Tables smaller than this (elements) are done on the calling thread only.
-_PAR_MIN_SIZE = 1 << 16
+_PAR_MIN_SIZE = 1 << 18
 # Work chunks per thread and pass (taken dynamically).
 _CHUNKS_PER_THREAD = 4
 # How many fibres a +-1 kernel keeps sums for (scratch length).
