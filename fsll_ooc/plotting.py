@@ -87,7 +87,7 @@ def plot_cost(model, ax=None):
         sel = np.array([m == move for m in moves])
         ax.scatter(it[sel], cost[sel], marker=marker, s=18, color=colour, label=move, zorder=2)
     ax.set_xlabel("iteration")
-    ax.set_ylabel("cost = KL + MDL penalty (nats)")
+    ax.set_ylabel("cost: KL + MDL penalty (nats per sample)")
     ax.set_title(f"fit: cost {cost[-1]:.4f} after {int(it[-1])} iterations, {int(nb[-1])} bases")
     ax.grid(alpha=0.3)
     right = ax.twinx()
@@ -172,7 +172,9 @@ def plot_interactions(model, ax=None, weight: str = "auto", top: int | None = 40
         frac = single.get(i, 0.0) / smax
         ax.add_patch(Circle(xy[i], node_r, facecolor="white", edgecolor="#444444",
                             lw=1.0 + 6.0 * frac, zorder=3))
-        ax.text(*(xy[i] * (1 + node_r + 0.12)), f"{names[i]}\n({ks[i]})", ha="center", va="center",
+        x, y = xy[i] * (1 + node_r + 0.06)
+        ax.text(x, y, f"{names[i]}\n({ks[i]})", ha="left" if x > 0.3 else "right" if x < -0.3 else "center",
+                va="bottom" if y > 0.3 else "top" if y < -0.3 else "center",
                 fontsize="small" if n <= 20 else "x-small", zorder=4)
 
     legend = [Line2D([], [], color=_ORDER_COLOURS[min(o - 2, len(_ORDER_COLOURS) - 1)], lw=3,
@@ -184,7 +186,7 @@ def plot_interactions(model, ax=None, weight: str = "auto", top: int | None = 40
     what = "share of cost reduction" if weight == "share" else "|theta|"
     more = "" if top is None or len(strengths) - len(single) <= top else f" (strongest {top})"
     ax.set_title(f"interactions of {n} variables: width = {what}{more}")
-    lim = 1.0 + node_r + 0.35
+    lim = 1.0 + node_r + 0.45
     ax.set_xlim(-lim, lim)
     ax.set_ylim(-lim - 0.25, lim)
     ax.set_aspect("equal")

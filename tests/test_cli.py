@@ -1,6 +1,7 @@
 """Tests of the command-line interface (in-process through main(), plus one subprocess)."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import subprocess
@@ -377,15 +378,12 @@ def test_plan_memory_tool_is_the_same_command(tmp_path):
                        cwd=tmp_path)
     assert r.returncode == 3, r.stderr
     assert r.stdout.rstrip("\n") == cli_plan_report(args)
-    r = subprocess.run([sys.executable, str(tool), "--cards", "x"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.startswith("fsll-ooc: error: cannot read cardinalities")
 
 
 def cli_plan_report(args):
     out = io.StringIO()
-    import contextlib
     with contextlib.redirect_stdout(out):
-        cli.plan_main(args)
+        assert cli.plan_main(args) == 3
     return out.getvalue().rstrip("\n")
 
 
