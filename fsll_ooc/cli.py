@@ -42,7 +42,8 @@ import numpy as np
 
 from . import __version__
 from .io import DataError, decode, encode, encode_with, read_table
-from .queries import describe_factor as _describe_factor, factor_text as _factor_text, labels as _labels_of
+from .queries import labels as _labels_of
+from .queries import describe_factor as _describe_factor, factor_text as _factor_text  # noqa: F401 (term text)
 
 PROG = "fsll-ooc"
 #: Labels of a CLI fit, kept in its store so that the store itself can serve as MODEL.

@@ -418,3 +418,20 @@ def test_fit_bad_scheduler_address(capsys, data_csv, tmp_path, monkeypatch):
     monkeypatch.setattr(distributed, "Client", refuse)
     assert_usage_error(*run(capsys, "fit", data_csv, "-o", tmp_path / "m.json", "--scheduler", "tcp://127.0.0.1:1"),
                        "cannot connect to the dask scheduler at 'tcp://127.0.0.1:1'")
+
+
+def test_info_and_plot_without_history(capsys, model_path, tmp_path):
+    doc = json.loads(model_path.read_text())
+    doc["history"] = []
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(doc))
+    rc, out, _ = run(capsys, "info", bare)
+    assert rc == 0 and " n/a " in out
+    rc, out, _ = run(capsys, "info", bare, "--json")
+    terms = json.loads(out)["terms"]
+    assert all(t["share"] is None for t in terms)
+    thetas = [abs(t["theta"]) for t in terms]
+    assert thetas == sorted(thetas, reverse=True)       # then ordered by |theta|
+    pytest.importorskip("matplotlib")
+    rc, out, _ = run(capsys, "plot", bare, "-d", tmp_path)
+    assert rc == 0 and out.splitlines() == [f"wrote {tmp_path / 'bare-interactions.png'}"]
