@@ -335,7 +335,7 @@ def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, dis
                 f"no chunk layout keeps one band within the memory limit: |X| = {size:,} cells needs bands of "
                 f"about sqrt(|X|) = {math.isqrt(size):,} cells; use memory_limit >= {format_bytes(need)}"
                 + (" or dtype float32" if itemsize == 8 else "") + f", or fewer workers (now {workers})")
-        elif _prod(cards[c:]) < min(MIN_CHUNK_HARD, size):
+        elif mem is not None and _prod(cards[c:]) < min(MIN_CHUNK_HARD, size):
             need = TASK_FACTOR * itemsize * workers * MIN_CHUNK_HARD * _prod(cards[:a]) + BASE_OVERHEAD
             problems.append(
                 f"within this memory_limit chunks would hold only {_prod(cards[c:]):,} cells; "
