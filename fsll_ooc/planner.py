@@ -316,7 +316,8 @@ def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, dis
     else:
         budget = (int(mem * (1 - IO_HEADROOM)) - BASE_OVERHEAD) if mem is not None else 2**31
         band_max = max(budget // (workers * TASK_FACTOR * itemsize), 1)
-        band_max = min(band_max, max(size // 4, 1)) if mem is None else band_max
+        if mem is None:  # no limit: split only big tables, into a few bands for parallel passes
+            band_max = min(band_max, max(size // 4, MAX_CHUNK))
         a = 0
         while a < n and _prod(cards[a:]) > band_max:
             a += 1
