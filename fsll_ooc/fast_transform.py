@@ -1454,8 +1454,10 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
     ``(k_0, ..., k_{n-1})`` (0-d and empty arrays are no-ops).  ``axes``: the axes to
     transform, all by default; negative indices allowed; an axis listed twice is
     transformed twice, as in the reference.  ``transpose``: ``T^T`` instead of ``T``
-    (they differ only on ``+-1`` axes).  ``parallel``: split large tables between
-    ``numba.config.NUMBA_NUM_THREADS`` threads.
+    (they differ only on ``+-1`` axes).  ``parallel``: split tables of >= 2^18
+    elements between ``numba.config.NUMBA_NUM_THREADS`` threads (the caller and a
+    private pool); pass ``parallel=False`` where the caller is already one of several
+    workers (dask tasks), to avoid oversubscribing the cores.
 
     Raises ``TypeError`` for a non-float array and ``ValueError`` for a non-contiguous
     or read-only one (use ``np.ascontiguousarray`` or ``basis.transform``).  Other
@@ -1497,8 +1499,9 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
 
 def warmup(dtypes=(np.float64, np.float32)) -> None:
     """Compile (or load from numba's on-disk cache) the kernels for ``dtypes`` on tiny
-    tables, so that compilation stays out of timed regions.  Compiling takes a few
-    seconds per dtype the first time on a machine; loading the cache ~0.1 s."""
+    tables, so that compilation stays out of timed regions.  Compiling takes ~10 s of
+    CPU per dtype the first time (numba's cache is keyed on this file); loading the
+    cached kernels ~0.1-0.5 s."""
     for dt in dtypes:
         t = np.ones((2, 3, 4), dtype=dt)
         transform_inplace(t, parallel=False)
