@@ -1018,10 +1018,10 @@ def _grow(span, total, limit):
 
 @njit(cache=True, nogil=True)
 def _run_pass(x, passes, progs, ps, t0, t1):
-    """Tiles ``t0 .. t1-1`` of pass ``ps``.  Tile ``t`` covers rows ``r < R`` of
-    ``ww <= w`` contiguous elements at ``o R C + r C + c0`` (``o, c0`` from ``t``).
-    In place (``w == C``) that is one contiguous block; otherwise the tile is gathered
-    into a buffer, transformed there and scattered back.  The pass's program rows
+    """Tiles ``t0 .. t1-1`` of pass ``ps``.  Gathered: tile ``t`` covers rows ``r < R``
+    of ``ww <= w`` contiguous elements at ``o R C + r C + c0`` (``o, c0`` from ``t``),
+    copied to a buffer, transformed there and scattered back.  In place: tile ``t`` is
+    ``m`` consecutive blocks of ``R C`` contiguous elements.  The pass's program rows
     (strides in rows) are scaled to elements for the tile width."""
     one = np.uint64(1)
     zero = np.uint64(0)
@@ -1043,11 +1043,17 @@ def _run_pass(x, passes, progs, ps, t0, t1):
     nct = (C + w - one) // w
     p = prog.copy()
     cur = zero
+    m = passes[ps, 8]  # in place: blocks of R*C elements per tile
+    nblk = np.uint64(x.size) // (R * C)
     for t in range(t0, t1):
-        o = t // nct
-        c0 = (t - o * nct) * w
-        ww = min(w, C - c0)
-        start = o * R * C + c0
+        if gather:
+            o = t // nct
+            c0 = (t - o * nct) * w
+            ww = min(w, C - c0)
+            start = o * R * C + c0
+        else:
+            ww = C
+            start = t * m * R * C
         pitch = ww + pad
         if pitch != cur:
             for i in range(p.shape[0]):
@@ -1063,10 +1069,11 @@ def _run_pass(x, passes, progs, ps, t0, t1):
                     buf[dst + j] = x[src + j]
             y = buf
             base = zero
+            n = R * pitch
         else:
             y = x
             base = start
-        n = R * pitch
+            n = min(m, nblk - t * m) * R * C
         # Rows run in order, but consecutive rows whose butterflies stay inside
         # sub-blocks of <= sub2 (L2) or <= sub1 (L1) elements run sub-block by
         # sub-block (spans form a divisibility chain, so this only reorders
@@ -1162,7 +1169,7 @@ class Plan:
         self.axes = axes
         self.transpose = transpose
         self.itemsize = itemsize
-        self.passes = passes  # uint64 (npass, 8): R, C, w, gather, p0, p1, ntiles, pad
+        self.passes = passes  # uint64 (npass, 9): R, C, w, gather, p0, p1, ntiles, pad, blocks/tile
         self.progs = progs    # uint64 (nrows, _NCOL): kind, h, k, o_1 .. o_7, span, pattern
         self.info = info      # per pass: dict(R, C, w, gather, tiles, rows)
 
@@ -1350,8 +1357,12 @@ def _plan_cached(shape, axes, itemsize, budgets, transpose):
         if all(kind == "N" for _, kind in members):
             continue
         O = total // (R * C)
+        m = 1
         if R * C <= block or C < 8:
-            gather, w, tiles = 0, C, O
+            # in place; a tile takes several consecutive blocks when they are small
+            gather, w = 0, C
+            m = max(1, min(O, block // (R * C)))
+            tiles = -(-O // m)
         else:
             gather, w = 1, min(C, wmin)
             while 2 * w * R <= tile and 2 * w <= C:
@@ -1360,9 +1371,9 @@ def _plan_cached(shape, axes, itemsize, budgets, transpose):
         rows = _program(members, transpose, w + pad if gather else C)
         p0 = len(progs)
         progs += rows
-        passes.append((R, C, w, gather, p0, len(progs), tiles, pad if gather else 0))
+        passes.append((R, C, w, gather, p0, len(progs), tiles, pad if gather else 0, m))
         info.append(dict(R=R, C=C, w=w, gather=gather, tiles=tiles, rows=rows))
-    passes_a = np.array(passes, dtype=np.uint64).reshape(-1, 8)
+    passes_a = np.array(passes, dtype=np.uint64).reshape(-1, 9)
     progs_a = np.array(progs, dtype=np.uint64).reshape(-1, _NCOL)
     passes_a.setflags(write=False)
     progs_a.setflags(write=False)
