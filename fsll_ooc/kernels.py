@@ -41,99 +41,74 @@ def _exact(t, d, r):
 # so the position bookkeeping (skip y = 0, ties to the lowest position) lives there.
 
 
-def _update_scan_perm(t, d, rP, rQ, r_const, permP, permQ, ch, sh, inv_den, threshold, skip, row_best, row_pos):
-    P, Q = t.shape
-    for p in prange(P):
-        pp = permP[p]
-        best = threshold
-        bpos = np.int64(-1)
-        if p <= pp:
-            rp = r_const + rP[p]
-            rpp = r_const + rP[pp]
-            for q in range(Q):
-                qq = permQ[q]
-                if p == pp and q > qq:
-                    continue
-                a = t[p, q]
-                b = t[pp, qq]
-                na = (ch * a + sh * b) * inv_den
-                nb = (ch * b + sh * a) * inv_den
-                t[p, q] = na
-                t[pp, qq] = nb
-                da = d[p, q]
-                r = rp + rQ[q]
-                if (r - best) * (1.0 - na * na) < (na - da) * (na - da):
-                    pos = np.int64(p) * Q + q
-                    if pos != skip:
-                        ex = _exact(na, da, r)
-                        if ex < best or (ex == best and pos < bpos):
-                            best = ex
-                            bpos = pos
-                if p != pp or q != qq:
-                    db = d[pp, qq]
-                    r = rpp + rQ[qq]
-                    if (r - best) * (1.0 - nb * nb) < (nb - db) * (nb - db):
-                        pos = np.int64(pp) * Q + qq
+def _make_pair_kernel(use_xor: bool):
+    """The fused update + scan for a partner permutation that is an involution.
+
+    ``use_xor`` (a compile-time constant): the permutation is ``(p ^ mp, q ^ mq)`` and no
+    index arrays are loaded; otherwise ``(permP[p], permQ[q])``.  Each pair of cells is
+    read, updated and scored once, by the thread that owns its lower row.
+    """
+
+    def kernel(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ch, sh, inv_den, threshold, skip, row_best, row_pos):
+        P, Q = t.shape
+        ca = ch * inv_den
+        sb = sh * inv_den
+        for p in prange(P):
+            if use_xor:
+                pp = p ^ mp
+            else:
+                pp = permP[p]
+            best = threshold
+            bpos = np.int64(-1)
+            if p <= pp:
+                rp = r_const + rP[p]
+                rpp = r_const + rP[pp]
+                tp = t[p]
+                tpp = t[pp]
+                dp = d[p]
+                dpp = d[pp]
+                for q in range(Q):
+                    if use_xor:
+                        qq = q ^ mq
+                    else:
+                        qq = permQ[q]
+                    if p == pp and q > qq:
+                        continue
+                    a = tp[q]
+                    b = tpp[qq]
+                    na = ca * a + sb * b
+                    nb = ca * b + sb * a
+                    tp[q] = na
+                    tpp[qq] = nb
+                    da = dp[q]
+                    r = rp + rQ[q]
+                    if (r - best) * (1.0 - na * na) < (na - da) * (na - da):
+                        pos = np.int64(p) * Q + q
                         if pos != skip:
-                            ex = _exact(nb, db, r)
+                            ex = _exact(na, da, r)
                             if ex < best or (ex == best and pos < bpos):
                                 best = ex
                                 bpos = pos
-        row_best[p] = best
-        row_pos[p] = bpos
+                    if p != pp or q != qq:
+                        db = dpp[qq]
+                        r = rpp + rQ[qq]
+                        if (r - best) * (1.0 - nb * nb) < (nb - db) * (nb - db):
+                            pos = np.int64(pp) * Q + qq
+                            if pos != skip:
+                                ex = _exact(nb, db, r)
+                                if ex < best or (ex == best and pos < bpos):
+                                    best = ex
+                                    bpos = pos
+            row_best[p] = best
+            row_pos[p] = bpos
 
-
-def _update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold, skip, row_best, row_pos):
-    # Same as _update_scan_perm when the permutation is (p ^ mp, q ^ mq): no index loads.
-    P, Q = t.shape
-    ca = ch * inv_den
-    sb = sh * inv_den
-    for p in prange(P):
-        pp = p ^ mp
-        best = threshold
-        bpos = np.int64(-1)
-        if p <= pp:
-            rp = r_const + rP[p]
-            rpp = r_const + rP[pp]
-            tp = t[p]
-            tpp = t[pp]
-            dp = d[p]
-            dpp = d[pp]
-            for q in range(Q):
-                qq = q ^ mq
-                if p == pp and q > qq:
-                    continue
-                a = tp[q]
-                b = tpp[qq]
-                na = ca * a + sb * b
-                nb = ca * b + sb * a
-                tp[q] = na
-                tpp[qq] = nb
-                da = dp[q]
-                r = rp + rQ[q]
-                if (r - best) * (1.0 - na * na) < (na - da) * (na - da):
-                    pos = np.int64(p) * Q + q
-                    if pos != skip:
-                        ex = _exact(na, da, r)
-                        if ex < best or (ex == best and pos < bpos):
-                            best = ex
-                            bpos = pos
-                if p != pp or q != qq:
-                    db = dpp[qq]
-                    r = rpp + rQ[qq]
-                    if (r - best) * (1.0 - nb * nb) < (nb - db) * (nb - db):
-                        pos = np.int64(pp) * Q + qq
-                        if pos != skip:
-                            ex = _exact(nb, db, r)
-                            if ex < best or (ex == best and pos < bpos):
-                                best = ex
-                                bpos = pos
-        row_best[p] = best
-        row_pos[p] = bpos
+    return kernel
 
 
 def _update_scan_explicit(t, partner, d, rP, rQ, r_const, ch, sh, inv_den, update, threshold, skip, row_best, row_pos):
     P, Q = t.shape
+    ca = ch * inv_den
+    sb = sh * inv_den
     for p in prange(P):
         best = threshold
         bpos = np.int64(-1)
@@ -141,7 +116,7 @@ def _update_scan_explicit(t, partner, d, rP, rQ, r_const, ch, sh, inv_den, updat
         for q in range(Q):
             a = t[p, q]
             if update:
-                a = (ch * a + sh * partner[p, q]) * inv_den
+                a = ca * a + sb * partner[p, q]
                 t[p, q] = a
             da = d[p, q]
             r = rp + rQ[q]
@@ -156,10 +131,10 @@ def _update_scan_explicit(t, partner, d, rP, rQ, r_const, ch, sh, inv_den, updat
         row_pos[p] = bpos
 
 
-_perm_serial = njit(cache=True, nogil=True)(_update_scan_perm)
-_perm_parallel = njit(cache=True, nogil=True, parallel=True)(_update_scan_perm)
-_xor_serial = njit(cache=True, nogil=True)(_update_scan_xor)
-_xor_parallel = njit(cache=True, nogil=True, parallel=True)(_update_scan_xor)
+_perm_serial = njit(cache=True, nogil=True)(_make_pair_kernel(False))
+_perm_parallel = njit(cache=True, nogil=True, parallel=True)(_make_pair_kernel(False))
+_xor_serial = njit(cache=True, nogil=True)(_make_pair_kernel(True))
+_xor_parallel = njit(cache=True, nogil=True, parallel=True)(_make_pair_kernel(True))
 _expl_serial = njit(cache=True, nogil=True)(_update_scan_explicit)
 _expl_parallel = njit(cache=True, nogil=True, parallel=True)(_update_scan_explicit)
 
@@ -191,11 +166,9 @@ def update_scan_perm(t, d, rP, rQ, r_const, permP, permQ, ch, sh, inv_den, thres
     mp, mq = int(permP[0]), int(permQ[0])
     if np.array_equal(permP, np.arange(P) ^ mp) and np.array_equal(permQ, np.arange(Q) ^ mq):
         fn = _xor_parallel if parallel else _xor_serial
-        fn(t, d, rP, rQ, float(r_const), np.int64(mp), np.int64(mq), float(ch), float(sh), float(inv_den),
-           float(threshold), np.int64(skip), rb, rp)
-        return reduce_rows(rb, rp)
-    fn = _perm_parallel if parallel else _perm_serial
-    fn(t, d, rP, rQ, float(r_const), permP, permQ, float(ch), float(sh), float(inv_den), float(threshold), np.int64(skip), rb, rp)
+    else:
+        fn = _perm_parallel if parallel else _perm_serial
+    fn(t, d, rP, rQ, float(r_const), permP, permQ, np.int64(mp), np.int64(mq), float(ch), float(sh), float(inv_den), float(threshold), np.int64(skip), rb, rp)
     return reduce_rows(rb, rp)
 
 
