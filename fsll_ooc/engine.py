@@ -494,26 +494,34 @@ class Engine:
         res = self._run("B", task_map, lambda i: (self.ctx, "B", i, dst, dst, ops))
         return res.total
 
-    # -- gathers (fully corrective step, fsll_ooc.corrective) ------------------------------
+    # -- fully corrective step (fsll_ooc.corrective): gathers and a top-k candidate pass ------
     def gather(self, flat: np.ndarray, table: int = TB) -> np.ndarray:
         """Values of ``table`` (default ``thetabar``) at global flat indices ``flat``.
 
         One task per A-band that holds some of them; each reads only those cells
-        (out of core: only the chunks holding them), never a whole table.
+        (out of core: only the chunks holding them), never a whole band.
         """
         flat = np.asarray(flat, np.int64)
         if flat.size == 0:
             return np.zeros(0)
-        groups = self._group("A", flat)
-        keys = sorted(groups)
-        parts = self.executor.run(task_gather, [(self.ctx, table, groups[b][1]) for b in keys])
+        band, _ = global_to_band(self.layout, "A", flat)
+        keys = np.unique(band)
+        sel = [np.nonzero(band == b)[0] for b in keys]
+        parts = self.executor.run(task_gather, [(self.ctx, table, flat[ix]) for ix in sel])
         self.gathers = getattr(self, "gathers", 0) + 1
-        pos = {}
         out = np.empty(flat.size)
-        order = np.concatenate([np.nonzero(global_to_band(self.layout, "A", flat)[0] == b)[0] for b in keys])
-        out[order] = np.concatenate(parts)
-        del pos
+        out[np.concatenate(sel)] = np.concatenate(parts)
         return out
+
+    def top_candidates(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` append candidates with the lowest second-order cost change
+        ``r_y - (t - d)^2 / (2 (1 - t^2))`` over the whole table (``y = 0`` excluded,
+        the support not): ``(flat indices, scores)``, best first.  One read pass."""
+        parts = self._run("A", task_top_candidates, lambda i: (self.ctx, i, int(k)), reduce=False)
+        flat = np.concatenate([p[0] for p in parts])
+        score = np.concatenate([p[1] for p in parts])
+        order = np.lexsort((flat, score))[:k]
+        return flat[order], score[order]
 
 
 def task_gather(ctx: Context, table: int, flat: np.ndarray) -> np.ndarray:
@@ -523,3 +531,27 @@ def task_gather(ctx: Context, table: int, flat: np.ndarray) -> np.ndarray:
     if spec.backend == "zarr":
         return np.asarray(arr.get_coordinate_selection(np.unravel_index(flat, spec.shape)), dtype=np.float64)
     return np.asarray(arr.reshape(-1)[flat], dtype=np.float64)
+
+
+def task_top_candidates(ctx: Context, idx: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best cells of A-band ``idx`` by ``r - (t - d)^2 / (2 (1 - t^2))``: (global flat, score)."""
+    L = ctx.layout
+    key = band_key(L, "A", idx)
+    shape, j, P, Q, rP, rQ = _geometry(ctx, "A")
+    t = storage.read(ctx.specs[TB], key).reshape(P, Q)
+    d = storage.read(ctx.specs[D], key).reshape(P, Q)
+    score = t - d
+    np.square(score, out=score)
+    den = t * t
+    np.subtract(1.0, den, out=den)
+    np.maximum(den, 1e-300, out=den)
+    score /= den
+    score *= -0.5
+    score += rQ[None, :]
+    score += (_r_const(ctx, "A", idx) + rP)[:, None]
+    score = score.reshape(-1)
+    if idx == 0:
+        score[0] = np.inf
+    k = min(k, score.size)
+    local = np.argpartition(score, k - 1)[:k] if k < score.size else np.arange(score.size)
+    return local_to_global(L, "A", idx, local), score[local].copy()

@@ -1,0 +1,495 @@
+#!/usr/bin/env python
+"""Statistical quality of FL beyond the paper: KL(p*||p) and fit time against pgmpy.
+
+Systems
+-------
+* ``FL-paper``  -- ``FSLL(epsilon=1e-4)``: the paper's greedy search, unchanged;
+* ``FL-auto``   -- ``FSLL(epsilon="auto")``: the data-derived threshold ``0.1 / N`` and
+  fully corrective steps (``refine="adjust"`` + joint selection, :mod:`fsll_ooc.corrective`);
+* ``HC-BIC``, ``HC-BIC+BDeu``, ``Chow-Liu``, ``Chow-Liu+BDeu`` -- pgmpy hill climbing
+  with the BIC score / the Chow-Liu tree, maximum-likelihood or BDeu(1) CPDs
+  (``bench/reproduce_paper.py``'s code; the structure search is timed in both rows).
+
+Datasets
+--------
+* the paper's six (``Ising5x4S/L``, ``BN20-37S/L``, ``BN20-54S/L``; 2^20 cells);
+* ``Potts-mix``: Potts model (coupling 1) on a 2x5 grid with cardinalities
+  3,4,5,3,4,5,3,4,5,3 (648,000 cells), and ``BN-mix``: a random Bayesian network over
+  the same cardinalities (two parents per node, Dirichlet(1) CPTs), each at
+  N = 1e3, 1e4, 1e5.
+
+Studies (``--studies``): ``pm1`` (slow coordinate convergence of the +-1 basis:
+Potts with q = 3 against q = 4 (Walsh-Hadamard) on the same grid), ``auto`` (the
+constant ``c`` of ``epsilon = c / N``) and ``schedule`` (when to run the corrective
+step, and the joint selection on/off).
+
+Usage::
+
+    python bench/quality.py [--seeds 0 1 2] [--quick] [--out docs/benchmarks_quality.md]
+
+Writes the markdown report and ``quality_kl.png`` next to it.  Runtime: about
+20 minutes for three seeds on 2 cores (pgmpy's hill climbing is most of it).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import functools
+import os
+import sys
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for p in (ROOT, HERE):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from fsll_ooc import FSLL, datasets  # noqa: E402
+from fsll_ooc import model as _model  # noqa: E402
+from reproduce_paper import fit_pgmpy, fix_hash_seed, kl, machine_line  # noqa: E402
+
+FL = ("FL-paper", "FL-auto")
+PEERS = ("HC-BIC", "HC-BIC+BDeu", "Chow-Liu", "Chow-Liu+BDeu")
+SYSTEMS = FL + PEERS
+MIX_CARDS = (3, 4, 5, 3, 4, 5, 3, 4, 5, 3)
+SIZES = (1_000, 10_000, 100_000)
+UNDIRECTED = ("Ising", "Potts")
+
+
+def synthetic(family: str, n: int, seed: int):
+    """(X, p_true) of a mixed-cardinality dataset; ``p_true`` depends on the seed for BN only."""
+    ss = np.random.SeedSequence([int(seed), 7, int(n)])
+    if family == "Potts-mix":
+        p = datasets.potts_grid(2, 5, list(MIX_CARDS), coupling=1.0)
+    elif family == "BN-mix":
+        p, _ = datasets.random_bayesnet(MIX_CARDS, 2, seed=np.random.SeedSequence([int(seed), 11]))
+    elif family in ("Potts-q3", "Potts-q4"):
+        p = datasets.potts_grid(2, 5, int(family[-1]), coupling=1.0)
+    else:
+        raise ValueError(family)
+    return datasets.sample_table(p, n, seed=ss), p
+
+
+def dataset_list(quick: bool):
+    out = [(d, None) for d in datasets.PAPER_DATASETS]
+    sizes = (1_000, 10_000) if quick else SIZES
+    out += [(f, n) for f in ("Potts-mix", "BN-mix") for n in sizes]
+    return out
+
+
+def load(name, n, seed):
+    if n is None:
+        return datasets.paper_dataset(name, seed=seed)
+    return synthetic(name, n, seed)
+
+
+def label(name, n):
+    return name if n is None else f"{name} N=1e{int(round(np.log10(n)))}"
+
+
+@contextlib.contextmanager
+def learn_options(**kw):
+    """Ablations only: pass learner options FSLL does not expose (e.g. ``joint=False``)."""
+    orig = _model.learn
+    _model.learn = functools.partial(orig, **kw)
+    try:
+        yield
+    finally:
+        _model.learn = orig
+
+
+def fit_fl(X, p_true, repeats=2, **kw):
+    """Fit FL ``repeats`` times (the machine is shared: report the fastest) and score it."""
+    best = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        m = FSLL(cardinalities=p_true.shape, progress=False, **kw).fit(X)
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    p = np.asarray(m.probabilities()).reshape(p_true.shape)
+    moves = collections.Counter(h["move"] for h in m.history_)
+    return {"kl_true": kl(p_true, p), "n_params": int(m.n_bases_), "time": best, "n_iter": int(m.n_iter_),
+            "cost": float(m.cost_), "moves": dict(moves), "model": m}
+
+
+def fit_peer(name, X, p_true):
+    p, n_params, seconds = fit_pgmpy(name, X, p_true.shape)
+    return {"kl_true": kl(p_true, p), "n_params": int(n_params), "time": seconds}
+
+
+def warm_up():
+    X = np.random.default_rng(0).integers(0, 3, size=(200, 6))
+    FSLL(epsilon="auto", progress=False).fit(X)
+    FSLL(epsilon=1e-4, progress=False).fit(X)
+    X20 = np.random.default_rng(0).integers(0, 2, size=(200, 20))
+    FSLL(epsilon="auto", progress=False).fit(X20)
+
+
+# --------------------------------------------------------------------------- formatting
+def mean(v):
+    v = np.asarray(v, dtype=np.float64)
+    return float(v.mean()) if len(v) else float("nan")
+
+
+def fmt(v, digits=4):
+    if not np.isfinite(v):
+        return "inf"
+    if v != 0 and abs(v) < 10 ** -digits:
+        return f"{v:.1e}"
+    return f"{v:.{digits}f}"
+
+
+def fmt_kl(runs):
+    v = np.array([r["kl_true"] for r in runs])
+    if np.isinf(v).any():
+        k = int(np.isinf(v).sum())
+        return "inf" if k == len(v) else f"inf ({k}/{len(v)})"
+    return fmt(v.mean())
+
+
+def main_table(results, names):
+    head = ("| data | " + " | ".join(SYSTEMS) + " | best peer | FL-auto / best peer | time FL-paper [s] "
+            "| time FL-auto [s] | time ratio | #params paper→auto |")
+    lines = [head, "|" + "---|" * (len(SYSTEMS) + 7)]
+    verdicts = []
+    for d in names:
+        row = [d]
+        for s in SYSTEMS:
+            row.append(fmt_kl(results[(d, s)]))
+        peer_means = {s: mean([r["kl_true"] for r in results[(d, s)]]) for s in PEERS}
+        finite = {s: v for s, v in peer_means.items() if np.isfinite(v)}
+        best_peer = min(finite, key=finite.get) if finite else None
+        auto = mean([r["kl_true"] for r in results[(d, "FL-auto")]])
+        paper = mean([r["kl_true"] for r in results[(d, "FL-paper")]])
+        ratio_kl = auto / finite[best_peer] if best_peer else float("nan")
+        t_paper = mean([r["time"] for r in results[(d, "FL-paper")]])
+        t_auto = mean([r["time"] for r in results[(d, "FL-auto")]])
+        row += [f"{best_peer} {fmt(finite[best_peer])}" if best_peer else "—", f"{ratio_kl:.2f}",
+                f"{t_paper:.2f}", f"{t_auto:.2f}", f"{t_auto / t_paper:.2f}",
+                f"{mean([r['n_params'] for r in results[(d, 'FL-paper')]]):.0f}→"
+                f"{mean([r['n_params'] for r in results[(d, 'FL-auto')]]):.0f}"]
+        lines.append("| " + " | ".join(row) + " |")
+        undirected = d.startswith(UNDIRECTED)
+        target = "lowest of all" if undirected else "within 2x of the best"
+        ok_kl = (auto <= min(list(finite.values()) + [paper])) if undirected else (ratio_kl <= 2.0)
+        ok_t = t_auto <= 3.0 * t_paper
+        verdicts.append((d, target, ok_kl, ok_t, auto, finite.get(best_peer, float("nan")), t_auto / t_paper))
+    return lines, verdicts
+
+
+def verdict_lines(verdicts):
+    out = ["| data | goal | KL goal met | FL-auto KL(p*‖p) | best peer | time ≤ 3x paper | time ratio |",
+           "|---|---|---|---|---|---|---|"]
+    for d, target, ok_kl, ok_t, auto, best, ratio in verdicts:
+        out.append(f"| {d} | {target} | {'yes' if ok_kl else '**no**'} | {fmt(auto)} | {fmt(best)} "
+                   f"| {'yes' if ok_t else '**no**'} | {ratio:.2f} |")
+    return out
+
+
+def plot(results, names, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"FL-paper": "C0", "FL-auto": "C1", "HC-BIC": "C3", "HC-BIC+BDeu": "C3", "Chow-Liu": "C4",
+              "Chow-Liu+BDeu": "C4"}
+    fig, axes = plt.subplots(2, 1, figsize=(13, 8.5), sharex=True)
+    x = np.arange(len(names))
+    width = 0.8 / len(SYSTEMS)
+    for j, s in enumerate(SYSTEMS):
+        off = (j - (len(SYSTEMS) - 1) / 2) * width
+        smooth = s.endswith("+BDeu")
+        for ax, key in zip(axes, ("kl_true", "time")):
+            xs, ys, infs = [], [], []
+            for i, d in enumerate(names):
+                v = mean([r[key] for r in results[(d, s)]])
+                (xs.append(x[i] + off), ys.append(v)) if np.isfinite(v) else infs.append(x[i] + off)
+            ax.bar(xs, ys, width, color=colors[s], label=s, hatch="//" if smooth else None,
+                   edgecolor="white" if smooth else None)
+            if key == "kl_true":
+                for xi in infs:
+                    ax.annotate("∞", (xi, 0.98), xycoords=("data", "axes fraction"), ha="center", va="top",
+                                fontsize=10, color=colors[s])
+    axes[0].set_ylabel("KL(p* ‖ p) [nat], log")
+    axes[1].set_ylabel("fit time [s], log")
+    for ax in axes:
+        ax.set_yscale("log")
+        ax.grid(axis="y", which="both", alpha=0.3)
+    axes[0].set_title("Distance to the true distribution (lower is better; ∞: a zero-probability state)")
+    axes[1].set_xticks(x)
+    axes[1].set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    axes[0].legend(ncol=6, fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- studies
+def study_pm1(seeds):
+    """Greedy convergence on the same Potts grid with q = 3 (+-1 basis) and q = 4 (Walsh)."""
+    lines = ["| data | N | system | iterations | appends | adjusts | removes | adjusts per append "
+             "| cost left on the support* | KL(p*‖p) | time [s] |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    from fsll_ooc import corrective
+    for fam in ("Potts-q4", "Potts-q3"):
+        for n in (10_000, 100_000):
+            for sysname, kw in (("FL-paper", dict(epsilon=1e-4)), ("greedy 0.1/N", dict(epsilon="auto", refine=False)),
+                                ("FL-auto", dict(epsilon="auto"))):
+                rows = []
+                for s in seeds:
+                    X, p = synthetic(fam, n, s)
+                    r = fit_fl(X, p, repeats=1, **kw)
+                    st, eng = r["model"]._state, r["model"]._engine
+                    before = st.cost()
+                    rr = corrective.refine(eng, st, tol=1e-12, max_rounds=30)
+                    r["left"] = before - st.cost() if rr.rounds else 0.0
+                    rows.append(r)
+                mv = lambda k: mean([r["moves"].get(k, 0) for r in rows])  # noqa: E731
+                lines.append(f"| {fam} ({'Walsh' if fam.endswith('4') else '±1'}) | {n:,} | {sysname} "
+                             f"| {mean([r['n_iter'] for r in rows]):.0f} | {mv('append'):.0f} | {mv('adjust'):.0f} "
+                             f"| {mv('remove'):.0f} | {mv('adjust') / max(mv('append'), 1):.2f} "
+                             f"| {fmt(mean([r['left'] for r in rows]), 5)} | {fmt(mean([r['kl_true'] for r in rows]))} "
+                             f"| {mean([r['time'] for r in rows]):.2f} |")
+                print(lines[-1], flush=True)
+    return lines
+
+
+def study_auto(seeds, quick):
+    """KL and time of epsilon = c / N (with the corrective steps) for several c."""
+    cases = [("Ising5x4L", None), ("BN20-54L", None), ("Potts-mix", 100_000), ("BN-mix", 10_000)]
+    if quick:
+        cases = cases[:2]
+    cs = (10.0, 1.0, 0.1, 0.01)
+    lines = ["| data | " + " | ".join(f"c={c:g}: KL / time [s]" for c in cs) + " | paper 1e-4: KL / time [s] |",
+             "|---|" + "---|" * (len(cs) + 1)]
+    for name, n in cases:
+        row = [label(name, n)]
+        for c in cs:
+            rs = []
+            for s in seeds:
+                X, p = load(name, n, s)
+                rs.append(fit_fl(X, p, repeats=1, epsilon=c / len(X), refine="adjust"))
+            row.append(f"{fmt(mean([r['kl_true'] for r in rs]))} / {mean([r['time'] for r in rs]):.2f}")
+        rs = [fit_fl(*load(name, n, s), repeats=1, epsilon=1e-4) for s in seeds]
+        row.append(f"{fmt(mean([r['kl_true'] for r in rs]))} / {mean([r['time'] for r in rs]):.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def study_schedule(seeds, quick):
+    """When to run the corrective step, and the joint selection on or off (epsilon = 0.1/N)."""
+    cases = [("Ising5x4L", None), ("BN20-54L", None), ("Potts-mix", 100_000), ("BN-mix", 10_000)]
+    if quick:
+        cases = cases[:2]
+    variants = [("greedy only", dict(refine=False), {}),
+                ("final", dict(refine="final"), dict(joint=False)),
+                ("adjust", dict(refine="adjust"), dict(joint=False)),
+                ("final + joint", dict(refine="final"), {}),
+                ("adjust + joint (default)", dict(refine="adjust"), {})]
+    lines = ["| data | " + " | ".join(v[0] + ": KL / cost / time [s]" for v in variants) + " |",
+             "|---|" + "---|" * len(variants)]
+    for name, n in cases:
+        row = [label(name, n)]
+        for _, kw, lkw in variants:
+            rs = []
+            with learn_options(**lkw):
+                for s in seeds:
+                    X, p = load(name, n, s)
+                    rs.append(fit_fl(X, p, repeats=1, epsilon="auto", **kw))
+            row.append(f"{fmt(mean([r['kl_true'] for r in rs]))} / {mean([r['cost'] for r in rs]):.5f} "
+                       f"/ {mean([r['time'] for r in rs]):.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+# --------------------------------------------------------------------------- prose of the report
+NOTES = {
+    "TEXT": """
+**What changed.** `FSLL(epsilon="auto")` (FL-auto) differs from the paper's search (FL-paper,
+`FSLL(epsilon=1e-4)`, unchanged and still the default) in three ways, all minimising the same MDL
+cost and all ending on the same test (no single-coordinate append/adjust/remove gains epsilon):
+
+1. *Stopping rule* `epsilon = 0.1 / N`: a move must shorten the whole data set's code length
+   (N x cost nats) by a tenth of a nat (`fsll_ooc.learner.auto_epsilon`; at N = 1000 it is the
+   paper's 1e-4, at N = 1e5 it is 1e-6).
+2. *Fully corrective step* (`fsll_ooc.corrective.refine`): damped Newton on every selected
+   parameter jointly, with the exact gradient `thetabar_S - dbar_S` and Hessian
+   `Cov_p(Phi_y, Phi_y')` gathered from the dual table (|S|^2 product cells, no dense
+   |X| x |S| matrix), the duals re-derived exactly after each step, and a step accepted only if
+   the exact cost went down. It runs whenever the greedy search's best move is an *adjust* and
+   before the search stops.
+3. *Joint selection* (`fsll_ooc.corrective.joint_append`): when the search would stop, the
+   256 best cells of a top-k pass are re-scored by their gain *with the support re-adapting*
+   (Schur complement of the Hessian: second-order gain `u_y^2 / (2 s_y)` against the 1-D
+   `g_y^2 / (2 Var Phi_y)`), picked by forward selection on that quadratic model, appended
+   together and refined; kept only if the exact cost falls by at least epsilon. On
+   Bayesian-network data single terms whose 1-D gain does not pay their penalty pay it many
+   times over jointly (BN20-54L seed 0: a single-variable term with a 1-D change of +3e-5 and a
+   joint change of -9e-4); this is what closes the gap to hill climbing there.
+
+Without the joint selection the corrective step *alone* is not enough on Bayesian-network data:
+a converged support makes the greedy search stop earlier in a worse local optimum (table "When
+to run the corrective step", column "adjust").
+""",
+    "SHORT": """
+Why, as far as measured. The shortfalls are where the truth is a Bayesian network with
+many-valued variables (BN-mix: 3-5 values, two parents) or where N is small relative to the
+table (Potts-mix at N = 1e3, 648,000 cells). The MDL cost charges a term of order k
+`(ln N / 2 + sum_i ln(n (k_i - 1))) / N`: for an order-3 term over 5-valued variables of
+n = 10 that is ln N / 2 + 11 nats, three times the `ln N / 2` BIC charges a CPT entry, and a
+conditional table over two 4-5-valued parents needs on the order of a hundred such terms in
+the ±1 basis. So the cost's optimum itself is sparser than the truth there; a better search
+reaches it (the corrective steps already lower the cost a lot, and a wider joint selection
+lowers it further: 1,024 instead of 256 candidates on BN-mix N=1e4 seed 0 gave cost 1.788
+instead of 1.821 and KL 0.134 instead of 0.184, at 2.3x the time), but the goals above
+stay out of reach without changing the cost, which this work keeps (the paper's cost, and
+`epsilon=1e-4` reproduces the paper). On the paper's three large (L) datasets and on every
+Potts grid with N >= 1e4, FL-auto has the lowest KL(p*‖p) of all systems, 1.5-10x below the
+best peer; on the small Bayesian-network sets (BN20-37S/54S) it is within 1.4x of hill climbing.
+""",
+    "PM1": """
+Same 2x5 Potts grid, same coupling, once with 4-valued variables (Walsh-Hadamard basis,
+orthogonal under the uniform distribution) and once with 3-valued ones (the ±1 basis, whose
+functions of one variable are correlated even under the uniform distribution:
+`<phi_1 phi_2> = -1/3`). With coordinate steps only, the ±1 data need far more adjusts per
+appended term, and the paper's search stops with an order of magnitude more cost left
+unconverged on its own support (0.015 nats at N = 1e5 against 0.0009 for Walsh). Lowering
+epsilon alone (greedy 0.1/N) makes it worse in time: 20 adjusts per append and 4,000
+iterations at N = 1e5. The corrective step removes the problem: no adjust move is left (every
+adjust is replaced by a joint Newton step that accounts for the correlations), the support is
+converged to ~1e-9, and the ±1 data reach the same KL(p*‖p) as the Walsh data
+(0.0003 vs 0.0002 at N = 1e5) in fewer iterations than the paper's search.
+""",
+    "AUTO": """
+Everything here uses the corrective steps (`refine="adjust"` + joint selection) and
+`epsilon = c / N`, seed 0. Between c = 0.01 and c = 1 the KL(p*‖p) is the same within
+noise; c = 10 (one sample's worth of code length for 10 nats) starts losing accuracy on the
+larger models (BN20-54L +50 %, Potts-mix +60 %, BN-mix +25 %). Times differ mostly by the
+machine's load. c = 0.1 sits in the flat region with a factor 10 of margin on either side;
+with corrective steps the search converges long before a small epsilon costs time, which is why
+the data-derived threshold can be this strict without a time penalty.
+""",
+    "SCHEDULE": """
+All with `epsilon="auto"`, seed 0; "cost" is the MDL cost reached (lower is better; all runs
+minimise the same cost). "final": corrective step only when the greedy search would stop;
+"adjust": also whenever its best move is an adjust; "+ joint": with the joint selection.
+Running the corrective step at every adjust is what makes it cheap (the greedy search never
+spends iterations creeping along correlated coordinates); the joint selection is what
+reaches the low costs. "final + joint" sometimes ends at a slightly lower cost, at 3-7x the
+time; "adjust + joint" is the default (`refine=None` with `epsilon="auto"`).
+""",
+}
+
+
+# --------------------------------------------------------------------------- main
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--quick", action="store_true", help="seed 0, N <= 1e4 for the synthetic data (smoke test)")
+    ap.add_argument("--studies", nargs="*", default=["pm1", "auto", "schedule"],
+                    choices=["pm1", "auto", "schedule"])
+    ap.add_argument("--out", default=os.path.join("docs", "benchmarks_quality.md"))
+    args = ap.parse_args(argv)
+    seeds = [0] if args.quick else args.seeds
+    t_start = time.perf_counter()
+    warm_up()
+    results = {}
+    names = []
+    for name, n in dataset_list(args.quick):
+        d = label(name, n)
+        names.append(d)
+        for s in seeds:
+            X, p_true = load(name, n, s)
+            for sysname in SYSTEMS:
+                if sysname == "FL-paper":
+                    r = fit_fl(X, p_true, epsilon=1e-4)
+                elif sysname == "FL-auto":
+                    r = fit_fl(X, p_true, epsilon="auto")
+                else:
+                    r = fit_peer(sysname, X, p_true)
+                r.pop("model", None)
+                results.setdefault((d, sysname), []).append(r)
+                extra = f" it={r['n_iter']} moves={r['moves']}" if "moves" in r else ""
+                print(f"{d:18s} seed={s} {sysname:14s} KL(p*||p)={r['kl_true']:.5f} params={r['n_params']:5d} "
+                      f"time={r['time']:.2f}s{extra}", flush=True)
+    table, verdicts = main_table(results, names)
+    print("\n".join(table), flush=True)
+    studies = {}
+    if "pm1" in args.studies:
+        studies["pm1"] = study_pm1(seeds[:1] if args.quick else seeds)
+    if "auto" in args.studies:
+        studies["auto"] = study_auto(seeds[:1], args.quick)
+    if "schedule" in args.studies:
+        studies["schedule"] = study_schedule(seeds[:1], args.quick)
+    total = time.perf_counter() - t_start
+
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(out_dir, exist_ok=True)
+    fig = os.path.join(out_dir, "quality_kl.png")
+    plot(results, names, fig)
+    cmd = "python bench/quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    md = [
+        "# Statistical quality: FL with corrective steps and epsilon=\"auto\" against pgmpy",
+        "",
+        f"Generated by `{cmd.strip()}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"(total {total / 60:.1f} min). Machine: {machine_line()}. PYTHONHASHSEED="
+        f"{os.environ.get('PYTHONHASHSEED')} (pgmpy's hill climbing breaks ties in hash order).",
+        f"Seeds: {seeds} (mean over seeds). The machine was shared with other developers' jobs during "
+        "the run: times are wall-clock, FL's the fastest of two runs, and indicative to tens of percent.",
+        "",
+        "@@TEXT@@",
+        "",
+        "## Results",
+        "",
+        "KL(p*‖p) in nats (`inf`: the model gives probability 0 to a state of positive true "
+        "probability, in k of the seeds). #params: non-zero θ_y of FL. Time: `fit` wall-clock; "
+        "pgmpy rows include their structure search.",
+        "",
+        *table,
+        "",
+        "![KL(p*||p) and fit time per dataset](quality_kl.png)",
+        "",
+        "## Goals",
+        "",
+        "Lowest KL(p*‖p) of all systems on every undirected dataset (Ising, Potts); within 2x of the "
+        "best on Bayesian-network data; at no more than 3x the time of the paper setting.",
+        "",
+        *verdict_lines(verdicts),
+        "",
+        "### Where it falls short",
+        "",
+        *([f"- {d}: FL-auto {fmt(a)} against the best peer's {fmt(b)} ({target})."
+           for d, target, ok_kl, _, a, b, _ in verdicts if not ok_kl]
+          or ["- Every KL goal is met."]),
+        *[f"- {d}: {r:.2f}x the paper setting's time." for d, _, _, ok_t, _, _, r in verdicts if not ok_t],
+        "",
+        "@@SHORT@@",
+        "",
+    ]
+    if "pm1" in studies:
+        md += ["## The ±1 basis converges slowly under coordinate steps", "", "@@PM1@@", "", *studies["pm1"], "",
+               "\\* cost left on the support: the decrease a converged joint re-optimisation of the final support "
+               "still finds (`corrective.refine` to a 1e-12 decrement), i.e. how unconverged the selected "
+               "parameters are when the search stops.", ""]
+    if "auto" in studies:
+        md += ["## Choosing c in epsilon = c / N", "", "@@AUTO@@", "", *studies["auto"], ""]
+    if "schedule" in studies:
+        md += ["## When to run the corrective step", "", "@@SCHEDULE@@", "", *studies["schedule"], ""]
+    text = "\n".join(md)
+    for key, body in NOTES.items():
+        text = text.replace(f"@@{key}@@", body.strip())
+    with open(args.out, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    print(f"\nwrote {args.out} and {fig}; total {total:.0f} s")
+    return results
+
+
+if __name__ == "__main__":
+    fix_hash_seed()
+    main()

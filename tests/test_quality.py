@@ -1,0 +1,206 @@
+"""Fully corrective steps and the data-derived stopping rule, against brute force."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fsll_ooc import FSLL, basis, corrective, datasets
+from fsll_ooc.learner import AUTO_C, auto_epsilon, resolve_epsilon, resolve_refine
+
+import oracle
+
+
+def _data(cards, n, seed, n_parents=2):
+    p, _ = datasets.random_bayesnet(cards, n_parents, seed=seed)
+    return datasets.sample_table(p, n, seed=seed + 100), p
+
+
+def _theta_vec(m, cards):
+    theta = np.zeros(math.prod(cards))
+    for y, v in m.theta_.items():
+        theta[np.ravel_multi_index(y, cards)] = v
+    return theta
+
+
+CASES = [((2, 3, 4, 5), 400, 0), ((3, 2, 5), 2000, 1), ((4, 2, 2, 3), 800, 2), ((3, 3, 2, 4, 2), 5000, 11)]
+
+
+def test_pair_products_match_dense_basis_products():
+    cards = (2, 3, 4, 5, 6)
+    rng = np.random.default_rng(0)
+    a = np.stack([rng.integers(0, k, 300) for k in cards], axis=1)
+    b = np.stack([rng.integers(0, k, 300) for k in cards], axis=1)
+    pair, flat, coef = corrective.pair_products(cards, a, b)
+    states = np.stack(np.unravel_index(np.arange(math.prod(cards)), cards), axis=1)
+    for j in range(len(a)):
+        want = np.ones(len(states))
+        for i, k in enumerate(cards):
+            want *= basis.phi_values(k, a[j, i], states[:, i]) * basis.phi_values(k, b[j, i], states[:, i])
+        got = np.zeros(len(states))
+        for f, c in zip(flat[pair == j], coef[pair == j]):
+            y = np.unravel_index(f, cards)
+            phi = np.ones(len(states))
+            for i, k in enumerate(cards):
+                phi *= basis.phi_values(k, y[i], states[:, i])
+            got += c * phi
+        np.testing.assert_array_equal(got, want)
+
+
+def test_auto_epsilon_and_option_resolution():
+    assert auto_epsilon(1000) == pytest.approx(AUTO_C / 1000)
+    assert resolve_epsilon("auto", 10**5) == pytest.approx(AUTO_C * 1e-5)
+    assert resolve_epsilon(1e-4, 10) == 1e-4
+    assert resolve_refine(None, 1e-4) == "off" and resolve_refine(None, "auto") == "adjust"
+    assert resolve_refine(True, 1e-4) == "adjust" and resolve_refine(False, "auto") == "off"
+    for bad in ("fast", 0, -1.0, float("nan")):
+        with pytest.raises(ValueError):
+            resolve_epsilon(bad, 100)
+    with pytest.raises(ValueError, match="refine"):
+        FSLL(refine="sometimes", progress=False).fit(np.array([[0, 1], [1, 0]]))
+    with pytest.raises(ValueError, match="epsilon"):
+        FSLL(epsilon="fast", progress=False).fit(np.array([[0, 1], [1, 0]]))
+
+
+@pytest.mark.parametrize("refine", ["adjust", "final"])
+@pytest.mark.parametrize("cards,n,seed", CASES)
+def test_corrective_fit_is_an_axis_minimum_of_the_same_cost(cards, n, seed, refine):
+    X, _ = _data(cards, n, seed)
+    m = FSLL(cardinalities=cards, epsilon="auto", refine=refine, progress=False).fit(X)
+    eps = auto_epsilon(n)
+    Phi = oracle.phi_matrix(cards)
+    q = oracle.target(X, cards)
+    r = oracle.r_vec(cards, n)
+    theta = _theta_vec(m, cards)
+    base = oracle.cost(theta, q, Phi, r)
+    assert base == pytest.approx(m.cost_, abs=1e-10)
+    for y in range(1, len(q)):  # no append, adjust or remove gains epsilon
+        th = theta.copy()
+        th[y] = oracle.coord_optimum(theta, y, q, Phi)
+        assert oracle.cost(th, q, Phi, r) > base - eps
+        if theta[y] != 0:
+            th[y] = 0.0
+            assert oracle.cost(th, q, Phi, r) > base - eps
+    # the support is jointly converged: the Newton decrement of KL on it is below epsilon
+    S = np.nonzero(theta)[0]
+    p = oracle.model(theta, Phi)
+    g = Phi[S] @ p - Phi[S] @ q
+    H = (Phi[S] * p) @ Phi[S].T - np.outer(Phi[S] @ p, Phi[S] @ p)
+    assert 0.5 * g @ np.linalg.solve(H, g) < eps
+    # and it is no worse than the paper's greedy search
+    paper = FSLL(cardinalities=cards, epsilon=1e-4, progress=False).fit(X)
+    assert m.cost_ <= paper.cost_ + 1e-12 or eps > 1e-4
+
+
+@pytest.mark.parametrize("cards,n,seed", CASES[:3])
+def test_corrective_history_monotone_and_consistent(cards, n, seed):
+    X, _ = _data(cards, n, seed, n_parents=3)
+    m = FSLL(cardinalities=cards, epsilon=1e-6, refine=True, progress=False).fit(X)
+    costs = np.array([h["cost"] for h in m.history_])
+    assert len(costs) == m.n_iter_ + 1
+    assert np.all(np.diff(costs) <= 1e-12)
+    np.testing.assert_allclose(np.diff(costs), [h["delta"] for h in m.history_[1:]], atol=1e-10)
+    assert costs[-1] == pytest.approx(m.cost_)
+    moves = {h["move"] for h in m.history_}
+    assert "refine" in moves
+    for h in m.history_:
+        if h["move"] in ("refine", "joint-append"):
+            assert h["delta"] < 0
+        if h["move"] == "joint-append":
+            assert h["value"] == len(h["added"]) >= 1 and -h["delta"] >= 1e-6
+    assert m.n_bases_ == len(m.theta_) == m.history_[-1]["n_bases"]
+    # the reported cost is that of the reported parameters (exact, from scratch)
+    Phi = oracle.phi_matrix(cards)
+    want = oracle.cost(_theta_vec(m, cards), oracle.target(X, cards), Phi, oracle.r_vec(cards, n))
+    assert m.cost_ == pytest.approx(want, abs=1e-10)
+
+
+def test_paper_setting_unchanged_by_the_new_options():
+    cards, n, seed = CASES[0]
+    X, _ = _data(cards, n, seed)
+    want, costs = oracle.learn(X, cards)
+    for kw in ({}, {"refine": None}, {"refine": False}):
+        m = FSLL(cardinalities=cards, epsilon=1e-4, progress=False, **kw).fit(X)
+        flat = {int(np.ravel_multi_index(y, cards)): v for y, v in m.theta_.items()}
+        assert set(flat) == set(np.nonzero(want)[0].tolist())
+        assert m.cost_ == pytest.approx(costs[-1], abs=1e-10)
+        assert all(h["move"] in ("init", "append", "adjust", "remove") for h in m.history_)
+
+
+def test_refine_reaches_the_support_optimum_and_never_raises_cost():
+    cards = (3, 4, 2, 5)
+    X, _ = _data(cards, 3000, 4, n_parents=3)
+    m = FSLL(cardinalities=cards, epsilon=1e-3, progress=False).fit(X)  # a coarse greedy fit
+    st, eng = m._state, m._engine
+    before = st.cost()
+    rr = corrective.refine(eng, st, tol=1e-14, max_rounds=30)
+    assert rr.rounds >= 1 and rr.delta < 0 and st.cost() == pytest.approx(before + rr.delta, abs=1e-12)
+    Phi = oracle.phi_matrix(cards)
+    q = oracle.target(X, cards)
+    theta = np.zeros(len(q))
+    for y, v in st.theta.items():
+        theta[y] = v
+    p = oracle.model(theta, Phi)
+    S = np.array(sorted(st.theta))
+    np.testing.assert_allclose(Phi[S] @ p, Phi[S] @ q, atol=1e-6)  # gradient thetabar - dbar = 0
+    np.testing.assert_allclose(eng.ctx.specs[1].array.reshape(-1), Phi @ p, atol=1e-12)  # exact duals
+    assert st.log_z == pytest.approx(np.log(np.exp(Phi.T @ theta).sum()), abs=1e-12)
+    again = corrective.refine(eng, st, tol=1e-14, max_rounds=5)  # at the optimum: nothing to do
+    assert again.delta >= -1e-12
+
+
+def test_top_candidates_match_dense_scores():
+    cards = (2, 3, 4, 5)
+    X, _ = _data(cards, 500, 8)
+    m = FSLL(cardinalities=cards, epsilon=1e-3, progress=False).fit(X)
+    eng = m._engine
+    t = eng.ctx.specs[1].array.reshape(-1)
+    d = eng.ctx.specs[0].array.reshape(-1)
+    r = oracle.r_vec(cards, 500)
+    score = r - (t - d) ** 2 / (2 * (1 - t * t))
+    score[0] = np.inf
+    flat, got = eng.top_candidates(10)
+    want = np.lexsort((np.arange(len(score)), score))[:10]
+    np.testing.assert_array_equal(flat, want)
+    np.testing.assert_allclose(got, score[want], rtol=1e-12)
+    np.testing.assert_allclose(eng.gather(np.array([5, 0, 77, 5])), t[[5, 0, 77, 5]])
+
+
+@pytest.mark.parametrize("backend,layout", [("zarr", (1, 2)), ("memmap", (2, 4)), ("numpy", (1, 3))])
+def test_out_of_core_corrective_fit_equals_in_core(tmp_path, backend, layout):
+    cards = (2, 3, 4, 5, 2, 3)
+    X, _ = _data(cards, 3000, 3)
+    ref = FSLL(epsilon="auto", progress=False).fit(X)
+    assert {h["move"] for h in ref.history_} & {"refine", "joint-append"}
+    store = None if backend == "numpy" else tmp_path / "s"
+    m = FSLL(epsilon="auto", store=store, backend=backend, layout=layout, progress=False).fit(X)
+    assert set(m.theta_) == set(ref.theta_)
+    for y, v in ref.theta_.items():
+        assert m.theta_[y] == pytest.approx(v, abs=1e-9)
+    assert m.n_iter_ == ref.n_iter_
+    assert [h["move"] for h in m.history_] == [h["move"] for h in ref.history_]
+    assert m.cost_ == pytest.approx(ref.cost_, abs=1e-10)
+    np.testing.assert_allclose(np.asarray(m.probabilities()), ref.probabilities(), atol=1e-12)
+
+
+def test_default_store_out_of_core_matches(tmp_path):
+    cards = (2, 3, 4, 5, 2, 3)
+    X, _ = _data(cards, 3000, 3)
+    ref = FSLL(epsilon="auto", progress=False).fit(X)
+    m = FSLL(epsilon="auto", store=tmp_path / "s", layout=(1, 2), progress=False).fit(X)
+    assert m.theta_.keys() == ref.theta_.keys()
+    assert m.cost_ == pytest.approx(ref.cost_, abs=1e-10)
+
+
+def test_corrective_fit_beats_paper_on_a_potts_grid():
+    p = datasets.potts_grid(2, 3, [3, 4, 5, 3, 4, 5], coupling=0.8)
+    X = datasets.sample_table(p, 20000, seed=0)
+    paper = FSLL(epsilon=1e-4, progress=False).fit(X)
+    new = FSLL(epsilon="auto", progress=False).fit(X)
+    assert new.cost_ < paper.cost_
+
+    def kl(a, b):
+        return float(np.sum(a * (np.log(a) - np.log(b))))
+
+    assert kl(p, new.probabilities()) < kl(p, paper.probabilities())
