@@ -209,7 +209,7 @@ def main(argv=None):
 def table(rows) -> str:
     from fsll_ooc.planner import format_bytes
 
-    head = ("| case | cells | chunk cells | iterations | s/iteration | bytes/iteration | setup s | fit s | "
+    head = ("| case | cells | chunk cells | iterations | s/iteration | bytes/iteration | first iteration s | fit s | "
             "peak RSS | cgroup peak (incl. page cache) | disk | KL(p_d‖p) | held-out KL(p*‖p) est. |")
     out = [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
