@@ -67,7 +67,7 @@ _PAD_BYTES = 64
 _SUB1_BYTES = 1 << 15
 _SUB2_BYTES = 1 << 18
 # Tables smaller than this (elements) are done on the calling thread only.
-_PAR_MIN_SIZE = 1 << 18
+_PAR_MIN_SIZE = 1 << 21
 # Work chunks per thread and pass (taken dynamically).
 _CHUNKS_PER_THREAD = 4
 # How many fibres a +-1 kernel keeps sums for (scratch length).
@@ -1465,7 +1465,7 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
     ``(k_0, ..., k_{n-1})`` (0-d and empty arrays are no-ops).  ``axes``: the axes to
     transform, all by default; negative indices allowed; an axis listed twice is
     transformed twice, as in the reference.  ``transpose``: ``T^T`` instead of ``T``
-    (they differ only on ``+-1`` axes).  ``parallel``: split tables of >= 2^18
+    (they differ only on ``+-1`` axes).  ``parallel``: split tables of >= 2^21
     elements between ``numba.config.NUMBA_NUM_THREADS`` threads (the caller and a
     private pool); pass ``parallel=False`` where the caller is already one of several
     workers (dask tasks), to avoid oversubscribing the cores.
