@@ -14,17 +14,25 @@ True
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import errno
+import json
 import math
 import os
+import secrets
 import shutil
+import socket
 import sys
+import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from . import basis, cost as C, storage
+from . import basis, cost as C, locking, storage
 from .engine import Engine
 from .executor import make_executor
 from .learner import FitState, learn, resolve_refine
@@ -35,6 +43,13 @@ __all__ = ["FSLL", "MODEL_FORMAT", "MODEL_VERSION", "validate_data"]
 MODEL_FORMAT = "fsll-ooc-model"
 MODEL_VERSION = 1
 STATE_FILE = "fsll_state.json"
+STATE_FORMAT = "fsll-ooc-fit-state"
+#: The fit's data as (cell, count) pairs, kept in the store so that resume can restart any stage.
+COUNTS_FILE = "fsll_counts.npy"
+#: Private scratch tables of read-only users of a finished store (one directory per reader).
+READERS_DIR = "readers"
+TABLE_NAMES = ("dbar", "thetabar", "scratch")
+_STATUSES = ("starting", "running", "complete")
 MAX_CARD = 2**16
 
 
@@ -255,6 +270,7 @@ class FSLL:
     def fit(self, X, y=None) -> "FSLL":
         """Learn the model from ``X`` (N x n integer codes, or a DataFrame); returns ``self``."""
         backend = self._check_params()
+        _check_cardinalities_param(self.cardinalities)
         feature_names = list(map(str, X.columns)) if hasattr(X, "columns") else None
         categories = None
         if hasattr(X, "columns"):
@@ -264,41 +280,63 @@ class FSLL:
             codes, cards, categories = enc.codes, enc.cardinalities, enc.categories
             codes, cards = validate_data(codes, cards)
         else:
+            X = _check_code_range(X)
             codes, cards = validate_data(X, self.cardinalities)
         plan = self._make_plan(cards, backend)
         N = codes.shape[0]
         flat = _flat_index(codes, cards)
-        _, counts = np.unique(flat, return_counts=True)
+        uniq, counts = np.unique(flat, return_counts=True)
         size = math.prod(cards)
         state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size))
-        engine, specs = self._open_engine(plan, backend, cards, N, create=True)
-        if backend != "numpy":
-            self._persist(state, plan, backend, status="starting")
-        engine.progress = self._show_progress()
-        engine.compute_targets(flat, N)
-        engine.init_duals()
-        self._run(engine, state, plan, backend, fresh=True)
-        self._finish(state, plan, backend, specs, engine)
+        if backend == "numpy":
+            engine, specs = self._open_engine(plan, backend, cards, N, create=True)
+            engine.progress = self._show_progress()
+            engine.compute_targets(flat, N)
+            engine.init_duals()
+            self._run(engine, state, plan, backend, fresh=True)
+            self._finish(state, plan, backend, specs, engine)
+            self.kl_data_ = self._kl_data(flat, counts, N)
+        else:
+            # Crash-safe order (docs/reliability.md): lock; old state out; data kept in the store;
+            # "starting"; tables and targets; "running" after every iteration; "complete".
+            plan = _with_checksum_bytes(plan, backend)
+            self._meta = {"feature_names": feature_names, "categories": _json_or_none(_jsonable(categories))}
+            self._resumable = False
+            with self._disk_guard(plan, "fitting"), self._writer_lock("fit"):
+                root = Path(self.store)
+                sf = root / STATE_FILE
+                if sf.exists():
+                    sf.unlink()  # an old state must never describe new tables
+                    storage._fsync_path(str(root), directory=True)
+                storage.remove_leftovers(root)
+                _clean_dead_readers(root)
+                self._write_counts(uniq, counts)
+                self._persist(state, plan, backend, status="starting")
+                self._resumable = True
+                engine, specs = self._start_tables(state, plan, backend, flat)
+                self._guarded_run(engine, state, plan, backend, fresh=True)
+                self._finish(state, plan, backend, specs, engine)
+                self.kl_data_ = self._kl_data(flat, counts, N)
+                self._meta["kl_data"] = self.kl_data_
+                self._persist(state, plan, backend, status="complete")
         self.feature_names_in_ = feature_names
         self.categories_ = categories
-        self.kl_data_ = self._kl_data(flat, counts, N)
-        if backend != "numpy":
-            self._persist(state, plan, backend, status="complete")
         return self
 
-    def _open_engine(self, plan, backend, cards, N, create: bool):
+    def _open_engine(self, plan, backend, cards, N, create: bool, reader: bool = False):
+        """Engine over the store's tables: new ones (``create``), the existing ones, or for a
+        ``reader`` of a finished fit the existing ones plus a private scratch table."""
         L = plan.layout
-        names = ("dbar", "thetabar", "scratch")
+        names = TABLE_NAMES
         if create:
             if backend != "numpy":
                 Path(self.store).mkdir(parents=True, exist_ok=True)
-                sf = Path(self.store) / STATE_FILE
-                if sf.exists():
-                    sf.unlink()  # an old state must never describe new tables
             specs = [storage.create_table(backend, self.store, nm, cards, L.chunk_shape) for nm in names]
         else:
-            specs = [storage.TableSpec(backend, str(Path(self.store) / (nm if backend == "zarr" else nm + ".f64")),
+            specs = [storage.TableSpec(backend, storage.table_path(backend, self.store, nm),
                                        tuple(cards), L.chunk_shape) for nm in names]
+            if reader:
+                specs[2] = self._reader_scratch(tuple(cards), L.chunk_shape)
         r0, w = C.penalty_weights(cards, N)
         n_tasks = max(L.n_a_bands, L.n_b_bands if L.a > 0 else 1)
         executor = make_executor(self.scheduler, n_tasks)
@@ -316,13 +354,21 @@ class FSLL:
                 bar.close()
 
     def _persist(self, state: FitState, plan, backend, status: str) -> None:
-        obj = {"format": "fsll-ooc-fit-state", "version": MODEL_VERSION, "status": status,
+        """Replace the store's state file atomically (with a checksum).
+
+        ``starting``: the data file is written, the tables are not yet complete (resume
+        rebuilds them); ``running``: targets complete and durable, ``state`` is the model
+        after ``n_iter`` iterations (resume re-derives the dual table from it);
+        ``complete``: the fit is finished and ``state`` is the final model.
+        """
+        obj = {"format": STATE_FORMAT, "version": MODEL_VERSION, "status": status,
                "backend": backend, "layout": [plan.layout.a, plan.layout.c],
-               "params": {k: v for k, v in self.get_params().items() if k in ("epsilon", "max_iter", "resync_every",
-                                                                            "cardinalities", "memory_limit",
-                                                                            "refine")},
+               "chunks": list(plan.layout.chunk_shape),
+               "params": {k: _plain(v) for k, v in self.get_params().items()
+                          if k in ("epsilon", "max_iter", "resync_every", "cardinalities", "memory_limit", "refine")},
                "state": state.to_json()}
-        storage.write_json_atomic(Path(self.store) / STATE_FILE, obj)
+        obj.update(getattr(self, "_meta", None) or {})
+        storage.write_json_atomic(Path(self.store) / STATE_FILE, obj, checksum=True)
 
     def _finish(self, state, plan, backend, specs, engine):
         self._state = state
@@ -340,32 +386,231 @@ class FSLL:
         self.converged_ = state.converged
 
     @classmethod
-    def resume(cls, store, scheduler=None, progress=None) -> "FSLL":
-        """Continue an interrupted out-of-core fit from its store, to the same result."""
-        sf = Path(store) / STATE_FILE
+    def resume(cls, store, scheduler=None, progress=None, restart: bool = False) -> "FSLL":
+        """Continue an interrupted out-of-core fit from its store, to the same result.
+
+        Works from any point at which the fit was stopped (killed, disk full, ...) once the
+        store holds its state file: ``starting`` (the tables are rebuilt from the data kept
+        in the store), ``running`` (the dual table is re-derived exactly from the saved
+        parameters), ``complete`` (the finished model is returned; several processes may
+        do this at once, each computing probabilities in its own scratch table).
+        ``restart=True`` rebuilds every table from the stored data and fits from the start
+        (for a store whose tables are damaged).
+
+        Raises ``FileNotFoundError`` (nothing to resume), :class:`~fsll_ooc.storage.IntegrityError`
+        (a store file is damaged or altered, named in the message) or
+        :class:`~fsll_ooc.locking.StoreLockedError` (another process is writing the store).
+        """
+        root = Path(store)
+        sf = root / STATE_FILE
         if not sf.exists():
-            raise FileNotFoundError(f"{store}: no fit state ({STATE_FILE}) found; nothing to resume")
-        obj = storage.read_json(sf)
-        if obj.get("format") != "fsll-ooc-fit-state":
-            raise ValueError(f"{sf}: not an fsll-ooc fit state")
-        if obj.get("status") == "starting":
-            raise ValueError(f"{store}: the fit was interrupted before its target table was complete; "
-                             "start it again with fit()")
+            hint = (" (the fit was stopped before it started; run fit() again)"
+                    if (root / COUNTS_FILE).exists() or (root / locking.LOCK_FILE).exists() else "")
+            raise FileNotFoundError(f"{store}: no fit state ({STATE_FILE}) found; nothing to resume{hint}")
+        with locking.StoreLock(root, purpose="read").acquire(shared=True, create=False):
+            obj = cls._read_state(root)
+            if obj["status"] == "complete" and not restart:
+                return cls._open_finished(root, obj, scheduler, progress)
+        m = cls._from_state(root, obj, scheduler, progress)
+        with m._disk_guard(None, "resuming the fit"), m._writer_lock("resume"):
+            obj = cls._read_state(root)  # again, now that no other writer can change it
+            m.set_params(**cls._from_state(root, obj, scheduler, progress).get_params())
+            if obj["status"] == "complete" and not restart:
+                return cls._open_finished(root, obj, scheduler, progress)
+            backend = obj["backend"]
+            state = FitState.from_json(obj["state"])
+            cards, N = tuple(state.cards), state.n_samples
+            plan = _with_checksum_bytes(m._resume_plan(cards, backend), backend)
+            m._disk_plan = plan
+            uniq, counts = m._read_counts(obj, cards, N)
+            storage.remove_leftovers(root)
+            _clean_dead_readers(root)
+            m._meta = {k: obj.get(k) for k in ("counts", "tables", "feature_names", "categories")}
+            m._resumable = True
+            if obj["status"] == "starting" or restart:
+                size = math.prod(cards)
+                state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size))
+                m._persist(state, plan, backend, status="starting")
+                engine, specs = m._start_tables(state, plan, backend, np.repeat(uniq, counts))
+                m._guarded_run(engine, state, plan, backend, fresh=True)
+            else:
+                engine, specs = m._open_engine(plan, backend, cards, N, create=False)
+                m._check_tables(specs, obj)
+                if not state.converged and (m.max_iter is None or state.n_iter < m.max_iter):
+                    m._guarded_run(engine, state, plan, backend, fresh=False)
+            m._finish(state, plan, backend, specs, engine)
+            m.feature_names_in_ = obj.get("feature_names")
+            m.categories_ = obj.get("categories")
+            m.kl_data_ = m._kl_data(uniq, counts, N)
+            m._meta["kl_data"] = m.kl_data_
+            m._persist(state, plan, backend, status="complete")
+        return m
+
+    # ------------------------------------------------------------------ store internals (crash safety)
+    @staticmethod
+    def _read_state(root: Path) -> dict:
+        """The verified state of the store at ``root``; :class:`IntegrityError` if it cannot be trusted."""
+        sf = root / STATE_FILE
+        obj = storage.read_json(sf, checksum=True)
+        if obj.get("format") != STATE_FORMAT:
+            raise storage.IntegrityError(sf, f"not an fsll-ooc fit state (format {obj.get('format')!r})")
+        if not isinstance(obj.get("version"), int) or obj["version"] > MODEL_VERSION:
+            raise storage.IntegrityError(sf, f"fit state version {obj.get('version')!r} is newer than this "
+                                             f"fsll-ooc understands (<= {MODEL_VERSION}); upgrade fsll-ooc")
+        missing = [k for k in ("status", "backend", "layout", "params", "state", "counts") if k not in obj]
+        if missing or obj["status"] not in _STATUSES or obj["backend"] not in ("memmap", "zarr"):
+            raise storage.IntegrityError(sf, f"fit state is incomplete or unknown (missing {missing}, "
+                                             f"status {obj.get('status')!r}, backend {obj.get('backend')!r})")
+        if obj["status"] != "starting" and not obj.get("tables"):
+            raise storage.IntegrityError(sf, "fit state has no table fingerprints")
+        return obj
+
+    @classmethod
+    def _from_state(cls, root: Path, obj: dict, scheduler, progress) -> "FSLL":
         params = obj["params"]
-        m = cls(cardinalities=params.get("cardinalities"), epsilon=params["epsilon"], max_iter=params["max_iter"],
-                store=store, backend=obj["backend"], memory_limit=params.get("memory_limit"), scheduler=scheduler,
-                layout=tuple(obj["layout"]), resync_every=params["resync_every"], progress=progress, refine=params.get("refine"))
+        if not isinstance(params, dict) or not all(k in params for k in ("epsilon", "max_iter", "resync_every")):
+            raise storage.IntegrityError(root / STATE_FILE, f"fit state lacks parameters (has {params!r})")
+        kw = {k: v for k, v in params.items() if k in cls._PARAMS}  # every learning parameter of the fit
+        kw.update(store=root, backend=obj["backend"], scheduler=scheduler, layout=tuple(obj["layout"]),
+                  progress=progress)
+        return cls(**kw)
+
+    @classmethod
+    def _open_finished(cls, root: Path, obj: dict, scheduler, progress) -> "FSLL":
+        """A finished fit for reading: nothing in the store is written (a private scratch table is)."""
+        m = cls._from_state(root, obj, scheduler, progress)
         state = FitState.from_json(obj["state"])
-        plan = m._make_plan(state.cards, obj["backend"])
-        engine, specs = m._open_engine(plan, obj["backend"], state.cards, state.n_samples, create=False)
-        if not state.converged:
-            m._run(engine, state, plan, obj["backend"], fresh=False)
-        m._finish(state, plan, obj["backend"], specs, engine)
+        backend = obj["backend"]
+        plan = _with_checksum_bytes(m._resume_plan(tuple(state.cards), backend, disk=False), backend)
+        engine, specs = m._open_engine(plan, backend, state.cards, state.n_samples, create=False, reader=True)
+        m._finish(state, plan, backend, specs, engine)
         m.feature_names_in_ = obj.get("feature_names")
         m.categories_ = obj.get("categories")
         m.kl_data_ = obj.get("kl_data")
-        m._persist(state, plan, obj["backend"], status="complete")
         return m
+
+    def _resume_plan(self, cards, backend, disk: bool = True):
+        """The plan of a stored fit (its layout is fixed): the memory check as for a new fit;
+        the disk check counts the space the store's tables already take as available."""
+        free = None
+        if disk:
+            root = Path(self.store)
+            held = sum(_tree_bytes(Path(storage.table_path(backend, root, nm))) for nm in TABLE_NAMES)
+            free = shutil.disk_usage(root).free + held
+        workers = 2
+        if self.scheduler is not None and hasattr(self.scheduler, "nthreads"):
+            workers = max(1, sum(self.scheduler.nthreads().values()))
+        p = make_plan(cards, memory_limit=self.memory_limit, disk_free=free, workers=workers, out_of_core=True,
+                      layout=self.layout)
+        if not p.feasible:
+            raise PlanError("infeasible fit:\n" + p.report())
+        return p
+
+    @contextlib.contextmanager
+    def _writer_lock(self, purpose: str):
+        """Hold the store's exclusive lock (refused at once if another writer holds it).  On the
+        way out, failed or not, wait for band writes still in flight (a failed pass's other
+        tasks) so that nothing writes the store once the lock is released."""
+        lock = locking.StoreLock(Path(self.store), purpose=purpose).acquire()
+        try:
+            yield lock
+        finally:
+            try:
+                storage.quiesce()
+            finally:
+                lock.release()
+
+    @contextlib.contextmanager
+    def _disk_guard(self, plan, stage: str):
+        """Turn a full disk (ENOSPC/EDQUOT anywhere in the fit) into one clear :class:`DiskFullError`."""
+        try:
+            yield
+        except storage.DiskFullError:
+            raise
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            plan = plan or getattr(self, "_disk_plan", None)
+            root = Path(self.store)
+            try:
+                free = shutil.disk_usage(root if root.exists() else root.parent).free
+            except OSError:
+                free = None
+            from .planner import format_bytes
+
+            need = f"; the fit's tables take {format_bytes(plan.disk_bytes)}" if plan is not None else ""
+            have = f"{format_bytes(free)} free" if free is not None else "free space unknown"
+            if getattr(self, "_resumable", False):
+                todo = f"the store is resumable: free some space, then run FSLL.resume({str(root)!r})"
+            else:
+                todo = "nothing was started: free some space and run fit() again"
+            what = e.strerror or os.strerror(e.errno)
+            where = f" ({what}: {e.filename})" if getattr(e, "filename", None) else f" ({what})"
+            raise storage.DiskFullError(e.errno, f"{root}: disk full while {stage}{where}; {have}{need}; {todo}",
+                                        str(root)) from e
+
+    def _write_counts(self, uniq: np.ndarray, counts: np.ndarray) -> None:
+        data = storage.array_file_bytes(np.stack([np.asarray(uniq, np.int64), np.asarray(counts, np.int64)]))
+        path = Path(self.store) / COUNTS_FILE
+        storage.write_bytes_atomic(path, data)
+        self._meta["counts"] = {"file": COUNTS_FILE, "sha256": storage.file_sha256(path),
+                                "n_unique": int(len(uniq))}
+
+    def _read_counts(self, obj: dict, cards, N: int) -> tuple[np.ndarray, np.ndarray]:
+        info = obj.get("counts") or {}
+        path = Path(self.store) / info.get("file", COUNTS_FILE)
+        if not path.exists():
+            raise storage.IntegrityError(path, "the fit's data file is missing; run fit() again")
+        if storage.file_sha256(path) != info.get("sha256"):
+            raise storage.IntegrityError(path, "the fit's data file does not match its checksum (altered or "
+                                               "damaged); run fit() again")
+        a = storage.read_array_file(path)
+        if a.ndim != 2 or a.shape[0] != 2 or int(a[1].sum()) != N or (a.size and (a[0].min() < 0 or a[0].max() >= math.prod(cards))):
+            raise storage.IntegrityError(path, "the fit's data file does not describe this fit")
+        return a[0], a[1]
+
+    def _start_tables(self, state, plan, backend, flat):
+        """New tables, targets and duals, made durable, then state ``running`` at iteration 0."""
+        engine, specs = self._open_engine(plan, backend, state.cards, state.n_samples, create=True)
+        engine.progress = self._show_progress()
+        engine.compute_targets(flat, state.n_samples)
+        engine.init_duals()
+        for spec in specs[:2]:
+            storage.flush(spec)
+            storage.sync_table(spec)
+        self._meta["tables"] = {nm: storage.table_fingerprint(sp) for nm, sp in zip(TABLE_NAMES, specs)}
+        self._persist(state, plan, backend, status="running")
+        return engine, specs
+
+    def _check_tables(self, specs, obj: dict) -> None:
+        """Every table still is the one the fit created; every chunk of ``dbar`` is present
+        with its exact size (its content is checked when read)."""
+        tables = obj.get("tables") or {}
+        for nm, spec in zip(TABLE_NAMES, specs):
+            try:
+                storage.check_fingerprint(spec, tables.get(nm) or {})
+                if nm == "dbar":
+                    storage.check_table(spec)
+            except storage.IntegrityError as e:
+                raise storage.IntegrityError(e.path, e.problem, _DAMAGED.format(store=self.store)) from None
+
+    def _guarded_run(self, engine, state, plan, backend, fresh):
+        try:
+            self._run(engine, state, plan, backend, fresh=fresh)
+        except storage.IntegrityError as e:
+            raise storage.IntegrityError(e.path, e.problem, _DAMAGED.format(store=self.store)) from None
+
+    def _reader_scratch(self, cards, chunks) -> storage.TableSpec:
+        """A scratch table of our own (zarr: space is taken only when written), removed with the model."""
+        token = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        root = Path(self.store) / READERS_DIR / token
+        try:
+            spec = storage.create_table("zarr", root, "scratch", cards, chunks)
+        except OSError:  # a read-only store: use the temporary directory
+            root = Path(tempfile.mkdtemp(prefix="fsll-reader-"))
+            spec = storage.create_table("zarr", root, "scratch", cards, chunks)
+        self._reader_dir = weakref.finalize(self, _remove_tree, str(root))
+        return spec
 
     # ------------------------------------------------------------------ using the model
     def _check_fitted(self):
@@ -625,6 +870,39 @@ class FSLL:
         return queries.interactions(self, as_frame=as_frame)
 
 
+def _check_cardinalities_param(cards) -> None:
+    """``cardinalities`` must be None or a sequence of integers >= 1 (no silent truncation of 2.5)."""
+    if cards is None:
+        return
+    if isinstance(cards, (str, bytes)) or not hasattr(cards, "__len__") or not hasattr(cards, "__iter__"):
+        raise ValueError(f"cardinalities must be a sequence of integers (one per column), got {cards!r}")
+    for i, k in enumerate(cards):
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
+            if isinstance(k, (float, np.floating)) and math.isfinite(k) and float(k).is_integer():
+                continue
+            raise ValueError(f"cardinality of column {i} (X{i}) must be an integer, got {k!r}")
+
+
+def _check_code_range(X):
+    """Refuse codes that cannot be converted to int64 (huge uint64 or float values) before
+    they wrap around silently; returns ``X`` as an array when it was array-like."""
+    if hasattr(X, "columns"):
+        return X
+    try:
+        arr = np.asarray(X)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"X must be a rectangular 2-D array of integer codes (samples x variables): {e}") from None
+    if arr.size == 0 or arr.ndim != 2 or arr.dtype.kind not in "uf":
+        return arr
+    with np.errstate(invalid="ignore"):
+        big = (arr > np.iinfo(np.int64).max) if arr.dtype.kind == "u" else (np.abs(arr) >= 2.0**62)
+    if big.any():
+        r, c = map(int, np.argwhere(big)[0])
+        raise ValueError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is too large to be a category code "
+                         f"(codes are 0..{MAX_CARD - 1} at most)")
+    return arr
+
+
 _DAMAGED = ("the store's tables cannot be trusted; FSLL.resume({store!r}, restart=True) rebuilds them from the "
             "data kept in the store and fits again")
 
@@ -635,6 +913,15 @@ def _with_checksum_bytes(plan, backend):
         return plan
     extra = len(TABLE_NAMES) * storage.overhead_bytes(backend, plan.layout.cards, plan.layout.chunk_shape)
     return dataclasses.replace(plan, disk_bytes=plan.disk_bytes + extra)
+
+
+def _plain(v):
+    """A parameter value as plain JSON (numpy scalars and arrays, tuples)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (np.ndarray, tuple, list)):
+        return [_plain(x) for x in v]
+    return v
 
 
 def _json_or_none(obj):

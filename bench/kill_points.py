@@ -1,0 +1,594 @@
+"""Kill-point harness: SIGKILL an out-of-core fit at every write it makes, resume, compare.
+
+For each *kill point* a child process runs ``FSLL(store=...).fit(X)`` with fault
+injection and kills itself (``SIGKILL``, no clean-up of any kind) at one write:
+
+* ``chunk``  a zarr chunk or metadata write (``zarr.storage._local._put``), modes
+  ``torn-tmp`` (half of zarr's ``*.partial`` temporary file written), ``torn-final``
+  (half of the final chunk file written in place: what a store without atomic rename,
+  or a power cut, can leave), ``after`` (right after the write);
+* ``band``   a memmap band write (``fsll_ooc.storage._write_memmap``), modes ``torn``
+  (half of the band's bytes written), ``data-no-crc`` (data written, checksums not),
+  ``after``;
+* ``file``   a small-file replacement (``fsll_ooc.storage.write_bytes_atomic``: the fit
+  state, the data file, memmap checksum files), modes ``torn-tmp`` (half of the temporary
+  file), ``before-rename`` (temporary file complete and fsynced), ``after``.
+
+Events are numbered in execution order (deterministic with ``--scheduler serial``).
+Then ``FSLL.resume(store)`` runs (in another child) and its model is compared with an
+uninterrupted fit: same support, ``theta`` within 1e-9, ``cost`` within 1e-10, same
+number of iterations.  A kill before the fit's first state write may instead end in
+``FileNotFoundError`` ("nothing to resume": nothing was started) and counts as a clean
+refusal.  Also checked at every point: a store whose state says ``complete`` must hold
+the final model (no store claims to be complete when it is not).
+
+``--double K`` additionally kills the *resume* at a random one of its writes for ``K``
+of the points, then resumes again.
+
+Children are forked from a "zygote" process that has imported everything but never ran
+zarr, dask or numba code (so forking is safe and each point costs no interpreter start).
+
+Usage::
+
+    python bench/kill_points.py                                 # zarr and memmap, every point
+    python bench/kill_points.py --backend zarr --max-points 60  # an even sample of 60 points
+    python bench/kill_points.py --scheduler threads --double 20 --json kill_points.json
+
+Exit status 0 when every point survived, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+CARDS = (2, 3, 4, 5, 2, 3)
+LAYOUT = (1, 2)
+N_SAMPLES = 300
+MODES = {"chunk": ("torn-tmp", "torn-final", "after"),
+         "band": ("torn", "data-no-crc", "after"),
+         "file": ("torn-tmp", "before-rename", "after")}
+THETA_TOL, COST_TOL = 1e-9, 1e-10
+
+
+def make_data(n_samples: int = N_SAMPLES, seed: int = 1):
+    from fsll_ooc import datasets
+
+    p, _ = datasets.random_bayesnet(CARDS, 2, seed=3)
+    return datasets.sample_table(p, n_samples, seed=seed)
+
+
+# ============================================================================ child side
+
+class Faults:
+    """Counts writes; at write number ``target`` applies ``mode`` and SIGKILLs the process."""
+
+    def __init__(self, target: int | None, mode: str | None):
+        self.target, self.mode = target, mode
+        self.n = 0
+        self.events: list[list] = []  # [kind, detail, status-so-far]
+        self.status = None
+        self.lock = threading.Lock()
+
+    def event(self, kind: str, detail: str, modes) -> str | None:
+        with self.lock:
+            i = self.n
+            self.n += 1
+            self.events.append([kind, detail, self.status])
+            if i == self.target and self.mode in modes:
+                return self.mode
+            return None
+
+    @staticmethod
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # pragma: no cover
+
+
+def install_faults(faults: Faults) -> None:
+    import uuid
+
+    import zarr.storage._local as zl
+
+    from fsll_ooc import storage
+
+    orig_put = zl._put
+
+    def _put(path, value, exclusive=False):
+        parts = Path(path).parts
+        table = next((p for p in parts if p in ("dbar", "thetabar", "scratch")), "?")
+        detail = f"{table}/{'zarr.json' if Path(path).name == 'zarr.json' else 'chunk'}"
+        mode = faults.event("chunk", detail, MODES["chunk"])
+        if mode in ("torn-tmp", "torn-final"):
+            data = bytes(value.as_buffer_like())
+            target = Path(path).with_suffix(f".{uuid.uuid4().hex}.partial") if mode == "torn-tmp" else Path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "wb") as fh:
+                fh.write(data[: len(data) // 2])
+            faults.die()
+        out = orig_put(path, value, exclusive=exclusive)
+        if mode == "after":
+            faults.die()
+        return out
+
+    zl._put = _put
+
+    orig_wm = storage._write_memmap
+
+    def _write_memmap(spec, arr, key, value):
+        mode = faults.event("band", Path(spec.path).stem, MODES["band"])
+        if mode == "torn":
+            cur = __import__("numpy").array(arr[key])
+            flat, new = cur.reshape(-1), __import__("numpy").asarray(value).reshape(-1)
+            flat[: new.size // 2] = new[: new.size // 2]
+            arr[key] = cur
+            arr.flush()
+            faults.die()
+        if mode == "data-no-crc":
+            arr[key] = value
+            faults.die()
+        orig_wm(spec, arr, key, value)
+        if mode == "after":
+            faults.die()
+
+    storage._write_memmap = _write_memmap
+
+    orig_wb = storage.write_bytes_atomic
+
+    def write_bytes_atomic(path, data):
+        name = Path(path).name
+        if name == "fsll_state.json":
+            try:
+                faults.status = json.loads(data.decode()).get("status")
+            except ValueError:
+                pass
+        mode = faults.event("file", name + (f"[{faults.status}]" if name == "fsll_state.json" else ""),
+                            MODES["file"])
+        if mode in ("torn-tmp", "before-rename"):
+            p = Path(path)
+            tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+            with open(tmp, "wb") as fh:
+                fh.write(data if mode == "before-rename" else data[: len(data) // 2])
+                fh.flush()
+                os.fsync(fh.fileno())
+            faults.die()
+        orig_wb(path, data)
+        if mode == "after":
+            faults.die()
+
+    storage.write_bytes_atomic = write_bytes_atomic
+
+
+def summary(m) -> dict:
+    return {"theta": [[list(map(int, y)), float(v)] for y, v in m.theta_.items()], "cost": float(m.cost_),
+            "n_iter": int(m.n_iter_), "log_z": float(m.log_z_), "kl_data": m.kl_data_}
+
+
+def run_child(req: dict, X) -> None:
+    """In a forked child: run one fit or resume with faults; write the outcome; exit."""
+    faults = Faults(req.get("target"), req.get("mode"))
+    out = {"ok": False}
+    try:
+        install_faults(faults)
+        from fsll_ooc import FSLL
+
+        sched = req.get("scheduler", "serial")
+        if req["op"] == "fit":
+            m = FSLL(progress=False, store=req["store"], backend=req["backend"], layout=tuple(req["layout"]),
+                     scheduler=sched).fit(X)
+        else:
+            m = FSLL.resume(req["store"], progress=False, scheduler=sched)
+        out = {"ok": True, "model": summary(m)}
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        out = {"ok": False, "error": type(e).__name__, "message": str(e)[:2000]}
+    out["events"] = faults.events
+    with open(req["out"], "w") as fh:
+        json.dump(out, fh)
+    os._exit(0)
+
+
+def _warm_up(X) -> None:
+    """Load the compiled kernels once, here, so that forked children start warm.
+
+    zarr resets its I/O thread in forked children; numba's thread pool does not survive a
+    fork, so the caller checks it did not start (else it runs cold).
+    """
+    from fsll_ooc import FSLL
+
+    d = tempfile.mkdtemp(prefix="fsll-kill-warm-")
+    try:
+        for be in ("zarr", "memmap"):
+            FSLL(progress=False, store=os.path.join(d, be), backend=be, layout=LAYOUT, scheduler="serial",
+                 max_iter=3).fit(X)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _numba_threads_started() -> bool:
+    try:
+        from numba.np.ufunc import parallel as npp
+    except ImportError:  # pragma: no cover
+        return False
+    return bool(getattr(npp, "_is_initialized", False))
+
+
+def zygote_main(cold: bool = False) -> None:
+    """Serve requests (one JSON per line on stdin): fork, run, answer with the exit status."""
+    import numpy as np  # noqa: F401
+    import zarr  # noqa: F401
+    import dask  # noqa: F401
+
+    import fsll_ooc.model  # noqa: F401
+    from fsll_ooc import storage  # noqa: F401
+
+    X = make_data()
+    if not cold:
+        _warm_up(X)
+        if _numba_threads_started():
+            # loading some kernels started numba's thread pool, which does not survive fork():
+            # start again without warming up (the kernels are now in numba's disk cache)
+            sys.stdout.flush()
+            os.execv(sys.executable, [sys.executable, __file__, "--zygote", "--cold"])
+    print(json.dumps({"ready": True, "warm": not cold}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sys.stdin.close()
+                run_child(req, X)
+            finally:
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+        print(json.dumps({"signal": sig, "code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None}),
+              flush=True)
+
+
+# ============================================================================ parent side
+
+class Zygote:
+    def __init__(self):
+        self.p = subprocess.Popen([sys.executable, __file__, "--zygote"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+        line = self.p.stdout.readline()
+        if not line or not json.loads(line).get("ready"):
+            raise RuntimeError("kill-point zygote did not start")
+        self.lock = threading.Lock()
+
+    def run(self, req: dict) -> dict:
+        with self.lock:
+            self.p.stdin.write(json.dumps(req) + "\n")
+            self.p.stdin.flush()
+            status = json.loads(self.p.stdout.readline())
+        try:
+            with open(req["out"]) as fh:
+                out = json.load(fh)
+        except (OSError, ValueError):
+            out = {"ok": False, "events": None}
+        out.update(status)
+        return out
+
+    def close(self):
+        try:
+            self.p.stdin.close()
+            self.p.wait(timeout=30)
+        except Exception:  # noqa: BLE001
+            self.p.kill()
+
+
+def same_model(a: dict, b: dict) -> str | None:
+    """None if the two model summaries agree (support, theta, cost, iterations), else why not."""
+    ta = {tuple(y): v for y, v in a["theta"]}
+    tb = {tuple(y): v for y, v in b["theta"]}
+    if set(ta) != set(tb):
+        return f"support differs ({len(ta)} vs {len(tb)} terms)"
+    worst = max((abs(ta[y] - tb[y]) for y in ta), default=0.0)
+    if worst > THETA_TOL:
+        return f"theta differs by {worst:.3e}"
+    if abs(a["cost"] - b["cost"]) > COST_TOL:
+        return f"cost differs by {abs(a['cost'] - b['cost']):.3e}"
+    if a["n_iter"] != b["n_iter"]:
+        return f"n_iter {a['n_iter']} vs {b['n_iter']}"
+    return None
+
+
+def state_status(store: Path):
+    from fsll_ooc import storage
+
+    sf = store / "fsll_state.json"
+    if not sf.exists():
+        return None, None
+    try:
+        obj = storage.read_json(sf, checksum=True)
+    except storage.IntegrityError as e:
+        return "untrusted", str(e)
+    return obj.get("status"), obj
+
+
+class Harness:
+    def __init__(self, backend: str, scheduler: str, workdir: Path, n_zygotes: int = 2):
+        self.backend, self.scheduler = backend, scheduler
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.zygotes = [Zygote() for _ in range(max(1, n_zygotes))]
+        self._rr = 0
+        self._rr_lock = threading.Lock()
+        self.reference = None
+        self.events = None
+
+    def close(self):
+        for z in self.zygotes:
+            z.close()
+
+    def _zygote(self) -> Zygote:
+        with self._rr_lock:
+            z = self.zygotes[self._rr % len(self.zygotes)]
+            self._rr += 1
+            return z
+
+    def _req(self, op, store, tag, target=None, mode=None) -> dict:
+        return {"op": op, "store": str(store), "backend": self.backend, "layout": list(LAYOUT),
+                "scheduler": self.scheduler, "target": target, "mode": mode,
+                "out": str(self.workdir / f"{tag}.json")}
+
+    def prepare(self) -> None:
+        """Uninterrupted fit: the reference model and the list of write events."""
+        store = self.workdir / "reference"
+        shutil.rmtree(store, ignore_errors=True)
+        r = self._zygote().run(self._req("fit", store, "reference"))
+        if not r.get("ok"):
+            raise RuntimeError(f"reference fit failed: {r}")
+        self.reference, self.events = r["model"], r["events"]
+        shutil.rmtree(store, ignore_errors=True)
+
+    def points(self) -> list[tuple[int, str]]:
+        return [(i, mode) for i, (kind, _, _) in enumerate(self.events) for mode in MODES[kind]]
+
+    def run_point(self, i: int, mode: str, double: bool = False, rng: random.Random | None = None) -> dict:
+        kind, detail, status = self.events[i]
+        tag = f"p{i}-{mode}"
+        store = self.workdir / tag
+        shutil.rmtree(store, ignore_errors=True)
+        rec = {"event": i, "kind": kind, "detail": detail, "status_before": status, "mode": mode}
+        try:
+            r = self._zygote().run(self._req("fit", store, tag + "-fit", i, mode))
+            if r.get("signal") != signal.SIGKILL:
+                rec.update(outcome="not-reached", note=str(r.get("error") or "finished without reaching the point"))
+                return rec
+            st, obj = state_status(store)
+            rec["status_after_kill"] = st
+            if st == "complete":
+                bad = same_model(summary_of_state(obj), self.reference)
+                if bad:
+                    rec.update(outcome="FAILED", note=f"store claims complete but {bad}")
+                    return rec
+            if double and st in ("starting", "running"):
+                rec["double"] = self._second_kill(store, tag, rng or random.Random(i))
+            r2 = self._zygote().run(self._req("resume", store, tag + "-resume"))
+            if r2.get("ok"):
+                bad = same_model(r2["model"], self.reference)
+                rec.update(outcome="FAILED" if bad else "resumed-identical", note=bad or "")
+            elif r2.get("error") == "FileNotFoundError" and st is None:
+                rec.update(outcome="refused-not-started", note=r2.get("message", "")[:200])
+            else:
+                rec.update(outcome="FAILED", note=f"resume: {r2.get('error')}: {r2.get('message', '')[:300]}"
+                                                  f" (signal {r2.get('signal')})")
+            return rec
+        finally:
+            shutil.rmtree(store, ignore_errors=True)
+            for suffix in ("-fit", "-resume", "-count", "-kill2"):
+                try:
+                    os.unlink(self.workdir / f"{tag}{suffix}.json")
+                except OSError:
+                    pass
+
+    def _second_kill(self, store: Path, tag: str, rng: random.Random) -> dict:
+        copy = self.workdir / (tag + "-copy")
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(store, copy)
+        try:
+            cnt = self._zygote().run(self._req("resume", copy, tag + "-count"))
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
+        evs = cnt.get("events") or []
+        if not evs:
+            return {"skipped": "resume has no writes"}
+        j = rng.randrange(len(evs))
+        mode = rng.choice(MODES[evs[j][0]])
+        r = self._zygote().run(self._req("resume", store, tag + "-kill2", j, mode))
+        return {"event": j, "kind": evs[j][0], "detail": evs[j][1], "mode": mode, "signal": r.get("signal"),
+                "of": len(evs)}
+
+
+def summary_of_state(obj: dict) -> dict:
+    import numpy as np
+
+    st = obj["state"]
+    cards = tuple(st["cards"])
+    theta = [[list(map(int, np.unravel_index(int(y), cards))), float(v)] for y, v in st["theta"]]
+    from fsll_ooc.learner import FitState
+
+    fs = FitState.from_json(st)
+    return {"theta": theta, "cost": fs.cost(), "n_iter": int(st["n_iter"]), "log_z": st["log_z"]}
+
+
+def select(points, max_points: int | None, seed: int):
+    if max_points is None or len(points) <= max_points:
+        return points
+    rng = random.Random(seed)
+    step = len(points) / max_points
+    return [points[min(len(points) - 1, int(k * step + rng.random() * step))] for k in range(max_points)]
+
+
+def run(backend: str, scheduler: str, max_points: int | None, double: int, seed: int, workdir: Path,
+        jobs: int = 2, log=print) -> dict:
+    h = Harness(backend, scheduler, workdir / backend, n_zygotes=jobs)
+    t0 = time.perf_counter()
+    try:
+        h.prepare()
+        pts = select(h.points(), max_points, seed)
+        rng = random.Random(seed)
+        doubles = set(rng.sample(range(len(pts)), min(double, len(pts)))) if double else set()
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futs = [pool.submit(h.run_point, i, m, k in doubles, random.Random(seed * 1000 + k))
+                    for k, (i, m) in enumerate(pts)]
+            results = []
+            for k, f in enumerate(futs):
+                results.append(f.result())
+                if log and (k + 1) % 50 == 0:
+                    log(f"  {backend}: {k + 1}/{len(pts)} points")
+    finally:
+        h.close()
+    return {"backend": backend, "scheduler": scheduler, "events": len(h.events or []),
+            "points_total": len(h.points()) if h.events else 0, "points_tried": len(results),
+            "seconds": time.perf_counter() - t0, "reference": {k: h.reference[k] for k in ("cost", "n_iter")},
+            "results": results}
+
+
+def report(res: dict) -> str:
+    from collections import Counter
+
+    rs = res["results"]
+    out = Counter(r["outcome"] for r in rs)
+    lines = [f"backend {res['backend']}, scheduler {res['scheduler']}: {res['events']} write events, "
+             f"{res['points_total']} kill points, {res['points_tried']} tried in {res['seconds']:.0f} s",
+             "  outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(out.items()))]
+    by = Counter((r["kind"], r["mode"], r["outcome"]) for r in rs)
+    for (kind, mode, oc), v in sorted(by.items()):
+        lines.append(f"    {kind:<6} {mode:<14} {oc:<22} {v}")
+    phases = Counter((r["status_before"] or "before-start", r["outcome"]) for r in rs)
+    lines.append("  by state status at the kill: " + ", ".join(f"{p}/{o} {v}" for (p, o), v in sorted(phases.items())))
+    d = [r for r in rs if "double" in r]
+    if d:
+        ok = sum(r["outcome"] == "resumed-identical" for r in d)
+        killed = sum(r["double"].get("signal") == signal.SIGKILL for r in d)
+        lines.append(f"  double kills (fit killed, resume killed, resumed again): {len(d)} tried, "
+                     f"{killed} second kills landed, {ok} resumed identical")
+    for r in rs:
+        if r["outcome"] == "FAILED":
+            lines.append(f"  FAILED at event {r['event']} ({r['kind']} {r['detail']} {r['mode']}): {r['note']}")
+    return "\n".join(lines)
+
+
+def overhead(workdir: Path, log2_cells: int = 24, log2_chunk: int = 20, repeats: int = 3) -> list[dict]:
+    """Band read/write throughput with and without the integrity checks (same process, same disk).
+
+    ``plain``: zarr without checksum codec / a bare ``np.memmap``; ``checked``: through
+    :mod:`fsll_ooc.storage` (CRC-32C per chunk, chunk-file checks; memmap side file).
+    Bands of 8 chunks, as a fit's tasks read and write them.
+    """
+    import numpy as np
+    import zarr
+
+    from fsll_ooc import storage
+
+    n_chunks = 2 ** (log2_cells - log2_chunk)
+    shape, chunks = (n_chunks, 2**log2_chunk), (1, 2**log2_chunk)
+    band = 8
+    rng = np.random.default_rng(0)
+    x = rng.random(shape)
+    out = []
+    for backend in ("zarr", "memmap"):
+        d = Path(tempfile.mkdtemp(prefix="fsll-ovh-", dir=workdir))
+        try:
+            checked = storage.create_table(backend, d, "checked", shape, chunks)
+            if backend == "zarr":
+                plain = zarr.create_array(store=str(d / "plain"), shape=shape, chunks=chunks, dtype="float64",
+                                          compressors=None, fill_value=0.0, zarr_format=3, overwrite=True)
+                pw = lambda i, v: plain.__setitem__(slice(i, i + band), v)  # noqa: E731
+                pr = lambda i: np.ascontiguousarray(plain[i:i + band])  # noqa: E731
+            else:
+                plain = np.memmap(d / "plain.f64", dtype="float64", mode="w+", shape=shape)
+                pw = lambda i, v: plain.__setitem__(slice(i, i + band), v)  # noqa: E731
+                pr = lambda i: np.array(plain[i:i + band], order="C")  # noqa: E731
+            cw = lambda i, v: storage.write(checked, (slice(i, i + band),), v)  # noqa: E731
+            cr = lambda i: storage.read(checked, (slice(i, i + band),))  # noqa: E731
+            for name, w, r in (("plain", pw, pr), ("checked", cw, cr)):
+                tw, tr = [], []
+                for _ in range(repeats):
+                    t = time.perf_counter()
+                    for i in range(0, n_chunks, band):
+                        w(i, x[i:i + band])
+                    if backend == "memmap":
+                        (plain if name == "plain" else storage.open_table(checked)).flush()
+                    tw.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    s_ = 0.0
+                    for i in range(0, n_chunks, band):
+                        s_ += float(r(i)[0, 0])
+                    tr.append(time.perf_counter() - t)
+                out.append({"backend": backend, "path": name, "write_GBps": x.nbytes / min(tw) / 1e9,
+                            "read_GBps": x.nbytes / min(tr) / 1e9})
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--backend", choices=("zarr", "memmap", "both"), default="both")
+    ap.add_argument("--scheduler", choices=("serial", "threads"), default="serial")
+    ap.add_argument("--max-points", type=int, default=None, help="even sample of this many points per backend")
+    ap.add_argument("--double", type=int, default=0, help="also kill the resume at this many points")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2, help="points run at once")
+    ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    ap.add_argument("--json", default=None, help="write all results here")
+    ap.add_argument("--overhead", action="store_true",
+                    help="instead: band read/write throughput with and without the integrity checks")
+    args = ap.parse_args(argv)
+    if args.zygote:
+        zygote_main(cold=args.cold)
+        return 0
+    if args.overhead:
+        work = Path(args.dir or tempfile.gettempdir())
+        work.mkdir(parents=True, exist_ok=True)
+        rows = overhead(work)
+        print(f"{'backend':<8} {'path':<8} {'write GB/s':>10} {'read GB/s':>10}   (2^24 cells, 2^20-cell chunks, "
+              f"bands of 8 chunks, dir {work})")
+        for r in rows:
+            print(f"{r['backend']:<8} {r['path']:<8} {r['write_GBps']:>10.2f} {r['read_GBps']:>10.2f}")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
+        return 0
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fsll-kill-"))
+    backends = ("zarr", "memmap") if args.backend == "both" else (args.backend,)
+    allres = []
+    failed = 0
+    try:
+        for be in backends:
+            res = run(be, args.scheduler, args.max_points, args.double, args.seed, work, args.jobs)
+            allres.append(res)
+            print(report(res), flush=True)
+            failed += sum(r["outcome"] == "FAILED" for r in res["results"])
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(allres, fh, indent=1)
+    print(f"command: python bench/kill_points.py {' '.join(sys.argv[1:] if argv is None else argv)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

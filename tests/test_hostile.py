@@ -1,0 +1,472 @@
+"""Hostile input: property-based tests over ``FSLL.fit``, scoring, model files and the CLI.
+
+Every case ends in success (then the model is sane) or a clear exception: ``ValueError``
+(its subclasses ``PlanError``, ``DataError``, ``IntegrityError`` included) with a message,
+or ``FileNotFoundError``; from the CLI, exit code 2 and one line ``fsll-ooc: error: ...``.
+Never another exception type, a traceback, a hang or a partial file left behind.
+Counts of tried inputs go to docs/reliability.md (``python -m pytest tests/test_hostile.py``
+with ``FSLL_HOSTILE_EXAMPLES=500`` for the long run).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import signal
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings, strategies as st
+
+from fsll_ooc import FSLL, cli
+
+N_EXAMPLES = int(os.environ.get("FSLL_HOSTILE_EXAMPLES", "25"))
+SETTINGS = settings(max_examples=N_EXAMPLES, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                           HealthCheck.data_too_large, HealthCheck.filter_too_much])
+HANG_SECONDS = 60
+CLEAN = (ValueError, FileNotFoundError)
+
+
+@contextlib.contextmanager
+def no_hang(seconds=HANG_SECONDS):
+    def alarm(*_):
+        raise TimeoutError(f"hung for more than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def refused_cleanly(exc: BaseException) -> bool:
+    return isinstance(exc, CLEAN) and len(str(exc)) > 10 and "\n" not in str(exc).strip()
+
+
+def assert_sane(m, X=None):
+    p = np.asarray(m.probabilities())
+    assert p.shape == tuple(m.cardinalities_)
+    assert np.all(np.isfinite(p)) and np.all(p > 0) and math.isclose(float(p.sum()), 1.0, rel_tol=1e-9)
+    assert math.isfinite(m.cost_) and all(math.isfinite(v) for v in m.theta_.values())
+    if X is not None:
+        assert np.all(np.isfinite(m.log_prob(X)))
+
+
+# ============================================================================ fit: edge cases that must work
+
+@st.composite
+def valid_data(draw):
+    n = draw(st.integers(1, 4))
+    N = draw(st.integers(1, 40))
+    cards = draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+    codes = np.array(draw(st.lists(st.lists(st.integers(0, 3), min_size=n, max_size=n), min_size=N, max_size=N)))
+    codes = codes % np.array(cards)
+    if draw(st.booleans()):  # a constant column
+        codes[:, draw(st.integers(0, n - 1))] = 0
+    dtype = draw(st.sampled_from([np.int64, np.int32, np.int8, np.uint8, np.uint64, np.float64, np.float32]))
+    declared = draw(st.sampled_from([None, "exact", "wider"]))
+    decl = None if declared is None else [k + (declared == "wider") for k in cards]
+    return codes.astype(dtype), decl
+
+
+@SETTINGS
+@given(valid_data())
+def test_edge_case_data_fits(case):
+    """One sample, one column, constant columns, cardinality 1, any integer/float dtype: all fit."""
+    X, decl = case
+    with no_hang():
+        m = FSLL(cardinalities=decl, progress=False).fit(X)
+    assert_sane(m, X)
+    event(f"fitted: N={'1' if len(X) == 1 else '>1'}, n={'1' if X.shape[1] == 1 else '>1'}, "
+          f"constant column={bool((X == X[0]).all(axis=0).any())}")
+    if decl is not None:
+        assert m.cardinalities_ == tuple(decl)
+
+
+# ============================================================================ fit: hostile arrays
+
+MUTATIONS = ["nan", "inf", "-inf", "negative", "fraction", "huge-float", "huge-uint", "above-card", "ndim-1",
+             "ndim-3", "scalar", "no-rows", "no-columns", "strings", "object-none", "complex", "datetime",
+             "ragged-list", "cards-length", "cards-zero", "cards-negative", "cards-float", "cards-str",
+             "cards-scalar", "cards-overflow", "cards-huge-table", "too-many-categories"]
+
+
+@st.composite
+def hostile_data(draw):
+    n = draw(st.integers(1, 4))
+    N = draw(st.integers(1, 20))
+    X = np.array(draw(st.lists(st.lists(st.integers(0, 2), min_size=n, max_size=n), min_size=N, max_size=N)))
+    kind = draw(st.sampled_from(MUTATIONS))
+    r, c = draw(st.integers(0, N - 1)), draw(st.integers(0, n - 1))
+    cards = None
+    if kind in ("nan", "inf", "-inf", "fraction", "huge-float"):
+        X = X.astype(draw(st.sampled_from([np.float64, np.float32])) if kind != "huge-float" else np.float64)
+        X[r, c] = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "fraction": 0.5,
+                   "huge-float": draw(st.sampled_from([1e300, 2.0**63, 2.0**64, 9.3e18]))}[kind]
+    elif kind == "negative":
+        X[r, c] = -draw(st.integers(1, 2**62))
+    elif kind == "huge-uint":
+        X = X.astype(np.uint64)
+        X[r, c] = draw(st.integers(2**63, 2**64 - 1))
+    elif kind == "above-card":
+        cards = [3] * n
+        X[r, c] = draw(st.integers(3, 2**40))
+    elif kind == "ndim-1":
+        X = X.reshape(-1)
+    elif kind == "ndim-3":
+        X = X.reshape(1, N, n)
+    elif kind == "scalar":
+        X = np.int64(1)
+    elif kind == "no-rows":
+        X = np.zeros((0, n), dtype=int)
+    elif kind == "no-columns":
+        X = np.zeros((N, 0), dtype=int)
+    elif kind == "strings":
+        X = X.astype(str)
+    elif kind == "object-none":
+        X = X.astype(object)
+        X[r, c] = None
+    elif kind == "complex":
+        X = X.astype(complex)
+    elif kind == "datetime":
+        X = X.astype("datetime64[D]")
+    elif kind == "ragged-list":
+        X = [list(row) for row in X] + [[0] * (n + 1)]
+    elif kind == "cards-length":
+        cards = [3] * (n + draw(st.sampled_from([-1, 1, 5])))
+    elif kind == "cards-zero":
+        cards = [3] * n
+        cards[c] = 0
+    elif kind == "cards-negative":
+        cards = [3] * n
+        cards[c] = -draw(st.integers(1, 10))
+    elif kind == "cards-float":
+        cards = [3] * n
+        cards[c] = draw(st.sampled_from([2.5, float("nan"), float("inf")]))
+    elif kind == "cards-str":
+        cards = draw(st.sampled_from(["3,3", "abc", ["3", "x"] * n]))
+    elif kind == "cards-scalar":
+        cards = draw(st.sampled_from([3, 3.0, True]))
+    elif kind == "cards-overflow":  # the product overflows int64
+        cards = [2**16] * max(n, 4) if n >= 4 else [2**40] * n
+        X = np.zeros((N, len(cards)), dtype=int)
+    elif kind == "cards-huge-table":  # fits int64, not memory
+        cards = [2**12] * 4
+        X = np.zeros((N, 4), dtype=int)
+    elif kind == "too-many-categories":
+        X[r, c] = 2**16 + draw(st.integers(0, 10))
+    return kind, X, cards
+
+
+@SETTINGS
+@given(hostile_data())
+def test_hostile_arrays_are_refused_cleanly(case):
+    kind, X, cards = case
+    with no_hang():
+        try:
+            FSLL(cardinalities=cards, progress=False).fit(X)
+        except BaseException as e:  # noqa: BLE001
+            assert refused_cleanly(e), f"{kind}: {type(e).__name__}: {e}"
+            event(f"refused: {kind} ({type(e).__name__})")
+        else:
+            pytest.fail(f"{kind}: accepted")
+
+
+def test_every_hostile_kind_is_covered():
+    assert len(MUTATIONS) == len(set(MUTATIONS)) >= 25
+
+
+# ============================================================================ scoring
+
+@pytest.fixture(scope="module")
+def model():
+    rng = np.random.default_rng(0)
+    X = rng.integers(0, 3, size=(200, 3))
+    X[:, 1] = (X[:, 0] + (rng.random(200) < 0.2)) % 3
+    return FSLL(cardinalities=[3, 3, 4], progress=False).fit(X)
+
+
+@SETTINGS
+@given(st.sampled_from(["unknown", "negative", "nan", "fraction", "ncols", "ndim", "strings", "empty"]),
+       st.integers(0, 2), st.integers(3, 10**6))
+def test_hostile_rows_at_scoring_time(model, kind, c, v):
+    X = np.zeros((4, 3), dtype=int)
+    if kind == "unknown":
+        X[1, c] = v if c < 2 else max(v, 4)
+    elif kind == "negative":
+        X[2, c] = -v
+    elif kind in ("nan", "fraction"):
+        X = X.astype(float)
+        X[0, c] = np.nan if kind == "nan" else 0.25
+    elif kind == "ncols":
+        X = np.zeros((4, 2 + 2 * (c % 2)), dtype=int)
+    elif kind == "ndim":
+        X = np.zeros((1, 2, 3), dtype=int)
+    elif kind == "strings":
+        X = X.astype(str)
+    else:
+        X = np.zeros((0, 3), dtype=int)
+    with no_hang():
+        for f in (model.log_prob, model.score):
+            with pytest.raises(CLEAN) as ei:
+                f(X)
+            assert refused_cleanly(ei.value), (kind, ei.value)
+    event(f"refused: {kind}")
+
+
+@pytest.mark.xfail(reason="validate_data (model.py, not owned by the reliability work) converts uint64 and "
+                          "float codes >= 2^63 to int64 with wrap-around before its range checks, so log_prob "
+                          "scores them as some other cell; fit refuses them (model._check_code_range)",
+                   strict=False)
+@pytest.mark.parametrize("row", [np.array([[2**64 - 1, 0, 0]], dtype=np.uint64), np.array([[1e300, 0.0, 0.0]])])
+def test_unrepresentable_codes_at_scoring_time(model, row):
+    with pytest.raises(ValueError):
+        model.log_prob(row)
+
+
+def test_unknown_labels_at_scoring_time():
+    import pandas as pd
+
+    df = pd.DataFrame({"colour": ["red", "green", "blue", "red"] * 20, "n": [0, 1, 2, 1] * 20})
+    m = FSLL(progress=False).fit(df)
+    with pytest.raises(ValueError, match="purple"):
+        m.log_prob(pd.DataFrame({"colour": ["purple"], "n": [0]}))
+
+
+# ============================================================================ model files
+
+@pytest.fixture(scope="module")
+def model_json(model, tmp_path_factory):
+    p = tmp_path_factory.mktemp("models") / "m.json"
+    model.save(p)
+    return p.read_text()
+
+
+# an explicit alphabet: hypothesis' full-unicode text strategy builds a character map on first
+# use (~150 MiB transient in a fresh checkout), which the memory tests of the suite would notice
+_short_text = st.text(alphabet="ab0 ü\"\\,\n", max_size=5)
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) |
+                           _short_text, lambda ch: st.lists(ch, max_size=3) |
+                           st.dictionaries(_short_text, ch, max_size=3), max_leaves=6)
+
+
+@st.composite
+def malformed_model(draw, text):
+    obj = json.loads(text)
+    kind = draw(st.sampled_from(["drop-key", "replace-value", "truncate", "garbage", "theta-entry", "version"]))
+    if kind == "drop-key":
+        obj.pop(draw(st.sampled_from(sorted(obj))))
+    elif kind == "replace-value":
+        obj[draw(st.sampled_from(sorted(obj)))] = draw(json_values)
+    elif kind == "theta-entry":
+        if obj["theta"]:
+            obj["theta"][draw(st.integers(0, len(obj["theta"]) - 1))] = draw(json_values)
+        else:
+            obj["theta"] = [draw(json_values)]
+    elif kind == "version":
+        obj["version"] = draw(st.sampled_from([2, 99, -1, "1", None, 1.5]))
+    data = json.dumps(obj).encode()
+    if kind == "truncate":
+        data = text.encode()[: draw(st.integers(0, len(text) - 1))]
+    elif kind == "garbage":
+        data = draw(st.binary(max_size=200))
+    return kind, data
+
+
+@settings(SETTINGS, max_examples=3 * N_EXAMPLES)
+@given(data=st.data())
+def test_malformed_model_files(model_json, tmp_path_factory, data):
+    kind, blob = data.draw(malformed_model(model_json))
+    path = tmp_path_factory.mktemp("bad") / "m.json"
+    path.write_bytes(blob)
+    with no_hang():
+        try:
+            m = FSLL.load(path)
+        except BaseException as e:  # noqa: BLE001
+            assert refused_cleanly(e), f"{kind}: {type(e).__name__}: {e}"
+            event(f"refused: {kind}")
+            return
+        hole = _known_load_hole(blob)
+        if hole:  # see the xfail tests below
+            event(f"loaded although it should not (known hole of FSLL.load): {hole}")
+            return
+        event(f"loaded (still valid): {kind}")
+        # it loaded (the change kept it valid): using it must work or refuse cleanly
+        try:
+            ks = m.cardinalities_
+            X = np.zeros((2, len(ks)), dtype=int)
+            assert np.asarray(m.log_prob(X)).shape == (2,)
+        except BaseException as e:  # noqa: BLE001
+            assert refused_cleanly(e), f"{kind} (loaded, then used): {type(e).__name__}: {e}"
+
+
+def _known_load_hole(blob: bytes) -> str | None:
+    """Malformed files that FSLL.load accepts although it should not (xfail tests below)."""
+    try:
+        obj = json.loads(blob)
+        ks = obj["cardinalities"]
+        n = len(ks)
+    except Exception:  # noqa: BLE001 - not that kind of file
+        return None
+    if any(isinstance(k, int) and k > 2**16 for k in ks):
+        return "cardinality above 2^16"
+    for key in ("feature_names", "categories"):
+        v = obj.get(key)
+        if v is not None and (not isinstance(v, list) or len(v) != n or
+                              (key == "categories" and any(not isinstance(c, list) or len(c) != k
+                                                           for c, k in zip(v, ks)))):
+            return f"{key} that do not match the cardinalities"
+    return None
+
+
+@pytest.mark.xfail(reason="FSLL.load (model.py, not owned by the reliability work) does not check that "
+                          "categories/feature_names match the cardinalities; 'fsll-ooc info' then fails with "
+                          "IndexError (exit 1)", strict=False)
+@pytest.mark.parametrize("field,value", [("categories", []), ("feature_names", ["a"]), ("categories", [[0], [1], [2]])])
+def test_model_file_with_labels_that_do_not_match(model_json, tmp_path, field, value):
+    obj = json.loads(model_json)
+    obj[field] = value
+    (tmp_path / "m.json").write_text(json.dumps(obj))
+    rc, _, err = run_cli("info", tmp_path / "m.json")
+    assert_one_line_error(rc, err, field)
+
+
+@pytest.mark.xfail(reason="FSLL.load (model.py, not owned by the reliability work) does not bound cardinalities "
+                          "the way fit does (<= 2^16), so a malformed file with a huge cardinality loads and "
+                          "log_prob then allocates arrays of that size (MemoryError, or the OOM killer)",
+                   strict=False)
+def test_model_file_with_absurd_cardinality(model_json, tmp_path):
+    obj = json.loads(model_json)
+    obj["cardinalities"] = [3, 3, 2**40]
+    (tmp_path / "m.json").write_text(json.dumps(obj))
+    with pytest.raises(ValueError):
+        FSLL.load(tmp_path / "m.json")
+
+
+# ============================================================================ CLI
+
+def run_cli(*argv):
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out), no_hang():
+        rc = cli.main([str(a) for a in argv])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_error(rc, err, case):
+    assert rc == 2, f"{case}: exit {rc}, stderr {err!r}"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fsll-ooc: error: "), f"{case}: {err!r}"
+    assert "Traceback" not in err
+
+
+FIELDS = st.sampled_from(["0", "1", "2", "3", "-1", "1.5", "nan", "NaN", "inf", "", " ", "1e400", "99999999999999999999",
+                          "red", "blue", "ü", "\"a,b\"", "0x10", "True", "None", "2.0"])
+
+
+CLEAN_FIELDS = st.sampled_from(["0", "1", "2", "red", "blue", "True", "False", "-1", "2.0"])
+
+
+def _reason(err: str) -> str:
+    """A short class of a CLI error line (for the statistics in docs/reliability.md)."""
+    text = err.strip().removeprefix("fsll-ooc: error: ").lower()
+    for key in ("empty", "header", "ragged", "missing", "not a finite", "cardinalit", "categories", "integer",
+                "label", "json", "format", "version", "malformed", "unknown", "column", "utf", "decode"):
+        if key in text:
+            return key
+    return text[:30]
+
+
+@st.composite
+def csv_text(draw):
+    kind = draw(st.sampled_from(["clean", "clean", "table", "table", "ragged", "empty", "header-only", "garbage",
+                                 "blank-lines"]))
+    if kind == "empty":
+        return kind, b""
+    if kind == "garbage":
+        return kind, draw(st.binary(min_size=1, max_size=300))
+    n = draw(st.integers(1, 4))
+    names = (draw(st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=n, max_size=n, unique=True))
+             if kind == "clean" else
+             draw(st.lists(st.sampled_from(["a", "b", "c", "a", "", "1", "x y"]), min_size=n, max_size=n)))
+    rows = []
+    for _ in range(draw(st.integers(0 if kind == "header-only" else 1, 30 if kind != "header-only" else 0))):
+        w = n + (draw(st.sampled_from([-1, 1, 2])) if kind == "ragged" and draw(st.booleans()) else 0)
+        rows.append([draw(CLEAN_FIELDS if kind == "clean" else FIELDS) for _ in range(max(w, 0))])
+    if kind == "ragged" and all(len(r) == n for r in rows):
+        rows.append(["0"] * (n + 1))
+    lines = [",".join(names)] + [",".join(r) for r in rows]
+    if kind == "blank-lines":
+        lines = [""] + lines + ["", ""]
+    return kind, ("\n".join(lines) + "\n").encode()
+
+
+@settings(SETTINGS, max_examples=2 * N_EXAMPLES)
+@given(case=csv_text(), cards=st.sampled_from([None, None, "2,2", "3", "0,1", "2,x", "65537,2", "4,4,4,4"]))
+def test_cli_fit_on_hostile_csv(tmp_path_factory, case, cards):
+    kind, blob = case
+    d = tmp_path_factory.mktemp("clifit")
+    data = d / "data.csv"
+    data.write_bytes(blob)
+    out = d / "model.json"
+    argv = ["fit", data, "--out", out, "--quiet"] + (["--cardinalities", cards] if cards else [])
+    rc, stdout, err = run_cli(*argv)
+    if rc == 0:
+        assert out.exists()
+        FSLL.load(out)
+        event(f"fitted: {kind}")
+    else:
+        assert_one_line_error(rc, err, (kind, cards, blob[:200]))
+        assert not out.exists()  # no partial model left looking valid
+        event(f"refused (exit 2): {kind}: {_reason(err)}")
+    assert sorted(p.name for p in d.iterdir()) == sorted(["data.csv"] + (["model.json"] if rc == 0 else []))
+
+
+@pytest.fixture(scope="module")
+def cli_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("climodel")
+    (d / "train.csv").write_text("colour,n\n" + "red,0\nblue,1\ngreen,2\nred,1\n" * 30)
+    assert run_cli("fit", d / "train.csv", "--out", d / "m.json", "--quiet")[0] == 0
+    return d / "m.json"
+
+
+@SETTINGS
+@given(case=csv_text())
+def test_cli_score_on_hostile_csv(cli_model, tmp_path_factory, case):
+    kind, blob = case
+    data = tmp_path_factory.mktemp("cliscore") / "data.csv"
+    data.write_bytes(blob)
+    rc, stdout, err = run_cli("score", cli_model, data)
+    if rc != 0:
+        assert_one_line_error(rc, err, (kind, blob[:200]))
+    event(f"scored: {kind}" if rc == 0 else f"refused (exit 2): {kind}: {_reason(err)}")
+
+
+def test_cli_score_unknown_category(cli_model, tmp_path):
+    (tmp_path / "d.csv").write_text("colour,n\npurple,0\n")
+    rc, _, err = run_cli("score", cli_model, tmp_path / "d.csv")
+    assert_one_line_error(rc, err, "unknown category")
+    assert "purple" in err
+
+
+@settings(SETTINGS, max_examples=2 * N_EXAMPLES)
+@given(data=st.data(), command=st.sampled_from(["info", "sample", "score"]))
+def test_cli_malformed_model_files(model_json, cli_model, tmp_path_factory, data, command):
+    kind, blob = data.draw(malformed_model(model_json))
+    hole = _known_load_hole(blob)
+    if hole:
+        event(f"skipped, known hole of FSLL.load: {hole}")
+        return
+    d = tmp_path_factory.mktemp("clibad")
+    bad = d / "bad.json"
+    bad.write_bytes(blob)
+    (d / "d.csv").write_text("X0,X1,X2\n0,0,0\n")
+    argv = {"info": ["info", bad], "sample": ["sample", bad, "-n", "3"], "score": ["score", bad, d / "d.csv"]}[command]
+    rc, _, err = run_cli(*argv)
+    if rc != 0:
+        assert_one_line_error(rc, err, (command, kind, blob[:200]))
+    event(f"{command} {'ok' if rc == 0 else 'refused (exit 2)'}: {kind}")
