@@ -89,6 +89,7 @@ def validate_data(X: Any, cardinalities: Sequence[int] | None = None) -> tuple[n
         raise ValueError("X has no variables (0 columns)")
     if arr.dtype == bool:
         arr = arr.astype(np.int64)
+    _check_code_range(arr)  # before any cast to int64 can wrap a huge code onto another cell
     if arr.dtype.kind == "f":
         bad = ~np.isfinite(arr)
         if bad.any():
@@ -683,6 +684,7 @@ class FSLL:
         val = np.fromiter(st.theta.values(), np.float64, len(st.theta))
         eng = getattr(self, "_engine", None)
         if eng is None:  # a loaded model: build the table here
+            _check_table_fits_memory(self.cardinalities_)
             table = np.zeros(self.cardinalities_)
             table.reshape(-1)[sup] = val
             try:
@@ -710,6 +712,10 @@ class FSLL:
         self._check_fitted()
         if not isinstance(n_samples, (int, np.integer)) or n_samples < 0:
             raise ValueError(f"n_samples must be a non-negative int, got {n_samples!r}")
+        need, mem = 16 * int(n_samples) * (1 + len(self.cardinalities_)), _total_memory()
+        if mem is not None and need > mem // 2:
+            raise ValueError(f"{n_samples:,} samples need about {need / 2**30:.1f} GiB, more than half of this "
+                             f"machine's {mem / 2**30:.1f} GiB; draw them in smaller batches")
         rng = np.random.default_rng(random_state)
         p = self.probabilities()
         if isinstance(p, np.ndarray):
@@ -782,12 +788,15 @@ class FSLL:
             for y in theta:
                 if len(y) != len(cards) or any(not 0 <= v < k for v, k in zip(y, cards)):
                     raise ValueError(f"parameter index {y} does not fit cardinalities {cards}")
+            _check_model_cards(cards)
             N = int(obj["n_samples"])
             flat = {int(np.ravel_multi_index(y, cards)): v for y, v in theta.items()}
             state = FitState(cards, N, 0.0, flat, {}, float(obj["log_z"]), int(obj["n_iter"]),
-                             bool(obj.get("converged", True)), list(obj.get("history", [])))
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"{path}: malformed fsll-ooc model file (missing or bad field {e})") from None
+                             bool(obj.get("converged", True)), _checked_history(obj.get("history", [])))
+            if not (N >= 1 and math.isfinite(state.log_z) and all(math.isfinite(v) for v in theta.values())):
+                raise ValueError("n_samples, log_z and theta must be finite numbers (n_samples >= 1)")
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            raise ValueError(f"{path}: malformed fsll-ooc model file ({type(e).__name__}: {e})") from None
         m._state = state
         m._engine = None
         m.plan_ = None
@@ -802,8 +811,10 @@ class FSLL:
         m.kl_data_ = obj.get("kl_data")
         m.history_ = state.history
         m.converged_ = state.converged
-        m.feature_names_in_ = obj.get("feature_names")
-        m.categories_ = obj.get("categories")
+        try:
+            m.set_labels(obj.get("feature_names"), obj.get("categories"))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: malformed fsll-ooc model file (labels: {e})") from None
         return m
 
     # ------------------------------------------------------------------ queries (fsll_ooc.queries)
@@ -913,6 +924,39 @@ def _with_checksum_bytes(plan, backend):
         return plan
     extra = len(TABLE_NAMES) * storage.overhead_bytes(backend, plan.layout.cards, plan.layout.chunk_shape)
     return dataclasses.replace(plan, disk_bytes=plan.disk_bytes + extra)
+
+
+def _check_model_cards(cards) -> None:
+    """Cardinalities read from a file obey the limits of ``fit`` (a file is not trusted)."""
+    if not cards or any(not 1 <= k <= MAX_CARD for k in cards):
+        raise ValueError(f"cardinalities {list(cards)[:8]} must be 1..{MAX_CARD}, at least one")
+    if math.prod(cards) >= 2**62:
+        raise ValueError(f"the joint table would have {math.prod(cards):.3e} cells; the limit is 2^62")
+
+
+def _checked_history(history) -> list:
+    """A model file's history: a list of dicts whose numbers are numbers (queries and plots use them)."""
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        raise ValueError("history must be a list of objects")
+    for h in history:
+        for k in ("iter", "cost", "delta", "value", "n_bases"):
+            if h.get(k) is not None and (isinstance(h[k], bool) or not isinstance(h[k], (int, float))):
+                raise ValueError(f"history entry field {k!r} is {h[k]!r}, not a number")
+        for k in ("y", "added"):
+            if h.get(k) is not None:
+                np.asarray(h[k], dtype=np.int64)  # ValueError/TypeError/OverflowError when not integers
+    from .queries import _contributions
+
+    _contributions(history)
+    return history
+
+
+def _check_table_fits_memory(cards) -> None:
+    """Building the whole ``p_theta`` table of a loaded model in memory takes about two tables."""
+    need, mem = 16 * math.prod(cards), _total_memory()
+    if mem is not None and need > mem:
+        raise ValueError(f"the model's joint table has {math.prod(cards):,} cells; building it in memory needs "
+                         f"about {need / 2**30:.1f} GiB, more than this machine's {mem / 2**30:.1f} GiB")
 
 
 def _plain(v):
