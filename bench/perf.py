@@ -40,7 +40,7 @@ def copy_seconds(size: int, reps: int = 7) -> float:
 def cold_fit_seconds(name: str) -> float:
     """Fit in a fresh interpreter (numba's on-disk cache warm, nothing else)."""
     code = ("import time; t=time.perf_counter(); from fsll_ooc import FSLL, datasets; "
-            f"X,_=datasets.paper_dataset({name!r}, seed=0); t1=time.perf_counter(); FSLL(progress=False).fit(X); "
+            f"X,_=datasets.paper_dataset({name!r}, seed=0); t1=time.perf_counter(); FSLL(epsilon=1e-4, progress=False).fit(X); "
             "print(time.perf_counter()-t1)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(r.stdout.strip().splitlines()[-1])
@@ -48,7 +48,7 @@ def cold_fit_seconds(name: str) -> float:
 
 def paper_rows():
     X0, _ = datasets.paper_dataset("Ising5x4S", seed=0)
-    FSLL(progress=False, max_iter=2).fit(X0)  # compile / load the kernels once
+    FSLL(epsilon=1e-4, progress=False, max_iter=2).fit(X0)  # compile / load the kernels once
     lines = ["| data | iterations | cold fit (s) | warm fit (s, best of 3) | paper (s) | speed-up vs paper | target (1/20) |",
              "|---|---|---|---|---|---|---|"]
     for name in datasets.PAPER_DATASETS:
@@ -57,7 +57,7 @@ def paper_rows():
         warm = []
         for _ in range(3):
             t = time.perf_counter()
-            m = FSLL(progress=False).fit(X)
+            m = FSLL(epsilon=1e-4, progress=False).fit(X)
             warm.append(time.perf_counter() - t)
         w = min(warm)
         paper = PAPER[name][3]
@@ -86,7 +86,7 @@ def iteration_rows(sizes):
         for j in range(1, n):
             flip = rng.random(20000) < 0.2
             X[:, j] = np.where(flip, X[:, j], X[:, j - 1] ^ X[:, (j * 7) % j])
-        m = FSLL(progress=False, max_iter=30, resync_every=10**9).fit(X)
+        m = FSLL(epsilon=1e-4, progress=False, max_iter=30, resync_every=10**9).fit(X)
         times = np.diff([h["time"] for h in m.history_[1:]])
         it = float(np.median(times)) if len(times) else float("nan")
         t = np.random.default_rng(1).random((2,) * n)
@@ -170,10 +170,10 @@ def numba_rows(sizes):
 
 def profile_text() -> str:
     X, _ = datasets.paper_dataset("BN20-54L", seed=0)
-    FSLL(progress=False, max_iter=2).fit(X)
+    FSLL(epsilon=1e-4, progress=False, max_iter=2).fit(X)
     pr = cProfile.Profile()
     pr.enable()
-    FSLL(progress=False).fit(X)
+    FSLL(epsilon=1e-4, progress=False).fit(X)
     pr.disable()
     s = io.StringIO()
     pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(12)

@@ -16,7 +16,9 @@ Commands (each has ``--help``):
 ``MODEL`` arguments are a file written by ``fit``, or the store directory of a
 completed out-of-core fit (then queries stream over its tables).
 
-Exit codes: 0 success; 2 bad input or usage (printed as one line
+Exit codes: 0 success; 2 bad input or usage, or a refusal that says what to do: a store
+or model file that is damaged or altered (the message names the file), a store locked
+by another writer, a full disk, a budget the fit cannot meet (printed as one line
 ``fsll-ooc: error: ...`` on stderr, no traceback); 1 unexpected failure (one line,
 ``--debug`` shows the traceback); 3 ``plan`` found the problem infeasible.  Progress
 bars go to stderr, and only when stderr is a terminal and ``--quiet`` is not given.
@@ -84,6 +86,15 @@ def _user_input():
         raise DataError(str(exc)) from exc
 
 
+def _refusals() -> tuple:
+    """The library's clear refusals (exit 2): imported only when an error reaches ``main``."""
+    from .locking import StoreLockedError
+    from .planner import PlanError
+    from .storage import DiskFullError, IntegrityError
+
+    return (IntegrityError, StoreLockedError, DiskFullError, PlanError)
+
+
 def _err(message: str) -> None:
     one_line = " ".join(str(message).split())
     print(f"{PROG}: error: {one_line}", file=sys.stderr)
@@ -140,7 +151,7 @@ def _load_model(path: str):
         if not os.path.exists(state):
             raise DataError(f"'{path}' is a directory but not an fsll-ooc store (no {STATE_FILE})")
         with _user_input():
-            status = read_json(state).get("status")
+            status = read_json(state, checksum=True).get("status")
             if status != "complete":
                 raise DataError(f"the fit in store '{path}' is not complete (status {status!r}); "
                                 "finish it with FSLL.resume(store) in Python")
@@ -183,6 +194,16 @@ def _positive_float(s: str) -> float:
     if not (v > 0 and math.isfinite(v)):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
     return v
+
+
+def _epsilon(s: str):
+    """``--epsilon``: ``auto`` or a positive number."""
+    if s.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _positive_float(s)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive number, got {s!r}") from None
 
 
 def _positive_int(s: str) -> int:
@@ -253,8 +274,9 @@ def _register_demo(sub) -> None:
                    help=f"one of {', '.join(PAPER_DATASETS)} (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="dataset seed (default: %(default)s)")
     p.add_argument("--all", action="store_true", help="run all six datasets (takes minutes)")
-    p.add_argument("--epsilon", type=_positive_float, default=1e-4,
-                   help="stopping threshold on the cost improvement (default: %(default)s)")
+    p.add_argument("--epsilon", type=_epsilon, default=1e-4,
+                   help="stopping threshold on the cost improvement: a number or 'auto' "
+                        "(default: %(default)s, the paper's setting, so the rows compare with its table)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=_cmd_demo)
@@ -320,8 +342,9 @@ def _register_fit(sub) -> None:
     p.add_argument("--cardinalities", type=_cardinality_list, metavar="K1,K2,...",
                    help="declared number of categories per column, e.g. 2,3,4 (integer columns "
                         "are then codes 0..k-1; unseen codes are kept)")
-    p.add_argument("--epsilon", type=_positive_float, default=1e-4,
-                   help="stopping threshold on the cost improvement (default: %(default)s)")
+    p.add_argument("--epsilon", type=_epsilon, default="auto",
+                   help="stopping threshold on the cost improvement: 'auto' (default: 0.1/N with "
+                        "corrective steps, see help(fsll_ooc.FSLL)) or a number; 1e-4 is the paper's setting")
     p.add_argument("--max-iter", type=_positive_int, default=None, metavar="N",
                    help="stop after N iterations (default: no limit)")
     p.add_argument("--store", metavar="DIR",
@@ -371,7 +394,8 @@ def _cmd_fit(args) -> int:
                          store=args.store, memory_limit=memory, scheduler=client, progress=_show_progress(args))
         t0 = time.perf_counter()
         try:
-            model.fit(enc.codes)
+            with _user_input():  # fit validates the codes (e.g. the size of the joint table)
+                model.fit(enc.codes)
         except PlanError as exc:  # the budget does not fit the problem: the user's input
             raise DataError(str(exc)) from exc
         seconds = time.perf_counter() - t0
@@ -521,7 +545,8 @@ def _cmd_sample(args) -> int:
     if args.out is not None:
         _check_writable(args.out, "samples")
     names, cats = _labels_of(model)
-    codes = model.sample(args.n, random_state=args.seed)
+    with _user_input():  # e.g. more samples, or a larger table, than memory holds
+        codes = model.sample(args.n, random_state=args.seed)
     df = decode(codes, cats, names)
     if args.json:
         _print_json([{nm: cats[j][int(c)] for j, (nm, c) in enumerate(zip(names, row))} for row in codes])
@@ -731,6 +756,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (DataError, UsageError) as exc:
+        _err(str(exc))
+        return 2
+    except _refusals() as exc:  # damaged or locked store, full disk, infeasible budget: said plainly
         _err(str(exc))
         return 2
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:

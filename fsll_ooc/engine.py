@@ -541,11 +541,14 @@ def task_top_candidates(ctx: Context, idx: int, k: int) -> tuple[np.ndarray, np.
     t = storage.read(ctx.specs[TB], key).reshape(P, Q)
     d = storage.read(ctx.specs[D], key).reshape(P, Q)
     score = t - d
+    del d  # at most three band buffers live (the planner's TASK_FACTOR is four)
     np.square(score, out=score)
-    den = t * t
+    den = t * t  # not in place: in core ``t`` is a view of the dual table
+    del t
     np.subtract(1.0, den, out=den)
     np.maximum(den, 1e-300, out=den)
     score /= den
+    del den
     score *= -0.5
     score += rQ[None, :]
     score += (_r_const(ctx, "A", idx) + rP)[:, None]

@@ -142,14 +142,14 @@ class FSLL:
     ----------
     cardinalities : sequence of int, optional
         ``k_i`` per column; inferred as ``max + 1`` per column when omitted.
-    epsilon : float or "auto"
+    epsilon : "auto" or float
         Stop when the best move lowers the cost by less than this (nats per sample).
-        ``1e-4`` (default, with the default ``refine``) reproduces the paper exactly.
-        ``"auto"``: ``0.1 / N``, a tenth of a nat of the whole data set's code length
-        (:func:`fsll_ooc.learner.auto_epsilon` gives the reasoning); equals ``1e-4`` at
-        ``N = 1000`` and is smaller above.  Recommended: ``FSLL(epsilon="auto")`` (with
-        corrective steps, see ``refine``) reaches a far lower ``KL(p*||p)`` at about the
-        paper setting's time (``docs/benchmarks_quality.md``).
+        ``"auto"`` (default): ``0.1 / N``, a tenth of a nat of the whole data set's
+        code length (:func:`fsll_ooc.learner.auto_epsilon` gives the reasoning), with
+        corrective steps (see ``refine``); it equals ``1e-4`` at ``N = 1000`` and is
+        smaller above.  Measured in ``docs/benchmarks_quality.md``, it reaches a far
+        lower ``KL(p*||p)`` than the paper's setting at about its time.
+        ``epsilon=1e-4`` (with the default ``refine``) reproduces the paper exactly.
     max_iter : int, optional
         Hard cap on iterations (None: until convergence).
     store : path, optional
@@ -185,7 +185,7 @@ class FSLL:
     log_z_, cardinalities_, n_samples_, plan_, feature_names_in_, categories_.
     """
 
-    def __init__(self, cardinalities=None, epsilon=1e-4, max_iter=None, store=None, backend=None,
+    def __init__(self, cardinalities=None, epsilon="auto", max_iter=None, store=None, backend=None,
                  memory_limit=None, scheduler=None, layout=None, resync_every=256, progress=None, refine=None):
         self.cardinalities = cardinalities
         self.epsilon = epsilon
