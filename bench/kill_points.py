@@ -33,6 +33,7 @@ Usage::
     python bench/kill_points.py                                 # zarr and memmap, every point
     python bench/kill_points.py --backend zarr --max-points 60  # an even sample of 60 points
     python bench/kill_points.py --scheduler threads --double 20 --json kill_points.json
+    python bench/kill_points.py --n-samples 1000 --resync-every 4 --max-points 200  # longer fit, resyncs
 
 Exit status 0 when every point survived, 1 otherwise.
 """
@@ -60,6 +61,8 @@ if str(ROOT) not in sys.path:
 CARDS = (2, 3, 4, 5, 2, 3)
 LAYOUT = (1, 2)
 N_SAMPLES = 300
+RESYNC_EVERY = 256  # the library default; a small value puts exact re-derivation passes among the points
+EPSILON = 1e-4  # the paper's setting (no corrective steps); "auto" adds corrective Newton steps and their writes
 MODES = {"chunk": ("torn-tmp", "torn-final", "after"),
          "band": ("torn", "data-no-crc", "after"),
          "file": ("torn-tmp", "before-rename", "after")}
@@ -190,7 +193,8 @@ def run_child(req: dict, X) -> None:
         sched = req.get("scheduler", "serial")
         if req["op"] == "fit":
             m = FSLL(progress=False, store=req["store"], backend=req["backend"], layout=tuple(req["layout"]),
-                     scheduler=sched).fit(X)
+                     scheduler=sched, resync_every=req.get("resync_every", RESYNC_EVERY),
+                     epsilon=req.get("epsilon", EPSILON)).fit(X)
         else:
             m = FSLL.resume(req["store"], progress=False, scheduler=sched)
         out = {"ok": True, "model": summary(m)}
@@ -202,7 +206,7 @@ def run_child(req: dict, X) -> None:
     os._exit(0)
 
 
-def _warm_up(X) -> None:
+def _warm_up(X, layout=LAYOUT) -> None:
     """Load the compiled kernels once, here, so that forked children start warm.
 
     zarr resets its I/O thread in forked children; numba's thread pool does not survive a
@@ -213,7 +217,7 @@ def _warm_up(X) -> None:
     d = tempfile.mkdtemp(prefix="fsll-kill-warm-")
     try:
         for be in ("zarr", "memmap"):
-            FSLL(progress=False, store=os.path.join(d, be), backend=be, layout=LAYOUT, scheduler="serial",
+            FSLL(progress=False, store=os.path.join(d, be), backend=be, layout=layout, scheduler="serial",
                  max_iter=3).fit(X)
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -227,7 +231,7 @@ def _numba_threads_started() -> bool:
     return bool(getattr(npp, "_is_initialized", False))
 
 
-def zygote_main(cold: bool = False) -> None:
+def zygote_main(cold: bool = False, n_samples: int = N_SAMPLES, layout=LAYOUT) -> None:
     """Serve requests (one JSON per line on stdin): fork, run, answer with the exit status."""
     import numpy as np  # noqa: F401
     import zarr  # noqa: F401
@@ -236,14 +240,15 @@ def zygote_main(cold: bool = False) -> None:
     import fsll_ooc.model  # noqa: F401
     from fsll_ooc import storage  # noqa: F401
 
-    X = make_data()
+    X = make_data(n_samples)
     if not cold:
-        _warm_up(X)
+        _warm_up(X, layout)
         if _numba_threads_started():
             # loading some kernels started numba's thread pool, which does not survive fork():
             # start again without warming up (the kernels are now in numba's disk cache)
             sys.stdout.flush()
-            os.execv(sys.executable, [sys.executable, __file__, "--zygote", "--cold"])
+            os.execv(sys.executable, [sys.executable, __file__, "--zygote", "--cold", "--n-samples", str(n_samples),
+                                      "--layout", ",".join(map(str, layout))])
     print(json.dumps({"ready": True, "warm": not cold}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
@@ -263,8 +268,9 @@ def zygote_main(cold: bool = False) -> None:
 # ============================================================================ parent side
 
 class Zygote:
-    def __init__(self):
-        self.p = subprocess.Popen([sys.executable, __file__, "--zygote"], stdin=subprocess.PIPE,
+    def __init__(self, n_samples: int = N_SAMPLES, layout=LAYOUT):
+        self.p = subprocess.Popen([sys.executable, __file__, "--zygote", "--n-samples", str(n_samples),
+                                   "--layout", ",".join(map(str, layout))], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
         line = self.p.stdout.readline()
         if not line or not json.loads(line).get("ready"):
@@ -322,11 +328,14 @@ def state_status(store: Path):
 
 
 class Harness:
-    def __init__(self, backend: str, scheduler: str, workdir: Path, n_zygotes: int = 2):
+    def __init__(self, backend: str, scheduler: str, workdir: Path, n_zygotes: int = 2, n_samples: int = N_SAMPLES,
+                 layout=LAYOUT, resync_every: int = RESYNC_EVERY, epsilon=EPSILON):
         self.backend, self.scheduler = backend, scheduler
+        self.n_samples, self.layout, self.resync_every = n_samples, tuple(layout), resync_every
+        self.epsilon = epsilon
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.zygotes = [Zygote() for _ in range(max(1, n_zygotes))]
+        self.zygotes = [Zygote(n_samples, self.layout) for _ in range(max(1, n_zygotes))]
         self._rr = 0
         self._rr_lock = threading.Lock()
         self.reference = None
@@ -343,8 +352,9 @@ class Harness:
             return z
 
     def _req(self, op, store, tag, target=None, mode=None) -> dict:
-        return {"op": op, "store": str(store), "backend": self.backend, "layout": list(LAYOUT),
-                "scheduler": self.scheduler, "target": target, "mode": mode,
+        return {"op": op, "store": str(store), "backend": self.backend, "layout": list(self.layout),
+                "scheduler": self.scheduler, "target": target, "mode": mode, "resync_every": self.resync_every,
+                "epsilon": self.epsilon,
                 "out": str(self.workdir / f"{tag}.json")}
 
     def prepare(self) -> None:
@@ -429,16 +439,18 @@ def summary_of_state(obj: dict) -> dict:
 
 
 def select(points, max_points: int | None, seed: int):
+    """``max_points`` distinct points, spread over the whole fit (each point has its own store)."""
     if max_points is None or len(points) <= max_points:
         return points
     rng = random.Random(seed)
-    step = len(points) / max_points
-    return [points[min(len(points) - 1, int(k * step + rng.random() * step))] for k in range(max_points)]
+    return [points[i] for i in sorted(rng.sample(range(len(points)), max_points))]
 
 
 def run(backend: str, scheduler: str, max_points: int | None, double: int, seed: int, workdir: Path,
-        jobs: int = 2, log=print) -> dict:
-    h = Harness(backend, scheduler, workdir / backend, n_zygotes=jobs)
+        jobs: int = 2, log=print, n_samples: int = N_SAMPLES, layout=LAYOUT, resync_every: int = RESYNC_EVERY,
+        epsilon=EPSILON) -> dict:
+    h = Harness(backend, scheduler, workdir / backend, n_zygotes=jobs, n_samples=n_samples, layout=layout,
+                resync_every=resync_every, epsilon=epsilon)
     t0 = time.perf_counter()
     try:
         h.prepare()
@@ -455,7 +467,9 @@ def run(backend: str, scheduler: str, max_points: int | None, double: int, seed:
                     log(f"  {backend}: {k + 1}/{len(pts)} points")
     finally:
         h.close()
-    return {"backend": backend, "scheduler": scheduler, "events": len(h.events or []),
+    return {"backend": backend, "scheduler": scheduler, "n_samples": n_samples, "layout": list(layout),
+            "resync_every": resync_every, "epsilon": epsilon,
+            "events": len(h.events or []),
             "points_total": len(h.points()) if h.events else 0, "points_tried": len(results),
             "seconds": time.perf_counter() - t0, "reference": {k: h.reference[k] for k in ("cost", "n_iter")},
             "results": results}
@@ -466,7 +480,11 @@ def report(res: dict) -> str:
 
     rs = res["results"]
     out = Counter(r["outcome"] for r in rs)
-    lines = [f"backend {res['backend']}, scheduler {res['scheduler']}: {res['events']} write events, "
+    lines = [f"backend {res['backend']}, scheduler {res['scheduler']}, N={res['n_samples']}, "
+             f"layout {tuple(res['layout'])}, epsilon {res.get('epsilon', EPSILON)}, "
+             f"resync every {res.get('resync_every', RESYNC_EVERY)}, "
+             f"reference fit {res['reference']['n_iter']} iterations: "
+             f"{res['events']} write events, "
              f"{res['points_total']} kill points, {res['points_tried']} tried in {res['seconds']:.0f} s",
              "  outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(out.items()))]
     by = Counter((r["kind"], r["mode"], r["outcome"]) for r in rs)
@@ -544,6 +562,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--n-samples", type=int, default=N_SAMPLES, help="training rows (default %(default)s)")
+    ap.add_argument("--layout", default=",".join(map(str, LAYOUT)),
+                    help="chunk layout cut points a,c (default %(default)s)")
+    ap.add_argument("--resync-every", type=int, default=RESYNC_EVERY,
+                    help="the fit's resync_every: a small value puts exact re-derivations among the kill points "
+                         "(default %(default)s)")
+    ap.add_argument("--epsilon", type=lambda v: v if v == "auto" else float(v), default=EPSILON,
+                    help="the fit's epsilon: a number, or 'auto' (corrective steps too) (default %(default)s)")
     ap.add_argument("--backend", choices=("zarr", "memmap", "both"), default="both")
     ap.add_argument("--scheduler", choices=("serial", "threads"), default="serial")
     ap.add_argument("--max-points", type=int, default=None, help="even sample of this many points per backend")
@@ -555,8 +581,9 @@ def main(argv=None) -> int:
     ap.add_argument("--overhead", action="store_true",
                     help="instead: band read/write throughput with and without the integrity checks")
     args = ap.parse_args(argv)
+    layout = tuple(int(v) for v in args.layout.split(","))
     if args.zygote:
-        zygote_main(cold=args.cold)
+        zygote_main(cold=args.cold, n_samples=args.n_samples, layout=layout)
         return 0
     if args.overhead:
         work = Path(args.dir or tempfile.gettempdir())
@@ -576,7 +603,9 @@ def main(argv=None) -> int:
     failed = 0
     try:
         for be in backends:
-            res = run(be, args.scheduler, args.max_points, args.double, args.seed, work, args.jobs)
+            res = run(be, args.scheduler, args.max_points, args.double, args.seed, work, args.jobs,
+                      n_samples=args.n_samples, layout=layout, resync_every=args.resync_every,
+                      epsilon=args.epsilon)
             allres.append(res)
             print(report(res), flush=True)
             failed += sum(r["outcome"] == "FAILED" for r in res["results"])

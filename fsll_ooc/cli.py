@@ -158,8 +158,12 @@ def _load_model(path: str):
             model = _model_class().resume(path, progress=False)
             labels = os.path.join(path, LABELS_FILE)
             if getattr(model, "feature_names_in_", None) is None and os.path.exists(labels):
-                obj = read_json(labels)
-                _set_labels(model, obj["names"], obj["categories"])
+                try:
+                    obj = read_json(labels)
+                    _set_labels(model, obj["names"], obj["categories"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise DataError(f"{labels}: the store's labels file is damaged ({type(exc).__name__}: {exc}); "
+                                    f"delete it to use codes as labels") from None
             return model
     with _user_input():
         return _model_class().load(path)

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -274,7 +273,7 @@ def test_json_writes_leave_nothing_on_failure(tmp_path, monkeypatch):
 
 # ============================================================================ locking
 
-def _hold_lock_in_child(store, ready_timeout=60):
+def _hold_lock_in_child(store):
     code = textwrap.dedent(f"""
         import sys, time
         from fsll_ooc.locking import StoreLock
@@ -359,13 +358,19 @@ def test_concurrent_readers_of_a_finished_store(X, ref, tmp_path):
             assert m.sample(50, random_state=1).shape == (50, 6)
         print("ok")
     """)
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=str(ROOT)) for _ in range(3)]
+    cmds = [[sys.executable, "-c", code]] * 3 + [[sys.executable, "-m", "fsll_ooc.cli", "sample", str(store), "-n",
+                                                  "20", "--seed", "1"]] * 2  # CLI readers too
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
+             for c in cmds]
     m = FSLL.resume(store, progress=False)  # and one in this process, at the same time
     np.testing.assert_allclose(np.asarray(m.probabilities()), ref.probabilities(), atol=1e-12)
+    outs = []
     for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
+        out, err = p.communicate()
+        assert p.returncode == 0, err[-2000:]
+        outs.append(out)
+    assert [o.strip() for o in outs[:3]] == ["ok"] * 3
+    assert outs[3] == outs[4] and len(outs[3].strip().splitlines()) == 21  # header + 20 rows, the same twice
     assert (store / "fsll_state.json").read_bytes() == state_before  # readers write nothing shared
     del m
     import gc
@@ -456,8 +461,9 @@ def test_disk_full_during_a_pass_is_clear_and_resumable(X, ref, small_disk, monk
     assert status(store) == "complete"
 
 
-def test_disk_full_while_creating_tables_is_clear_and_resumable(X, ref, small_disk, monkeypatch):
-    store = small_disk / "m"
+@pytest.mark.parametrize("backend", ["memmap", "zarr"])
+def test_disk_full_while_creating_tables_is_clear_and_resumable(X, ref, small_disk, monkeypatch, backend):
+    store = small_disk / backend
     orig = storage.create_table
 
     def create(*a, **k):
@@ -466,9 +472,10 @@ def test_disk_full_while_creating_tables_is_clear_and_resumable(X, ref, small_di
         return orig(*a, **k)
 
     monkeypatch.setattr(storage, "create_table", create)
-    with pytest.raises(DiskFullError, match="cannot reserve|No space"):
-        FSLL(progress=False, store=store, backend="memmap", layout=LAYOUT).fit(X)
+    with pytest.raises(DiskFullError, match="cannot reserve|No space") as ei:
+        FSLL(progress=False, store=store, backend=backend, layout=LAYOUT).fit(X)
     monkeypatch.setattr(storage, "create_table", orig)
+    assert "disk full while fitting" in str(ei.value) and "FSLL.resume" in str(ei.value)
     assert status(store) == "starting"
     (small_disk / "filler").unlink()
     assert_same(FSLL.resume(store, progress=False), ref)
@@ -510,11 +517,64 @@ def test_memory_limit_that_cannot_be_met_is_refused_before_allocation(tmp_path):
     rss0 = psutil.Process().memory_info().rss
     X = np.zeros((10, 34), dtype=int)  # 2^34 cells: 128 GiB per table
     for limit in ("64MiB", "450MiB"):
-        t0 = time.perf_counter()
         with pytest.raises(PlanError, match="infeasible|memory"):
             FSLL(cardinalities=[2] * 34, store=tmp_path / "s", memory_limit=limit, progress=False).fit(X)
-        assert time.perf_counter() - t0 < 5
     with pytest.raises(PlanError, match="do not fit in memory"):
         FSLL(cardinalities=[2] * 34, progress=False).fit(X)  # in core
     assert not (tmp_path / "s").exists()
     assert psutil.Process().memory_info().rss - rss0 < 200 * 2**20
+
+
+# ============================================================================ the same faults through the CLI
+
+from test_hostile import assert_one_line_error, run_cli  # noqa: E402 (tests/ is on sys.path)
+
+
+def _csv(X, path):
+    path.write_text(",".join(f"v{i}" for i in range(X.shape[1])) + "\n"
+                    + "".join(",".join(map(str, row)) + "\n" for row in X))
+    return path
+
+
+def test_cli_fit_on_a_store_being_written_is_refused(X, tmp_path):
+    store, out = tmp_path / "s", tmp_path / "m.json"
+    p = _hold_lock_in_child(store)
+    try:
+        rc, _, err = run_cli("fit", _csv(X, tmp_path / "d.csv"), "--out", out, "--store", store, "--quiet")
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert_one_line_error(rc, err, "second writer")
+    assert f"held by pid {p.pid}" in err and not out.exists()
+
+
+def test_cli_disk_full_during_a_fit_then_resume(X, small_disk, tmp_path, monkeypatch):
+    store, out = small_disk / "s", tmp_path / "m.json"
+    calls = [0]
+    orig = FSLL._persist
+
+    def persist(self, *a, **k):
+        orig(self, *a, **k)
+        calls[0] += 1
+        if calls[0] == 5:
+            fill(small_disk)
+
+    monkeypatch.setattr(FSLL, "_persist", persist)
+    rc, _, err = run_cli("fit", _csv(X, tmp_path / "d.csv"), "--out", out, "--store", store, "--quiet",
+                         "--epsilon", "1e-4")
+    monkeypatch.setattr(FSLL, "_persist", orig)
+    assert_one_line_error(rc, err, "disk full")
+    assert "disk full" in err and "FSLL.resume" in err and not out.exists()
+    assert status(store) == "running"
+    (small_disk / "filler").unlink()
+    assert_same(FSLL.resume(store, progress=False), FSLL(epsilon=1e-4, progress=False).fit(X))
+    rc, stdout, _ = run_cli("info", store)  # the finished store serves as MODEL
+    assert rc == 0 and "bases" in stdout
+
+
+def test_cli_store_larger_than_the_disk_is_refused(small_disk, tmp_path):
+    data = _csv(np.zeros((10, 19), dtype=int), tmp_path / "d.csv")
+    rc, _, err = run_cli("fit", data, "--out", tmp_path / "m.json", "--store", small_disk / "big",
+                         "--cardinalities", ",".join(["2"] * 19))
+    assert_one_line_error(rc, err, "larger than the disk")
+    assert "disk" in err and not (small_disk / "big").exists()
