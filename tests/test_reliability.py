@@ -62,21 +62,29 @@ class Crash(Exception):
     pass
 
 
-def interrupted_fit(X, store, backend="zarr", after=6, monkeypatch=None):
-    """A fit stopped (in-process) right after its ``after``-th state write: status 'running'."""
+def on_persist(monkeypatch, n: int, action) -> None:
+    """Run ``action()`` right after the fit's ``n``-th state write (undo: ``monkeypatch.undo()``)."""
     calls = [0]
     orig = FSLL._persist
 
     def persist(self, *a, **k):
         orig(self, *a, **k)
         calls[0] += 1
-        if calls[0] == after:
-            raise Crash()
+        if calls[0] == n:
+            action()
 
     monkeypatch.setattr(FSLL, "_persist", persist)
+
+
+def interrupted_fit(X, store, backend="zarr", after=6, monkeypatch=None):
+    """A fit stopped (in-process) right after its ``after``-th state write: status 'running'."""
+    def crash():
+        raise Crash()
+
+    on_persist(monkeypatch, after, crash)
     with pytest.raises(Crash):
         FSLL(progress=False, store=store, backend=backend, layout=LAYOUT, scheduler="serial").fit(X)
-    monkeypatch.setattr(FSLL, "_persist", orig)
+    monkeypatch.undo()
     assert status(store) == "running"
 
 
@@ -438,19 +446,10 @@ def fill(mnt):
 @pytest.mark.parametrize("backend", ["zarr", "memmap"])
 def test_disk_full_during_a_pass_is_clear_and_resumable(X, ref, small_disk, monkeypatch, backend):
     store = small_disk / "s"
-    calls = [0]
-    orig = FSLL._persist
-
-    def persist(self, *a, **k):
-        orig(self, *a, **k)
-        calls[0] += 1
-        if calls[0] == 5:
-            fill(small_disk)
-
-    monkeypatch.setattr(FSLL, "_persist", persist)
+    on_persist(monkeypatch, 5, lambda: fill(small_disk))
     with pytest.raises(DiskFullError) as ei:
         FSLL(progress=False, store=store, backend=backend, layout=LAYOUT, scheduler="serial").fit(X)
-    monkeypatch.setattr(FSLL, "_persist", orig)
+    monkeypatch.undo()
     e = ei.value
     assert e.errno == errno.ENOSPC and isinstance(e, OSError)
     msg = str(e)
@@ -550,19 +549,10 @@ def test_cli_fit_on_a_store_being_written_is_refused(X, tmp_path):
 
 def test_cli_disk_full_during_a_fit_then_resume(X, small_disk, tmp_path, monkeypatch):
     store, out = small_disk / "s", tmp_path / "m.json"
-    calls = [0]
-    orig = FSLL._persist
-
-    def persist(self, *a, **k):
-        orig(self, *a, **k)
-        calls[0] += 1
-        if calls[0] == 5:
-            fill(small_disk)
-
-    monkeypatch.setattr(FSLL, "_persist", persist)
+    on_persist(monkeypatch, 5, lambda: fill(small_disk))
     rc, _, err = run_cli("fit", _csv(X, tmp_path / "d.csv"), "--out", out, "--store", store, "--quiet",
                          "--epsilon", "1e-4")
-    monkeypatch.setattr(FSLL, "_persist", orig)
+    monkeypatch.undo()
     assert_one_line_error(rc, err, "disk full")
     assert "disk full" in err and "FSLL.resume" in err and not out.exists()
     assert status(store) == "running"
