@@ -85,11 +85,10 @@ MUTATIONS = ["nan", "inf", "-inf", "negative", "fraction", "huge-float", "huge-u
 
 
 @st.composite
-def hostile_data(draw):
+def hostile_data(draw, kind):
     n = draw(st.integers(1, 4))
     N = draw(st.integers(1, 20))
     X = np.array(draw(st.lists(st.lists(st.integers(0, 2), min_size=n, max_size=n), min_size=N, max_size=N)))
-    kind = draw(st.sampled_from(MUTATIONS))
     r, c = draw(st.integers(0, N - 1)), draw(st.integers(0, n - 1))
     cards = None
     if kind in ("nan", "inf", "-inf", "fraction", "huge-float"):
@@ -151,10 +150,12 @@ def hostile_data(draw):
     return kind, X, cards
 
 
-@SETTINGS
-@given(hostile_data())
-def test_hostile_arrays_are_refused_cleanly(case):
-    kind, X, cards = case
+@pytest.mark.parametrize("kind", MUTATIONS)
+@settings(SETTINGS, max_examples=max(1, N_EXAMPLES // 5))
+@given(data=st.data())
+def test_hostile_arrays_are_refused_cleanly(kind, data):
+    """Every kind of hostile array, each with N_EXAMPLES // 5 drawn shapes and positions."""
+    kind, X, cards = data.draw(hostile_data(kind))
     try:
         FSLL(cardinalities=cards, progress=False).fit(X)
     except BaseException as e:  # noqa: BLE001
@@ -178,9 +179,9 @@ def model():
     return FSLL(cardinalities=[3, 3, 4], progress=False).fit(X)
 
 
-@SETTINGS
-@given(st.sampled_from(["unknown", "negative", "nan", "fraction", "ncols", "ndim", "strings", "empty"]),
-       st.integers(0, 2), st.integers(3, 10**6))
+@pytest.mark.parametrize("kind", ["unknown", "negative", "nan", "fraction", "ncols", "ndim", "strings", "empty"])
+@settings(SETTINGS, max_examples=max(1, N_EXAMPLES // 5))
+@given(c=st.integers(0, 2), v=st.integers(3, 10**6))
 def test_hostile_rows_at_scoring_time(model, kind, c, v):
     X = np.zeros((4, 3), dtype=int)
     if kind == "unknown":
