@@ -13,6 +13,13 @@ Usage::
     python bench/scale.py --cases 22 24 26 28 bn30 --cap 4GiB --dir /work/scratch \\
         --max-iter 40 --out docs/benchmarks_scale.md
     python bench/scale.py --cases 26 --workers 1 2 --max-iter 20     # LocalCluster speed-up
+    python bench/scale.py --cases 26 --resume --dir /work/scratch    # to convergence, resumable
+
+``--resume`` keeps the case's store and, when an earlier run was interrupted (killed,
+session ended), continues it with ``FSLL.resume``; the wall time of every session is
+recorded next to the store (``*.sessions.json``) and summed into the fit time.
+``--epsilon`` defaults to the paper's 1e-4; ``--backend memmap`` uses raw files
+instead of Zarr.
 
 Data: a random Bayesian network (each variable has up to 3 parents among earlier
 ones, conditional tables drawn from a flat Dirichlet), 10^5 training samples and
@@ -101,6 +108,42 @@ def cgroup_peak() -> int | None:
     return None
 
 
+class _Heartbeat:
+    """Record this session's wall time (every 30 s) next to the store, so that a fit that is
+    interrupted and resumed in later sessions can report its total fit time."""
+
+    def __init__(self, path: Path, past: list, store: Path):
+        import threading
+
+        self.path, self.past, self.store = path, list(past), store
+        self.t0 = time.perf_counter()
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._stop = threading.Event()
+        self._write()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _write(self):
+        state = self.store / "fsll_state.json"
+        n_iter = None
+        try:
+            n_iter = json.loads(state.read_text())["state"]["n_iter"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        rec = {"started": self.started, "seconds": time.perf_counter() - self.t0, "n_iter": n_iter}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.past + [rec], indent=1))
+        os.replace(tmp, self.path)
+
+    def _loop(self):
+        while not self._stop.wait(30):
+            self._write()
+
+    def stop(self):
+        self._stop.set()
+        self._write()
+
+
 def child(args) -> None:
     """Run one case (in the child process) and print one JSON line."""
     cgroup = enter_cgroup(args.cap)
@@ -110,7 +153,8 @@ def child(args) -> None:
     parents, cpts = random_bn(cards, 3, seed=0)
     X = ancestral_sample(cards, parents, cpts, args.n, seed=1)
     H = ancestral_sample(cards, parents, cpts, 10_000, seed=2)
-    store = Path(args.dir) / f"scale_{args.case}_{args.workers}.zarr"
+    suffix = "zarr" if args.backend == "zarr" else "mm"
+    store = Path(args.dir) / f"scale_{args.case}_{args.workers}.{suffix}"
     client = cluster = None
     if args.workers:
         from distributed import Client, LocalCluster
@@ -119,25 +163,39 @@ def child(args) -> None:
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
                                memory_limit=args.cap // (args.workers + 1), dashboard_address=None)
         client = Client(cluster)
+    sessions = store.with_name(store.name + ".sessions.json")
+    resuming = args.resume and (store / "fsll_state.json").exists()
+    past = json.loads(sessions.read_text()) if resuming and sessions.exists() else []
+    beat = _Heartbeat(sessions, past, store)
     t0 = time.perf_counter()
-    m = FSLL(store=store, memory_limit=args.cap, max_iter=args.max_iter, progress=args.progress, scheduler=client)
-    m.fit(X)
+    if resuming:
+        m = FSLL.resume(store, scheduler=client, progress=args.progress)
+    else:
+        m = FSLL(store=store, backend=args.backend, memory_limit=args.cap, max_iter=args.max_iter,
+                 epsilon=args.epsilon, progress=args.progress, scheduler=client)
+        m.fit(X)
     total = time.perf_counter() - t0
+    beat.stop()
     if client is not None:
         client.close()
         cluster.close()
     hist = m.history_
     iter_times = np.diff([h["time"] for h in hist[1:]]) if len(hist) > 2 else np.array([np.nan])
+    iter_times = iter_times[iter_times > 0]  # a resumed fit restarts its clock
     kl_heldout = float(np.mean(true_logp(H, parents, cpts) - m.log_prob(H)))
     import resource
 
     out = {
-        "case": args.case + (f" ({args.workers} workers)" if args.workers else ""), "cells": math.prod(cards), "cards": list(cards), "n_samples": args.n,
+        "case": args.case + (f" ({args.workers} workers)" if args.workers else ""), "cells": math.prod(cards),
+        "cards": list(cards), "n_samples": args.n, "backend": args.backend, "epsilon": args.epsilon,
         "layout": [m.plan_.layout.a, m.plan_.layout.c], "chunk": list(m.plan_.layout.chunk_shape),
         "plan_peak": m.plan_.peak_memory, "disk": m.plan_.disk_bytes,
-        "bytes_per_iter": m.plan_.bytes_per_iteration, "fit_seconds": total,
+        "bytes_per_iter": m.plan_.bytes_per_iteration,
+        # wall time of every session of this fit (a fit may be resumed across sessions)
+        "fit_seconds": total + sum(p["seconds"] for p in past), "sessions": len(past) + 1,
         "setup_seconds": hist[1]["time"] if len(hist) > 1 else total,
-        "sec_per_iter_median": float(np.median(iter_times)), "n_iter": m.n_iter_, "converged": m.converged_,
+        "sec_per_iter_median": float(np.median(iter_times)) if iter_times.size else float("nan"),
+        "n_iter": m.n_iter_, "converged": m.converged_,
         "n_bases": m.n_bases_, "kl_data": m.kl_data_, "kl_heldout": kl_heldout,
         "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cgroup_peak": cgroup_peak(),
         "cgroup": cgroup,
@@ -156,6 +214,10 @@ def main(argv=None):
     ap.add_argument("--dir", default="scratch")
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--max-iter", type=int, default=None)
+    ap.add_argument("--epsilon", type=float, default=1e-4, help="stopping threshold (default: the paper's 1e-4)")
+    ap.add_argument("--backend", choices=("zarr", "memmap"), default="zarr")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the case's store if an earlier (interrupted) run left one; implies --keep")
     ap.add_argument("--out", default=None)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--progress", action="store_true")
@@ -179,7 +241,9 @@ def main(argv=None):
             continue
         print(f"case {case}: {cells:,} cells, disk {format_bytes(need)}, memory cap {format_bytes(args.cap)}", flush=True)
         cmd = [sys.executable, __file__, "--child", case, "--cap", str(args.cap), "--dir", args.dir, "--n", str(args.n),
-               "--workers", str(workers)]
+               "--workers", str(workers), "--backend", args.backend, "--epsilon", repr(args.epsilon)]
+        if args.resume:
+            cmd += ["--resume", "--keep"]
         if args.max_iter is not None:
             cmd += ["--max-iter", str(args.max_iter)]
         if args.keep:
