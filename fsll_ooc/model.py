@@ -300,6 +300,7 @@ class FSLL:
         else:
             # Crash-safe order (docs/reliability.md): lock; old state out; data kept in the store;
             # "starting"; tables and targets; "running" after every iteration; "complete".
+            storage.check_store_dir(self.store)  # never replace or delete a user's files
             plan = _with_checksum_bytes(plan, backend)
             self._meta = {"feature_names": feature_names, "categories": _json_or_none(_jsonable(categories))}
             self._resumable = False

@@ -62,7 +62,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["TableSpec", "create_table", "open_table", "read", "write", "flush", "sync_table", "check_table",
-           "verify_table", "table_fingerprint", "remove_leftovers", "write_json_atomic", "read_json",
+           "verify_table", "table_fingerprint", "remove_leftovers", "check_store_dir", "STORE_MARKERS",
+           "write_json_atomic", "read_json",
            "write_bytes_atomic", "file_sha256", "forget", "quiesce", "IntegrityError", "DiskFullError",
            "BACKENDS", "CHECKSUM_BYTES"]
 
@@ -639,24 +640,57 @@ def check_fingerprint(spec: TableSpec, fp: dict) -> None:
         _crcs(spec)
 
 
+#: Files that only an fsll-ooc store holds (fit state, kept data, writer lock).
+STORE_MARKERS = ("fsll_state.json", "fsll_counts.npy", "fsll.lock", "fsll.lock.d")
+
+
+def check_store_dir(store) -> None:
+    """Refuse to use a directory that holds other things than an fsll-ooc store.
+
+    A store is created in a new or empty directory; a fit replaces its ``dbar``,
+    ``thetabar`` and ``scratch`` entries and deletes temporary files, which in a user's
+    directory could be anything.  Raises ``ValueError`` before anything is written.
+    """
+    root = Path(store)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"store {root} is a file, not a directory")
+    if not root.is_dir() or any((root / m).exists() for m in STORE_MARKERS):
+        return
+    try:
+        entries = sorted(p.name for p in root.iterdir())
+    except OSError as e:
+        raise ValueError(f"store {root} cannot be listed ({e.strerror})") from None
+    if entries:
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise ValueError(f"store {root} is not empty and is not an fsll-ooc store (it holds {shown}); "
+                         "a fit would replace or delete files there: give a new or empty directory")
+
+
 def remove_leftovers(store, skip: tuple[str, ...] = ("readers",)) -> list[str]:
-    """Delete temporary files a killed writer may leave (zarr ``*.partial``, our ``.*.tmp-*``),
-    except under the top-level directories ``skip`` (other processes' private tables)."""
+    """Delete temporary files a killed writer may leave: our ``.NAME.tmp-*`` files at the top
+    of the store and zarr's ``*.partial`` files inside the store's zarr arrays (top-level
+    directories holding a ``zarr.json``), except under ``skip`` (other processes' private
+    tables).  Nothing else is looked at: a file the fit did not write is never deleted."""
     removed = []
     root = Path(store)
     if not root.is_dir():
         return removed
-    for dp, dirs, fs in os.walk(root):
-        if Path(dp) == root:
-            dirs[:] = [d for d in dirs if d not in skip]
-        for f in fs:
-            if f.endswith(".partial") or (f.startswith(".") and ".tmp-" in f):
-                p = os.path.join(dp, f)
-                try:
-                    os.unlink(p)
-                    removed.append(p)
-                except OSError:
-                    pass
+
+    def unlink(p) -> None:
+        try:
+            os.unlink(p)
+            removed.append(str(p))
+        except OSError:
+            pass
+
+    for entry in root.iterdir():
+        if entry.is_file() and entry.name.startswith(".") and ".tmp-" in entry.name:
+            unlink(entry)
+        elif entry.is_dir() and entry.name not in skip and (entry / "zarr.json").is_file():
+            for dp, _, fs in os.walk(entry):
+                for f in fs:
+                    if f.endswith(".partial"):
+                        unlink(os.path.join(dp, f))
     return removed
 
 

@@ -453,6 +453,7 @@ def _write_case_files(d, model_json):
     obj["cardinalities"] = [2**40, 2, 2]
     (d / "absurd-card.json").write_text(json.dumps(obj))
     (d / "not-a-store").mkdir()
+    (d / "not-a-store" / "notes.txt").write_text("precious")
     # a store whose fit is not complete, and one whose state file is truncated
     from fsll_ooc import storage
 
@@ -481,6 +482,8 @@ CLI_CASES = [
      "categories"),
     ("fit: table larger than memory, in core", "fit {d}/five.csv --out {d}/o.json --cardinalities "
      + "65536,65536,2,2,2", "memory"),
+    ("fit --store: a directory holding other files", "fit {d}/train.csv --out {d}/o.json --store {d}/not-a-store",
+     "not an fsll-ooc store"),
     ("fit --store: tables larger than the disk", "fit {d}/five.csv --out {d}/o.json --store {d}/big-store "
      "--cardinalities 65536,65536,16,2,2", "disk"),
     ("fit: cardinalities of another length", "fit {d}/train.csv --out {d}/o.json --cardinalities 2,2", "declared"),

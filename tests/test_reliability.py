@@ -264,6 +264,37 @@ def test_every_chunk_carries_a_checksum_and_the_plan_counts_it(X, tmp_path):
     assert used == m.plan_.disk_bytes
 
 
+def _files(d):
+    return {p.relative_to(d): p.read_bytes() for p in sorted(Path(d).rglob("*")) if p.is_file()}
+
+
+def test_a_directory_that_is_not_a_store_is_left_alone(X, tmp_path):
+    """A fit replaces dbar/thetabar/scratch and deletes temporary files: never in a user's directory."""
+    home = tmp_path / "home"
+    for rel, text in (("scratch/notes.txt", "precious"), ("downloads/film.mp4.partial", "half"),
+                      (".report.tmp-1", "draft")):
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text(text)
+    before = _files(home)
+    for backend in ("zarr", "memmap"):
+        with pytest.raises(ValueError, match="not empty and is not an fsll-ooc store"):
+            FSLL(progress=False, store=home, backend=backend).fit(X)
+    assert _files(home) == before and sorted(p.name for p in home.iterdir()) == [".report.tmp-1", "downloads",
+                                                                                  "scratch"]
+
+
+def test_leftover_cleanup_deletes_only_what_a_fit_writes(X, tmp_path):
+    store = tmp_path / "s"
+    FSLL(progress=False, store=store, layout=LAYOUT).fit(X)
+    ours = [store / "dbar" / "c" / "0.partial", store / ".fsll_state.json.tmp-12-34"]
+    theirs = [store / "mine" / "x.partial", store / "notes.partial", store / "mine" / ".a.tmp-1"]
+    for f in ours + theirs:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("x")
+    assert sorted(storage.remove_leftovers(store)) == sorted(map(str, ours))
+    assert all(f.exists() for f in theirs) and not any(f.exists() for f in ours)
+
+
 def test_json_writes_leave_nothing_on_failure(tmp_path, monkeypatch):
     target = tmp_path / "model.json"
     with pytest.raises(TypeError):
