@@ -6,18 +6,38 @@ identity 3)::
 
     thetabar'(y) = (cosh(delta) thetabar(y) + sinh(delta) <Phi_y Phi_y'>) / (cosh(delta) + sinh(delta) thetabar(y'))
 
-and, while it is in registers, scored as an *append* candidate: the cheap lower bound
+and, while it is in cache, scored as an *append* candidate: the cheap lower bound
 ``r_y - (t - d)^2 / (1 - t^2)`` first, the exact cost change (two ``log1p`` pairs)
-only when the bound beats the block's champion (paper Algorithm 2).
+only when the bound beats the running champion (paper Algorithm 2).
 
 A block is viewed as a 2-D ``(P, Q)`` C-contiguous array; ``r_y`` is generated as
 ``r_const + rP[p] + rQ[q]`` (it is separable), never read from memory.  The partner
-``<Phi_y Phi_y'>`` is either a permutation ``(permP[p], permQ[q])`` (all changed axes
-Walsh-Hadamard: ``y XOR y'``, an involution, so the block is updated in place pair by
-pair) or an explicit array computed beforehand (axes with the +-1 basis).
+``<Phi_y Phi_y'>`` is either a permutation (all changed axes Walsh-Hadamard: ``y XOR
+y'``, an involution, so the block is updated in place pair by pair) or an explicit
+array computed beforehand (axes with the +-1 basis).
 
-Ties are broken towards the lowest flat position, so every block decomposition
-and thread count selects the same winner as a dense ``argmin``.
+How the loops are laid out so that LLVM vectorises them (SIMD), with results
+bit-identical to the plain one-cell-at-a-time loop:
+
+* cells are processed in runs of ``SUB`` consecutive cells.  A run is updated and
+  tested against the champion ``best`` *as of the start of the run* in one
+  branch-free loop that only reports whether any cell passed the bound; a run with
+  such a cell is then replayed cell by cell with the scalar logic.  The test is
+  monotone in ``best`` and ``best`` only decreases within a run, so the replay sees
+  exactly the cells the one-cell loop would have evaluated.
+* the partner of a run: when the flat XOR mask has no bit below ``SUB`` the partner
+  of a run is a run (two contiguous streams, updated together); otherwise the
+  partner values of a chunk of ``CHUNK`` cells are first gathered into a small
+  buffer (in L1), then the chunk is updated from it contiguously.
+* array indices are unsigned, so numba emits no negative-index wrap-around code in
+  the hot loops (which would block vectorisation).
+
+The update of one cell is ``ca * a + sb * b`` in every kernel (no fused
+multiply-add contraction), so every path and thread count gives the same bits.
+Ties are broken towards the lowest flat position, so every block decomposition,
+path and thread count selects the same winner as a dense ``argmin``.  The serial
+kernels carry the champion from row to row (fewer exact evaluations); the parallel
+ones keep one champion per row.
 """
 from __future__ import annotations
 
@@ -26,7 +46,12 @@ import math
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["update_scan_perm", "update_scan_explicit", "reduce_rows", "warmup"]
+__all__ = ["update_scan_xor", "update_scan_perm", "update_scan_explicit", "reduce_rows", "warmup",
+           "SUB", "CHUNK"]
+
+SUB = 64  # cells per branch-free bound test
+CHUNK = 1024  # cells per gathered partner chunk (8 KiB: stays in L1)
+_U = np.uint64
 
 
 @njit(inline="always")
@@ -40,103 +65,229 @@ def _exact(t, d, r):
 # (1 - t^2 > 0).  Only when it passes is the exact change computed; this branch is rare,
 # so the position bookkeeping (skip y = 0, ties to the lowest position) lives there.
 
+@njit(inline="always")
+def _replay(x, dx, rQ, a, n, rp, best, bpos, base, skip):
+    """The scalar scan of cells ``a .. a+n-1`` of row ``x`` (already updated)."""
+    for i in range(n):
+        j = _U(a + i)
+        na = x[j]
+        da = dx[j]
+        r = rp + rQ[j]
+        if (r - best) * (1.0 - na * na) < (na - da) * (na - da):
+            pos = base + a + i
+            if pos != skip:
+                ex = _exact(na, da, r)
+                if ex < best or (ex == best and pos < bpos):
+                    best = ex
+                    bpos = pos
+    return best, bpos
 
-def _make_pair_kernel(use_xor: bool):
-    """The fused update + scan for a partner permutation that is an involution.
 
-    ``use_xor`` (a compile-time constant): the permutation is ``(p ^ mp, q ^ mq)`` and no
-    index arrays are loaded; otherwise ``(permP[p], permQ[q])``.  Each pair of cells is
-    read, updated and scored once, by the thread that owns its lower row.
+@njit(inline="always")
+def _update_test(x, src, dx, rQ, a, s, n, rp, ca, sb, best):
+    """``x[a+i] = ca x[a+i] + sb src[s+i]`` for ``i < n``; does any updated cell pass the bound?"""
+    hit = False
+    for i in range(n):
+        j = _U(a + i)
+        na = ca * x[j] + sb * src[_U(s + i)]
+        x[j] = na
+        da = dx[j]
+        r = rp + rQ[j]
+        hit |= (r - best) * (1.0 - na * na) < (na - da) * (na - da)
+    return hit
+
+
+@njit(inline="always")
+def _test(x, dx, rQ, a, n, rp, best):
+    hit = False
+    for i in range(n):
+        j = _U(a + i)
+        na = x[j]
+        da = dx[j]
+        r = rp + rQ[j]
+        hit |= (r - best) * (1.0 - na * na) < (na - da) * (na - da)
+    return hit
+
+
+@njit(inline="always")
+def _pair_update_test(xa, xb, da_, db_, rQ, a, b, n, rpa, rpb, ca, sb, best):
+    """Update the two partner runs ``xa[a..a+n)`` and ``xb[b..b+n)`` together; any cell passing?"""
+    hit = False
+    for i in range(n):
+        ja = _U(a + i)
+        jb = _U(b + i)
+        va = xa[ja]
+        vb = xb[jb]
+        na = ca * va + sb * vb
+        nb = ca * vb + sb * va
+        xa[ja] = na
+        xb[jb] = nb
+        da = da_[ja]
+        db = db_[jb]
+        r1 = rpa + rQ[ja]
+        r2 = rpb + rQ[jb]
+        hit |= ((r1 - best) * (1.0 - na * na) < (na - da) * (na - da)) | \
+               ((r2 - best) * (1.0 - nb * nb) < (nb - db) * (nb - db))
+    return hit
+
+
+@njit(inline="always")
+def _gather_xor(buf, src, base, lo, cw, unit):
+    """``buf[i] = src[base + (i ^ lo)]`` for ``i < cw``, by runs of ``unit`` (8, 4 or 1) cells."""
+    if unit == 8:
+        for k in range(cw // 8):
+            s = base + ((k * 8) ^ lo)
+            for j in range(8):
+                buf[_U(k * 8 + j)] = src[_U(s + j)]
+    elif unit == 4:
+        for k in range(cw // 4):
+            s = base + ((k * 4) ^ lo)
+            for j in range(4):
+                buf[_U(k * 4 + j)] = src[_U(s + j)]
+    else:
+        for i in range(cw):
+            buf[_U(i)] = src[_U(base + (i ^ lo))]
+
+
+@njit(inline="always")
+def _scan_chunk(x, buf, dx, rQ, a, cw, rp, ca, sb, best, bpos, base, skip):
+    """Update cells ``a .. a+cw-1`` of row ``x`` from the gathered partners ``buf`` and scan them."""
+    for s0 in range(0, cw, SUB):
+        n = min(SUB, cw - s0)
+        if _update_test(x, buf, dx, rQ, a + s0, s0, n, rp, ca, sb, best):
+            best, bpos = _replay(x, dx, rQ, a + s0, n, rp, best, bpos, base, skip)
+    return best, bpos
+
+
+def _make_row(use_xor: bool):
+    """The work of row ``p`` (and of its partner row) for a partner that is an involution.
+
+    ``use_xor`` (a compile-time constant): the partner of flat cell ``(p, q)`` is
+    ``(p ^ mp, q ^ mq)``; otherwise ``(permP[p], permQ[q])``.  Each pair of cells is read,
+    updated and scored once, by the row with the lower index.
     """
 
-    def kernel(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ch, sh, inv_den, threshold, skip, row_best, row_pos):
+    def row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, p, best, bpos):
         P, Q = t.shape
-        ca = ch * inv_den
-        sb = sh * inv_den
-        for p in prange(P):
+        pp = p ^ mp if use_xor else permP[p]
+        if p > pp:
+            return best, bpos
+        rp = r_const + rP[p]
+        rpp = r_const + rP[pp]
+        tp = t[p]
+        tpp = t[pp]
+        dp = d[p]
+        dpp = d[pp]
+        bp = np.int64(p) * Q
+        bpp = np.int64(pp) * Q
+        if use_xor and cw == 0:  # runs pair with runs: two contiguous streams
+            for q0 in range(0, Q, SUB):
+                qq0 = q0 ^ mq
+                if p == pp and qq0 <= q0:
+                    if qq0 == q0:  # mq == 0: each cell is its own partner
+                        if _update_test(tp, tp, dp, rQ, q0, q0, SUB, rp, ca, sb, best):
+                            best, bpos = _replay(tp, dp, rQ, q0, SUB, rp, best, bpos, bp, skip)
+                    continue
+                if _pair_update_test(tp, tpp, dp, dpp, rQ, q0, qq0, SUB, rp, rpp, ca, sb, best):
+                    best, bpos = _replay(tp, dp, rQ, q0, SUB, rp, best, bpos, bp, skip)
+                    best, bpos = _replay(tpp, dpp, rQ, qq0, SUB, rpp, best, bpos, bpp, skip)
+            return best, bpos
+        bufa = np.empty(cw)
+        bufb = np.empty(cw)
+        hi = mq & ~(cw - 1)
+        lo = mq & (cw - 1)
+        for q0 in range(0, Q, cw):
+            qq0 = (q0 ^ hi) if use_xor else 0
+            if p == pp and qq0 < q0:
+                continue
+            own = p == pp and qq0 == q0  # the chunk is its own partner
+            # old partner values first: both chunks are overwritten below
             if use_xor:
-                pp = p ^ mp
+                _gather_xor(bufa, tpp, qq0, lo, cw, unit)
+                if not own:
+                    _gather_xor(bufb, tp, q0, lo, cw, unit)
             else:
-                pp = permP[p]
-            best = threshold
-            bpos = np.int64(-1)
-            if p <= pp:
-                rp = r_const + rP[p]
-                rpp = r_const + rP[pp]
-                tp = t[p]
-                tpp = t[pp]
-                dp = d[p]
-                dpp = d[pp]
-                for q in range(Q):
-                    if use_xor:
-                        qq = q ^ mq
-                    else:
-                        qq = permQ[q]
-                    if p == pp and q > qq:
-                        continue
-                    a = tp[q]
-                    b = tpp[qq]
-                    na = ca * a + sb * b
-                    nb = ca * b + sb * a
-                    tp[q] = na
-                    tpp[qq] = nb
-                    da = dp[q]
-                    r = rp + rQ[q]
-                    if (r - best) * (1.0 - na * na) < (na - da) * (na - da):
-                        pos = np.int64(p) * Q + q
-                        if pos != skip:
-                            ex = _exact(na, da, r)
-                            if ex < best or (ex == best and pos < bpos):
-                                best = ex
-                                bpos = pos
-                    if p != pp or q != qq:
-                        db = dpp[qq]
-                        r = rpp + rQ[qq]
-                        if (r - best) * (1.0 - nb * nb) < (nb - db) * (nb - db):
-                            pos = np.int64(pp) * Q + qq
-                            if pos != skip:
-                                ex = _exact(nb, db, r)
-                                if ex < best or (ex == best and pos < bpos):
-                                    best = ex
-                                    bpos = pos
-            row_best[p] = best
-            row_pos[p] = bpos
+                for i in range(cw):
+                    bufa[_U(i)] = tpp[_U(permQ[i])]
+                if not own:
+                    for i in range(cw):
+                        bufb[_U(i)] = tp[_U(permQ[i])]
+            best, bpos = _scan_chunk(tp, bufa, dp, rQ, q0, cw, rp, ca, sb, best, bpos, bp, skip)
+            if not own:
+                best, bpos = _scan_chunk(tpp, bufb, dpp, rQ, qq0, cw, rpp, ca, sb, best, bpos, bpp, skip)
+        return best, bpos
 
+    return row
+
+
+_row_xor = njit(nogil=True, cache=True)(_make_row(True))
+_row_perm = njit(nogil=True, cache=True)(_make_row(False))
+
+
+def _make_pair_kernel(row, parallel: bool):
+    """A kernel over all rows: serial (champion carried from row to row) or one thread per row."""
+    if parallel:
+        def kernel(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
+                   row_best, row_pos):
+            for p in prange(t.shape[0]):
+                b, pos = row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, p,
+                             threshold, np.int64(-1))
+                row_best[p] = b
+                row_pos[p] = pos
+    else:
+        def kernel(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
+                   row_best, row_pos):
+            b = threshold
+            pos = np.int64(-1)
+            for p in range(t.shape[0]):
+                b, pos = row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, p, b, pos)
+                row_best[p] = b
+                row_pos[p] = pos
     return kernel
 
 
-def _update_scan_explicit(t, partner, d, rP, rQ, r_const, ch, sh, inv_den, update, threshold, skip, row_best, row_pos):
-    P, Q = t.shape
-    ca = ch * inv_den
-    sb = sh * inv_den
-    for p in prange(P):
-        best = threshold
-        bpos = np.int64(-1)
-        rp = r_const + rP[p]
-        for q in range(Q):
-            a = t[p, q]
-            if update:
-                a = ca * a + sb * partner[p, q]
-                t[p, q] = a
-            da = d[p, q]
-            r = rp + rQ[q]
-            if (r - best) * (1.0 - a * a) < (a - da) * (a - da):
-                pos = np.int64(p) * Q + q
-                if pos != skip:
-                    ex = _exact(a, da, r)
-                    if ex < best or (ex == best and pos < bpos):
-                        best = ex
-                        bpos = pos
-        row_best[p] = best
-        row_pos[p] = bpos
+def _explicit_row(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, p, best, bpos):
+    Q = t.shape[1]
+    rp = r_const + rP[p]
+    tp = t[p]
+    dp = d[p]
+    base = np.int64(p) * Q
+    for s0 in range(0, Q, SUB):
+        n = min(SUB, Q - s0)
+        if update:
+            hit = _update_test(tp, partner[p], dp, rQ, s0, s0, n, rp, ca, sb, best)
+        else:
+            hit = _test(tp, dp, rQ, s0, n, rp, best)
+        if hit:
+            best, bpos = _replay(tp, dp, rQ, s0, n, rp, best, bpos, base, skip)
+    return best, bpos
 
 
-_perm_serial = njit(cache=True, nogil=True)(_make_pair_kernel(False))
-_perm_parallel = njit(cache=True, nogil=True, parallel=True)(_make_pair_kernel(False))
-_xor_serial = njit(cache=True, nogil=True)(_make_pair_kernel(True))
-_xor_parallel = njit(cache=True, nogil=True, parallel=True)(_make_pair_kernel(True))
-_expl_serial = njit(cache=True, nogil=True)(_update_scan_explicit)
-_expl_parallel = njit(cache=True, nogil=True, parallel=True)(_update_scan_explicit)
+_row_explicit = njit(nogil=True, cache=True)(_explicit_row)
+
+
+def _expl_kernel_serial(t, partner, d, rP, rQ, r_const, ca, sb, update, threshold, skip, row_best, row_pos):
+    b = threshold
+    pos = np.int64(-1)
+    for p in range(t.shape[0]):
+        b, pos = _row_explicit(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, p, b, pos)
+        row_best[p] = b
+        row_pos[p] = pos
+
+
+def _expl_kernel_parallel(t, partner, d, rP, rQ, r_const, ca, sb, update, threshold, skip, row_best, row_pos):
+    for p in prange(t.shape[0]):
+        b, pos = _row_explicit(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, p, threshold, np.int64(-1))
+        row_best[p] = b
+        row_pos[p] = pos
+
+
+_xor_serial = njit(cache=True, nogil=True)(_make_pair_kernel(_row_xor, False))
+_xor_parallel = njit(cache=True, nogil=True, parallel=True)(_make_pair_kernel(_row_xor, True))
+_perm_serial = njit(cache=True, nogil=True)(_make_pair_kernel(_row_perm, False))
+_perm_parallel = njit(cache=True, nogil=True, parallel=True)(_make_pair_kernel(_row_perm, True))
+_expl_serial = njit(cache=True, nogil=True)(_expl_kernel_serial)
+_expl_parallel = njit(cache=True, nogil=True, parallel=True)(_expl_kernel_parallel)
 
 
 @njit(cache=True, nogil=True)
@@ -156,19 +307,65 @@ def _rows(P):
     return np.empty(P, dtype=np.float64), np.empty(P, dtype=np.int64)
 
 
-def update_scan_perm(t, d, rP, rQ, r_const, permP, permQ, ch, sh, inv_den, threshold=0.0, skip=-1, parallel=False):
-    """Fused update (partner = permutation) and scan of block ``t`` (modified in place).
+_NO_PERM = np.zeros(1, dtype=np.int64)
 
-    Returns ``(best_delta, flat_position)``; position ``-1`` when no candidate beats ``threshold``.
+
+def _xor_geometry(Q: int, mq: int) -> tuple[int, int]:
+    """``(cw, unit)``: ``cw = 0`` when runs of ``SUB`` cells pair with runs (no gather);
+    otherwise the gathered chunk width (a power of two dividing ``Q``) and the gather unit."""
+    if Q % SUB == 0 and mq % SUB == 0:
+        return 0, 0
+    cw = CHUNK
+    while Q % cw:
+        cw //= 2
+    lo = mq & (cw - 1)
+    unit = 8 if cw % 8 == 0 and lo % 8 == 0 else 4 if cw % 4 == 0 and lo % 4 == 0 else 1
+    return cw, unit
+
+
+def _xor_fits(n: int, m: int) -> bool:
+    """Does ``i -> i ^ m`` map ``range(n)`` onto itself?"""
+    if m < 0:
+        return False
+    if n & (n - 1) == 0:
+        return m < n
+    return bool((np.arange(n) ^ m).max() < n)
+
+
+def update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold=0.0, skip=-1, parallel=False):
+    """Fused update (partner of flat cell ``(p, q)`` is ``(p ^ mp, q ^ mq)``) and scan of block ``t``
+    (modified in place).  Returns ``(best_delta, flat_position)``; position ``-1`` when no
+    candidate beats ``threshold``.
     """
-    rb, rp = _rows(t.shape[0])
     P, Q = t.shape
+    mp, mq = int(mp), int(mq)
+    if not (_xor_fits(P, mp) and _xor_fits(Q, mq)):
+        raise ValueError(f"XOR masks ({mp}, {mq}) do not fit a ({P}, {Q}) block")
+    cw, unit = _xor_geometry(Q, mq)
+    rb, rp = _rows(P)
+    ca, sb = ch * inv_den, sh * inv_den
+    fn = _xor_parallel if parallel else _xor_serial
+    fn(t, d, rP, rQ, float(r_const), _NO_PERM, _NO_PERM, np.int64(mp), np.int64(mq), float(ca), float(sb),
+       np.int64(cw), np.int64(unit), float(threshold), np.int64(skip), rb, rp)
+    return reduce_rows(rb, rp)
+
+
+def update_scan_perm(t, d, rP, rQ, r_const, permP, permQ, ch, sh, inv_den, threshold=0.0, skip=-1, parallel=False):
+    """Fused update (partner of ``(p, q)`` is ``(permP[p], permQ[q])``, an involution) and scan of
+    block ``t`` (modified in place).  Returns ``(best_delta, flat_position)``; position ``-1`` when
+    no candidate beats ``threshold``.  Flat XOR permutations take the faster :func:`update_scan_xor`.
+    """
+    P, Q = t.shape
+    permP = np.ascontiguousarray(permP, dtype=np.int64)
+    permQ = np.ascontiguousarray(permQ, dtype=np.int64)
     mp, mq = int(permP[0]), int(permQ[0])
     if np.array_equal(permP, np.arange(P) ^ mp) and np.array_equal(permQ, np.arange(Q) ^ mq):
-        fn = _xor_parallel if parallel else _xor_serial
-    else:
-        fn = _perm_parallel if parallel else _perm_serial
-    fn(t, d, rP, rQ, float(r_const), permP, permQ, np.int64(mp), np.int64(mq), float(ch), float(sh), float(inv_den), float(threshold), np.int64(skip), rb, rp)
+        return update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold, skip, parallel)
+    rb, rp = _rows(P)
+    ca, sb = ch * inv_den, sh * inv_den
+    fn = _perm_parallel if parallel else _perm_serial
+    fn(t, d, rP, rQ, float(r_const), permP, permQ, np.int64(0), np.int64(0), float(ca), float(sb),
+       np.int64(Q), np.int64(1), float(threshold), np.int64(skip), rb, rp)
     return reduce_rows(rb, rp)
 
 
@@ -179,7 +376,9 @@ def update_scan_explicit(t, partner, d, rP, rQ, r_const, ch=1.0, sh=0.0, inv_den
     fn = _expl_parallel if parallel else _expl_serial
     if partner is None:
         partner = t
-    fn(t, partner, d, rP, rQ, float(r_const), float(ch), float(sh), float(inv_den), bool(update), float(threshold), np.int64(skip), rb, rp)
+    ca, sb = ch * inv_den, sh * inv_den
+    fn(t, partner, d, rP, rQ, float(r_const), float(ca), float(sb), bool(update), float(threshold),
+       np.int64(skip), rb, rp)
     return reduce_rows(rb, rp)
 
 
@@ -189,6 +388,6 @@ def warmup() -> None:
     d = np.zeros((2, 4))
     r = np.zeros(2), np.zeros(4)
     for par in (False, True):
-        update_scan_perm(t, d, *r, 0.0, np.array([1, 0]), np.array([1, 0, 3, 2]), 1.0, 0.0, 1.0, parallel=par)
+        update_scan_xor(t, d, *r, 0.0, 1, 3, 1.0, 0.0, 1.0, parallel=par)
         update_scan_perm(t, d, *r, 0.0, np.array([0, 1]), np.array([0, 2, 1, 3]), 1.0, 0.0, 1.0, parallel=par)
         update_scan_explicit(t, None, d, *r, 0.0, update=False, parallel=par)

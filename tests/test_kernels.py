@@ -1,0 +1,202 @@
+"""The compiled fused update + scan kernels against a plain numpy reference.
+
+Every path of :mod:`fsll_ooc.kernels` (runs paired with runs, gathered chunks by runs of
+8, 4 and 1 cells, general permutations, explicit partners, serial with the champion
+carried across rows and parallel with one champion per row) must give the updated
+table bit for bit and the winner of a dense ``argmin`` (ties to the lowest flat
+position, ``skip`` excluded, nothing at or above ``threshold``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fsll_ooc import engine, kernels
+
+
+def _reference(t, partner_flat, d, rP, rQ, r_const, ch, sh, inv_den, threshold, skip, update=True):
+    """New table and (best, pos) by definitions; ``partner_flat[f]`` is the partner of flat cell f."""
+    P, Q = t.shape
+    ca, sb = ch * inv_den, sh * inv_den
+    old = t.reshape(-1)
+    new = ca * old + sb * old[partner_flat] if update else old.copy()
+    dd = d.reshape(-1)
+    r = ((r_const + rP)[:, None] + rQ[None, :]).reshape(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ex = 0.5 * ((1.0 + dd) * (np.log1p(new) - np.log1p(dd)) + (1.0 - dd) * (np.log1p(-new) - np.log1p(-dd))) + r
+    ex = np.where(ex < threshold, ex, np.inf)
+    if 0 <= skip < ex.size:
+        ex[skip] = np.inf
+    if not np.isfinite(ex).any():
+        return new.reshape(P, Q), math.inf, -1
+    pos = int(np.argmin(ex))  # first occurrence: the lowest position among ties
+    return new.reshape(P, Q), float(ex[pos]), pos
+
+
+def _tables(rng, P, Q, spread=0.4):
+    t = rng.uniform(-spread, spread, (P, Q))
+    d = np.clip(t + rng.normal(0, 0.05, (P, Q)), -0.95, 0.95)
+    rP = rng.uniform(0, 2e-3, P)
+    rQ = rng.uniform(0, 2e-3, Q)
+    return t, d, rP, rQ
+
+
+def _check(got, want, t_got, t_want):
+    assert np.array_equal(t_got, t_want)  # bit for bit
+    assert got[1] == want[2]
+    if want[2] >= 0:
+        assert got[0] == pytest.approx(want[1], rel=1e-12, abs=1e-15)
+
+
+def _xor_partner(P, Q, mp, mq):
+    p, q = np.divmod(np.arange(P * Q), Q)
+    return (p ^ mp) * Q + (q ^ mq)
+
+
+# masks chosen to reach every path: runs paired with runs (mq % 64 == 0), gathers by runs of
+# 8 / 4 / 1 cells, partners inside the same row and in another row, the identity
+XOR_CASES = [
+    (4, 4096, 0, 64), (4, 4096, 1, 128 + 64), (4, 4096, 3, 0), (2, 4096, 0, 2048), (4, 4096, 0, 8),
+    (4, 4096, 2, 1024 + 24), (4, 4096, 1, 4), (4, 4096, 0, 12), (4, 4096, 0, 1), (4, 4096, 3, 2047),
+    (8, 2048, 5, 1024 + 3), (1, 16384, 0, 8192 + 5), (4, 4096, 0, 0), (16, 64, 7, 63), (16, 64, 1, 0),
+    (8, 8, 3, 5), (2, 2, 1, 1), (1, 1, 0, 0), (6, 12, 1, 1), (3, 96, 0, 16 + 1), (3, 96, 0, 8),
+    (5, 6, 0, 1),
+]
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("P,Q,mp,mq", XOR_CASES)
+def test_xor_kernel_matches_reference(P, Q, mp, mq, parallel):
+    rng = np.random.default_rng(P * 7919 + Q * 31 + mp * 7 + mq)
+    t, d, rP, rQ = _tables(rng, P, Q)
+    for delta, threshold, skip in [(0.3, 0.0, -1), (-0.7, 0.0, 0), (1e-3, -1e-3, 5), (0.2, -np.inf, -1),
+                                   (0.05, np.inf, 0)]:
+        ch, sh = math.cosh(delta), math.sinh(delta)
+        inv_den = 1.0 / (ch + sh * float(t.reshape(-1)[rng.integers(t.size)]))
+        want = _reference(t, _xor_partner(P, Q, mp, mq), d, rP, rQ, 1e-4, ch, sh, inv_den, threshold, skip)
+        tt = t.copy()
+        got = kernels.update_scan_xor(tt, d, rP, rQ, 1e-4, mp, mq, ch, sh, inv_den, threshold=threshold,
+                                      skip=skip, parallel=parallel)
+        _check(got, want, tt, want[0])
+        t = tt  # the next step starts from the updated table, as in a fit
+
+
+def _involution(rng, n):
+    """A random involution of range(n): disjoint transpositions and fixed points."""
+    perm = np.arange(n)
+    idx = rng.permutation(n)
+    k = rng.integers(0, n // 2 + 1)
+    a, b = idx[:k], idx[k:2 * k]
+    perm[a], perm[b] = b, a
+    return perm
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("P,Q", [(1, 7), (3, 5), (8, 60), (5, 1024), (2, 3000)])
+def test_perm_kernel_matches_reference(P, Q, parallel):
+    rng = np.random.default_rng(P * 100 + Q)
+    t, d, rP, rQ = _tables(rng, P, Q)
+    for delta, threshold, skip in [(0.4, 0.0, -1), (-0.2, 0.0, 0), (0.1, -5e-3, 3)]:
+        permP, permQ = _involution(rng, P), _involution(rng, Q)
+        partner = (permP[:, None] * Q + permQ[None, :]).reshape(-1)
+        ch, sh = math.cosh(delta), math.sinh(delta)
+        inv_den = 1.0 / (ch + sh * 0.1)
+        want = _reference(t, partner, d, rP, rQ, 2e-4, ch, sh, inv_den, threshold, skip)
+        tt = t.copy()
+        got = kernels.update_scan_perm(tt, d, rP, rQ, 2e-4, permP, permQ, ch, sh, inv_den, threshold=threshold,
+                                       skip=skip, parallel=parallel)
+        _check(got, want, tt, want[0])
+        t = tt
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("update", [False, True])
+@pytest.mark.parametrize("P,Q", [(1, 1), (4, 63), (3, 64), (7, 200), (2, 4096)])
+def test_explicit_kernel_matches_reference(P, Q, update, parallel):
+    rng = np.random.default_rng(P * 1000 + Q + update)
+    t, d, rP, rQ = _tables(rng, P, Q)
+    partner = rng.uniform(-0.4, 0.4, (P, Q))
+    for delta, threshold, skip in [(0.4, 0.0, -1), (-0.2, 0.0, 0), (0.1, -5e-3, 1)]:
+        ch, sh = math.cosh(delta), math.sinh(delta)
+        inv_den = 1.0 / (ch + sh * 0.2)
+        ref_t = t.copy()
+        if update:
+            ref_t = (ch * inv_den) * t + (sh * inv_den) * partner
+        want = _reference(ref_t, np.arange(t.size), d, rP, rQ, 3e-4, 1.0, 0.0, 1.0, threshold, skip, update=False)
+        tt = t.copy()
+        got = kernels.update_scan_explicit(tt, partner if update else None, d, rP, rQ, 3e-4, ch, sh, inv_den,
+                                           update=update, threshold=threshold, skip=skip, parallel=parallel)
+        _check(got, want, tt, ref_t)
+        t = tt
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("mq", [0, 64, 5, 8])
+def test_ties_go_to_the_lowest_position(mq, parallel):
+    """Identical cells (same t after the update, same d, same r) in several rows and runs."""
+    P, Q = 4, 256
+    t = np.full((P, Q), 0.01)
+    d = np.full((P, Q), 0.01)
+    rP, rQ = np.zeros(P), np.full(Q, 1e-3)
+    cells = [(3, 200), (1, 77), (2, 5), (1, 130)]
+    for p, q in cells:
+        t[p, q] = t[p ^ 1, q ^ mq] = 0.3  # partner pairs hold equal values: the update keeps them equal
+        d[p, q] = d[p ^ 1, q ^ mq] = -0.2
+    want = min(min(p * Q + q, (p ^ 1) * Q + (q ^ mq)) for p, q in cells)
+    for delta in (0.0, 0.3):
+        ch, sh = math.cosh(delta), math.sinh(delta)
+        tt = t.copy()
+        best, pos = kernels.update_scan_xor(tt, d, rP, rQ, 0.0, 1, mq, ch, sh, 1.0 / (ch + sh * 0.1),
+                                            parallel=parallel)
+        assert pos == want
+        best2, pos2 = kernels.update_scan_explicit(tt, None, d, rP, rQ, 0.0, update=False, parallel=parallel)
+        assert (best2, pos2) == (best, pos)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_skip_and_threshold(parallel):
+    P, Q = 2, 128
+    t = np.zeros((P, Q))
+    d = np.zeros((P, Q))
+    rP, rQ = np.zeros(P), np.full(Q, 1e-3)
+    d[0, 0], d[1, 64] = 0.9, 0.5  # cell 0 is the best candidate, then cell Q + 64
+    args = (d, rP, rQ, 0.0, 0, 0, 1.0, 0.0, 1.0)
+    assert kernels.update_scan_xor(t.copy(), *args, parallel=parallel)[1] == 0
+    best, pos = kernels.update_scan_xor(t.copy(), *args, skip=0, parallel=parallel)
+    assert pos == Q + 64
+    # a threshold just above / at the winner's value
+    assert kernels.update_scan_xor(t.copy(), *args, threshold=best + 1e-12, skip=0, parallel=parallel)[1] == pos
+    assert kernels.update_scan_xor(t.copy(), *args, threshold=best, skip=0, parallel=parallel)[1] == -1
+    assert kernels.update_scan_xor(t.copy(), *args, threshold=-1.0, parallel=parallel) == (math.inf, -1)
+
+
+def test_bad_masks_are_refused():
+    t = np.zeros((4, 6))
+    with pytest.raises(ValueError):
+        kernels.update_scan_xor(t, t, np.zeros(4), np.zeros(6), 0.0, 0, 3, 1.0, 0.0, 1.0)  # 5 ^ 3 = 6
+    with pytest.raises(ValueError):
+        kernels.update_scan_xor(t, t, np.zeros(4), np.zeros(6), 0.0, 4, 0, 1.0, 0.0, 1.0)
+    t = np.zeros((3, 96))
+    with pytest.raises(ValueError):
+        kernels.update_scan_xor(t, t, np.zeros(3), np.zeros(96), 0.0, 0, 33, 1.0, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_engine_xor_mask_equals_digit_permutation(seed):
+    """The flat XOR mask the engine passes is the digit permutation whenever it exists."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(k) for k in rng.choice([2, 3, 4, 5, 8], size=rng.integers(1, 5)))
+    walsh = [ax for ax, k in enumerate(shape) if k & (k - 1) == 0]
+    if not walsh:
+        return
+    flips = [(ax, int(rng.integers(1, shape[ax]))) for ax in rng.choice(walsh, size=rng.integers(1, len(walsh) + 1),
+                                                                       replace=False)]
+    perm = engine._xor_perm(shape, flips)
+    m = engine._xor_mask(shape, flips)
+    inner_pow2 = all(all(k & (k - 1) == 0 for k in shape[ax:]) for ax, _ in flips)
+    if inner_pow2:
+        assert m is not None and np.array_equal(perm, np.arange(perm.size) ^ m)
+    else:
+        assert m is None
