@@ -114,7 +114,8 @@ def install_faults(faults: Faults) -> None:
 
     def _put(path, value, exclusive=False):
         parts = Path(path).parts
-        table = next((p for p in parts if p in ("dbar", "thetabar", "scratch")), "?")
+        # the table is the last such component (the work directory may itself be called "scratch")
+        table = next((p for p in reversed(parts) if p in ("dbar", "thetabar", "scratch")), "?")
         detail = f"{table}/{'zarr.json' if Path(path).name == 'zarr.json' else 'chunk'}"
         mode = faults.event("chunk", detail, MODES["chunk"])
         if mode in ("torn-tmp", "torn-final"):
