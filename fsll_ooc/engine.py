@@ -86,6 +86,7 @@ class Context:
     specs: tuple  # (dbar, thetabar, scratch) TableSpecs
     r0: float
     w: tuple[float, ...]
+    threads: bool = False  # may a task's transforms use several threads (bands run one at a time)?
 
     @property
     def cards(self) -> tuple[int, ...]:
@@ -93,6 +94,12 @@ class Context:
 
 
 D, TB, SCR = 0, 1, 2
+
+#: Smallest band for which the fused update + scan runs on several threads.  Measured on
+#: 2 cores (docs/benchmarks_perf.md): threads gained nothing at 2^20-2^24 (the pass is
+#: bound by memory), and on a loaded machine a descheduled thread stalls the whole pass
+#: (3x slower), so the kernel runs on one thread; the full transforms still use two.
+PARALLEL_SCAN_MIN_CELLS = 2**62
 
 
 def band_vars(layout: Layout, kind: str) -> tuple[int, ...]:
@@ -191,12 +198,13 @@ def global_to_band(layout: Layout, kind: str, flat: np.ndarray):
     return np.asarray(band, np.int64), np.asarray(local, np.int64)
 
 
-def _transform_band(band: np.ndarray, positions: Sequence[int], transpose: bool) -> None:
-    """In-place transform of the n-D band array along band axes ``positions``."""
+def _transform_band(band: np.ndarray, positions: Sequence[int], transpose: bool, parallel: bool = False) -> None:
+    """In-place transform of the n-D band array along band axes ``positions``; ``parallel``:
+    on several threads (only when no other band task runs at the same time)."""
     if not positions:
         return
     if _fast_transform is not None:
-        _fast_transform(band, axes=tuple(positions), transpose=transpose)
+        _fast_transform(band, axes=tuple(positions), transpose=transpose, parallel=parallel)
         return
     for ax in positions:
         basis.transform_axis(band, ax, transpose=transpose, out=band)
@@ -264,7 +272,7 @@ def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple) -> float:
     total = 0.0
     for op in ops:
         if op[0] == "T":
-            _transform_band(band, _positions(ctx, kind, op[1]), op[2])
+            _transform_band(band, _positions(ctx, kind, op[1]), op[2], ctx.threads)
         elif op[0] == "exp":
             band -= op[1]
             np.exp(band, out=band)
@@ -307,11 +315,16 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
         bv = band_vars(L, kind)
         walsh = all(basis.is_walsh(L.cards[v]) for v in partner_vars)
         if partner_src == TB and walsh:
-            permP = _xor_perm(shape[:j], [(bv.index(v), step.digits[v]) for v in partner_vars if bv.index(v) < j])
-            permQ = _xor_perm(shape[j:], [(bv.index(v) - j, step.digits[v]) for v in partner_vars
-                                          if bv.index(v) >= j])
-            best, pos = kernels.update_scan_perm(t, d, rP, rQ, r_const, permP, permQ, ch, sh, inv_den,
-                                                 skip=skip, parallel=parallel)
+            flipsP = [(bv.index(v), step.digits[v]) for v in partner_vars if bv.index(v) < j]
+            flipsQ = [(bv.index(v) - j, step.digits[v]) for v in partner_vars if bv.index(v) >= j]
+            mp, mq = _xor_mask(shape[:j], flipsP), _xor_mask(shape[j:], flipsQ)
+            if mp is not None and mq is not None:
+                best, pos = kernels.update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den,
+                                                    skip=skip, parallel=parallel)
+            else:
+                best, pos = kernels.update_scan_perm(t, d, rP, rQ, r_const, _xor_perm(shape[:j], flipsP),
+                                                     _xor_perm(shape[j:], flipsQ), ch, sh, inv_den,
+                                                     skip=skip, parallel=parallel)
         else:
             src = t if partner_src == TB else storage.read(ctx.specs[partner_src], key)
             part = src.reshape(shape)
@@ -327,6 +340,23 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
         out.best, out.t, out.d = float(best), float(tf[pos]), float(df[pos])
         out.pos = int(local_to_global(L, kind, idx, pos))
     return out
+
+
+def _xor_mask(shape: tuple, flips: list) -> int | None:
+    """The flat mask ``m`` with ``flat(x with x_ax ^= b) == flat(x) ^ m`` for every cell of a
+    C-order array of ``shape``, or None when there is none.
+
+    There is one when each flipped axis and every axis after it have power-of-two
+    cardinalities: the axis's stride is then a power of two and its digit owns bits
+    of the flat index that no other axis touches.
+    """
+    m = 0
+    for ax, b in flips:
+        inner = shape[ax:]
+        if any(k & (k - 1) for k in inner):
+            return None
+        m ^= int(b) << int(sum(int(k).bit_length() - 1 for k in inner[1:]))
+    return m
 
 
 def _xor_perm(shape: tuple, flips: list) -> np.ndarray:
@@ -370,7 +400,9 @@ class Engine:
     def __init__(self, layout: Layout, specs: Sequence[storage.TableSpec], r0: float, w: Sequence[float],
                  executor: Executor):
         self.layout = layout
-        self.ctx = Context(layout, tuple(specs), float(r0), tuple(float(x) for x in w))
+        # several band tasks run at once under dask: their transforms then keep to one thread each
+        self.ctx = Context(layout, tuple(specs), float(r0), tuple(float(x) for x in w),
+                           bool(executor.parallel_kernels))
         self.executor = executor
         self.passes = 0  # band passes run so far (each reads and/or writes whole tables)
         self.progress = False  # per-pass bars (set by the estimator when bars are shown)
@@ -400,7 +432,12 @@ class Engine:
         return res
 
     def _parallel(self, kind: str) -> bool:
-        return self.executor.parallel_kernels and n_bands(self.layout, kind) == 1
+        """Threads inside the update + scan kernel: only for one band of at least
+        :data:`PARALLEL_SCAN_MIN_CELLS` cells (several bands run as concurrent tasks)."""
+        L = self.layout
+        cells = L.a_band_elements if kind == "A" else L.b_band_elements
+        return (self.executor.parallel_kernels and n_bands(L, kind) == 1
+                and cells >= PARALLEL_SCAN_MIN_CELLS)
 
     def _group(self, kind: str, flat: np.ndarray, values: np.ndarray | None = None):
         """Split global flat indices by band: ``{band: (local, global, values)}``."""
