@@ -300,6 +300,7 @@ class JointResult:
     """What one joint selection did."""
 
     added: list          # flat indices appended (empty: nothing accepted)
+    gains: list = None   # predicted gain of each appended term when it was picked (penalty included)
     delta: float = 0.0   # cost change (<= -epsilon when something was added)
     estimate: float = 0.0  # predicted gain (quadratic model, penalties included), > 0
     candidates: int = 0
@@ -307,8 +308,42 @@ class JointResult:
     refine: RefineResult | None = None
 
 
+def closure_candidates(cards, support: np.ndarray, limit: int) -> np.ndarray:
+    """Terms on the variable sets the support already uses, not yet in it (at most ``limit``).
+
+    For every member ``y`` of the support, every ``y' != 0`` whose non-zero axes lie
+    inside those of ``y`` (any digits there).  A conditional table over a family of
+    many-valued variables needs many such terms in the +-1 basis; the greedy search
+    finds the family through one of them, but the others score poorly one at a time
+    (their 1-D gains do not pay the penalty) and so do not reach the top-k pass's
+    list, although together with the support re-adapting they do pay.  Variable sets
+    are taken in support order (the earliest, strongest terms first); sets with more
+    than ``4 * limit`` cells are skipped; the list is cut at ``limit``.
+    """
+    support = np.asarray(support, np.int64)
+    if len(support) == 0 or limit <= 0:
+        return np.zeros(0, np.int64)
+    strides = _strides(cards)
+    have = set(int(v) for v in support) | {0}  # y = 0 is the constant, never a parameter
+    seen, out, total = set(), [], 0
+    for row in _digits(cards, support):
+        axes = tuple(int(i) for i in np.nonzero(row)[0])
+        if axes in seen or math.prod(cards[i] for i in axes) > 4 * limit:
+            continue
+        seen.add(axes)
+        grids = np.meshgrid(*[np.arange(cards[i]) for i in axes], indexing="ij")
+        flat = sum(g.reshape(-1) * strides[i] for g, i in zip(grids, axes))
+        flat = np.array([f for f in flat.tolist() if f not in have], dtype=np.int64)
+        have.update(flat.tolist())
+        out.append(flat)
+        total += len(flat)
+        if total >= limit:
+            break
+    return np.concatenate(out)[:limit] if out else np.zeros(0, np.int64)
+
+
 def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int = 256, max_new: int = 32,
-                 max_rounds: int = 8, products: _Products | None = None) -> JointResult:
+                 max_rounds: int = 8, products: _Products | None = None, n_closure: int = 0) -> JointResult:
     """Append the candidates that pay for themselves *jointly*, then refine (in place).
 
     The greedy search scores a candidate ``y`` by its 1-D gain with every other
@@ -319,7 +354,10 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     ``u_y = g_y - h_y^T H^-1 g_S`` (on BN20-54L, seed 0: 1-D gains of +3e-5 against joint
     gains of -9e-4 for the same term).  This runs a forward selection on that
     quadratic model over the ``n_candidates`` best cells of a top-k pass
-    (:meth:`~fsll_ooc.engine.Engine.top_candidates`), conditioning the remaining
+    (:meth:`~fsll_ooc.engine.Engine.top_candidates`) and up to ``n_closure`` unused
+    terms on the support's variable sets (:func:`closure_candidates`; on
+    Bayesian-network data with 3-5-valued variables these are what the top-k list
+    misses), conditioning the remaining
     candidates on each pick (``O(K^2)`` per pick), and keeps the picks whose predicted
     gain exceeds ``r_y + epsilon``.  They are appended at ``theta_y = 0`` and the
     whole support is refined (:func:`refine`); the result is kept only if the exact
@@ -328,13 +366,16 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     """
     out = JointResult(added=[])
     m = len(state.theta)
-    if m + n_candidates > MAX_SUPPORT:
+    if m + n_candidates + n_closure > MAX_SUPPORT:
         return out
     support = np.fromiter(state.theta.keys(), dtype=np.int64, count=m)
     prod = products if products is not None else _Products(state.cards)
     prod.update(support)
     flat_c, _ = engine.top_candidates(n_candidates + m)
     flat_c = flat_c[~np.isin(flat_c, support)][:n_candidates]
+    if n_closure:
+        extra = closure_candidates(state.cards, support, n_closure)
+        flat_c = np.concatenate([flat_c, extra[~np.isin(extra, flat_c)]])
     K = len(flat_c)
     out.candidates = K
     if K == 0:
@@ -363,7 +404,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         u = g_c - H_cs @ X[:, K]
     else:
         sig, u = H_cc, g_c
-    chosen, est = [], 0.0
+    chosen, picked_gain = [], []
     floor = 1e-12
     for _ in range(min(max_new, K)):
         dg = np.diag(sig).copy()
@@ -376,13 +417,13 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         if not gain[c] > epsilon:
             break
         chosen.append(c)
-        est += float(gain[c])
+        picked_gain.append(float(gain[c]))
         col = sig[:, c].copy()
         sig -= np.outer(col, col) / col[c]
         u = u - col * (u[c] / col[c])
     if not chosen:
         return out
-    out.estimate = est
+    out.estimate = float(sum(picked_gain))
     for sel in ([chosen, chosen[:1]] if len(chosen) > 1 else [chosen]):
         before = state.cost()
         theta0, dbar0, log_z0 = dict(state.theta), dict(state.dbar), state.log_z
@@ -394,6 +435,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         after = state.cost()
         if rr.rounds and after < before - epsilon:
             out.added = [int(flat_c[c]) for c in sel]
+            out.gains = picked_gain[:len(sel)]
             out.delta = after - before
             out.refine = rr
             return out

@@ -162,7 +162,7 @@ def learn(engine: Engine, state: FitState, *, epsilon: float | str = 1e-4, max_i
           resync_every: int = 256, fresh: bool = True, progress=None,
           callback: Callable[[FitState], None] | None = None, refine: str | bool | None = False,
           refine_tol: float = 0.1, refine_rounds: int = 8, joint: bool = True,
-          joint_candidates: int = 256) -> FitState:
+          joint_candidates: int = 256, joint_closure: int = 512, joint_max_new: int = 32) -> FitState:
     """Run Algorithm 1 from ``state`` until no candidate lowers the cost by ``epsilon``.
 
     ``fresh=True``: ``thetabar`` is the table of ``state`` already (a new fit: the
@@ -179,8 +179,10 @@ def learn(engine: Engine, state: FitState, *, epsilon: float | str = 1e-4, max_i
     ``refine_rounds`` Newton rounds; it counts as one iteration (``move="refine"`` in
     the history).  With ``joint=True`` (and ``refine`` on), a search that would stop
     after a corrective phase first tries :func:`fsll_ooc.corrective.joint_append`
-    over the ``joint_candidates`` best cells (``move="joint-append"``, the appended
-    indices under ``"added"``).  The search always ends on a scan of the final state
+    over the ``joint_candidates`` best cells of a top-k pass and up to ``joint_closure``
+    unused terms on the support's variable sets (:func:`fsll_ooc.corrective.closure_candidates`),
+    at most ``joint_max_new`` picks (``move="joint-append"``, the appended indices under
+    ``"added"``, their predicted gains under ``"added_gain"``).  The search always ends on a scan of the final state
     in which no single-coordinate move gains ``epsilon`` (an axis minimum of the same
     cost).
     """
@@ -231,7 +233,7 @@ def learn(engine: Engine, state: FitState, *, epsilon: float | str = 1e-4, max_i
             before = state.cost()
             ja = corrective.joint_append(engine, state, epsilon=eps, tol=refine_tol * eps,
                                          n_candidates=joint_candidates, max_rounds=refine_rounds,
-                                         products=products)
+                                         products=products, n_closure=joint_closure, max_new=joint_max_new)
             if ja.added:
                 since_sync = 0
                 refined = True
@@ -242,7 +244,7 @@ def learn(engine: Engine, state: FitState, *, epsilon: float | str = 1e-4, max_i
                 record({"iter": state.n_iter, "move": "joint-append", "y": None, "value": float(len(ja.added)),
                         "delta": c - before, "cost": c, "n_bases": len(state.theta),
                         "time": time.perf_counter() - t0, "added": [list(state.digits(a)) for a in ja.added],
-                        "estimate": -ja.estimate})
+                        "added_gain": ja.gains, "estimate": -ja.estimate})
                 continue
         if stop:
             state.converged = True

@@ -332,14 +332,26 @@ def factor_text(f: Mapping, limit: int = 6) -> str:
     return f"{f['var']} in {{{shown}}}"
 
 
+def _joint_weights(gains, n: int) -> list[float]:
+    """Fractions (summing to one) of a joint move's gain owed to each of its ``n`` new terms."""
+    g = [max(float(v), 0.0) for v in gains] if gains is not None and len(gains) == n else []
+    total = sum(g)
+    if not (total > 0 and math.isfinite(total)):
+        return [1.0 / n] * n
+    return [v / total for v in g]
+
+
 def _contributions(history: Iterable[Mapping]) -> tuple[dict[tuple, float], float]:
     """Cost reduction owed to each term now in the model, and the total reduction.
 
     * ``append`` of ``y`` starts its account with that iteration's gain (``-delta``);
       ``adjust`` of ``y`` adds to it; ``remove`` closes it (the gains stay in the
       total, so the shares of the remaining terms then sum to less than 1);
-    * a move that appends several terms at once (a history entry with ``added``)
-      splits its gain equally among them;
+    * a move that appends several terms at once (a history entry with ``y`` None and
+      an ``added`` list, a joint selection) splits its whole gain, the re-fit of the
+      terms already present included (they moved because of the new ones), among the
+      new terms in proportion to the gain predicted for each when it was picked
+      (``added_gain``; equally when absent or not positive);
     * a move on no single term (e.g. a joint refit of all parameters) shares its gain
       among the terms present in proportion to their accounts.
     """
@@ -361,8 +373,9 @@ def _contributions(history: Iterable[Mapping]) -> tuple[dict[tuple, float], floa
                 contrib[y] = contrib.get(y, 0.0) + gain
         elif h.get("added"):
             added = [tuple(int(v) for v in a) for a in h["added"]]
-            for a in added:
-                contrib[a] = gain / len(added)
+            w = _joint_weights(h.get("added_gain"), len(added))
+            for a, wa in zip(added, w):
+                contrib[a] = contrib.get(a, 0.0) + gain * wa
         elif contrib:
             base = sum(contrib.values())
             for t in contrib:

@@ -167,6 +167,49 @@ def test_top_candidates_match_dense_scores():
     np.testing.assert_allclose(eng.gather(np.array([5, 0, 77, 5])), t[[5, 0, 77, 5]])
 
 
+def _axes(cards, flat):
+    return frozenset(np.nonzero(np.unravel_index(flat, cards))[0].tolist())
+
+
+def test_closure_candidates_are_the_unused_terms_on_the_supports_variable_sets():
+    cards = (3, 2, 4, 5)
+    size = math.prod(cards)
+    support = np.array([np.ravel_multi_index(y, cards) for y in [(1, 0, 2, 0), (0, 1, 0, 0), (2, 0, 3, 0)]])
+    sets = [_axes(cards, y) for y in support]
+    want = {y for y in range(1, size) if y not in support and any(_axes(cards, y) <= a for a in sets)}
+    got = corrective.closure_candidates(cards, support, limit=1000)
+    assert len(got) == len(set(got.tolist())) and set(got.tolist()) == want  # 3*4 - 1 - 2 and 2 - 1 - 1
+    part = corrective.closure_candidates(cards, support, limit=5)
+    assert len(part) == 5 and set(part.tolist()) <= want
+    assert len(corrective.closure_candidates(cards, support[:0], limit=10)) == 0
+
+
+def test_joint_selection_from_closure_candidates_lowers_the_exact_cost():
+    """Family data (a 5-valued child of a 3- and a 4-valued parent): from a coarse greedy
+    support, the closure candidates alone (no top-k list) yield a joint move that lowers
+    the exact cost by at least epsilon and appends only terms on the support's variable sets."""
+    cards = (3, 4, 5)
+    p, _ = datasets.random_bayesnet(cards, 2, seed=5)
+    n = 20000
+    X = datasets.sample_table(p, n, seed=6)
+    m = FSLL(cardinalities=cards, epsilon=3e-3, refine="final", progress=False).fit(X)
+    st, eng = m._state, m._engine
+    support = np.array(list(st.theta), dtype=np.int64)
+    sets = [_axes(cards, y) for y in support]
+    eps = auto_epsilon(n)
+    before = st.cost()
+    ja = corrective.joint_append(eng, st, epsilon=eps, tol=0.1 * eps, n_candidates=0, n_closure=500)
+    assert ja.added and ja.candidates > 0
+    assert all(any(_axes(cards, a) <= s for s in sets) and a not in support for a in ja.added)
+    Phi = oracle.phi_matrix(cards)
+    theta = np.zeros(math.prod(cards))
+    for y, v in st.theta.items():
+        theta[y] = v
+    exact = oracle.cost(theta, oracle.target(X, cards), Phi, oracle.r_vec(cards, n))
+    assert exact == pytest.approx(st.cost(), abs=1e-10) and exact <= before - eps
+    np.testing.assert_allclose(eng.ctx.specs[1].array.reshape(-1), Phi @ oracle.model(theta, Phi), atol=1e-12)
+
+
 @pytest.mark.parametrize("backend,layout", [("zarr", (1, 2)), ("memmap", (2, 4)), ("numpy", (1, 3))])
 def test_out_of_core_corrective_fit_equals_in_core(tmp_path, backend, layout):
     cards = (2, 3, 4, 5, 2, 3)
@@ -187,8 +230,9 @@ def test_out_of_core_corrective_fit_equals_in_core(tmp_path, backend, layout):
 def test_default_store_out_of_core_matches(tmp_path):
     cards = (2, 3, 4, 5, 2, 3)
     X, _ = _data(cards, 3000, 3)
-    ref = FSLL(epsilon="auto", progress=False).fit(X)
-    m = FSLL(epsilon="auto", store=tmp_path / "s", layout=(1, 2), progress=False).fit(X)
+    ref = FSLL(progress=False).fit(X)  # the default: epsilon="auto", corrective steps
+    assert {h["move"] for h in ref.history_} >= {"refine", "joint-append"}
+    m = FSLL(store=tmp_path / "s", layout=(1, 2), progress=False).fit(X)
     assert m.theta_.keys() == ref.theta_.keys()
     assert m.cost_ == pytest.approx(ref.cost_, abs=1e-10)
 

@@ -301,6 +301,53 @@ def test_contributions_of_joint_moves():
     contrib, total = queries._contributions(hist)
     assert total == pytest.approx(1.0)
     assert contrib == pytest.approx({(1, 0): 0.45, (0, 1): 0.15, (1, 1): 0.2, (2, 0): 0.2})
+    # with the gains predicted at selection, the joint move is split in their proportion
+    hist[-1]["added_gain"] = [0.03, 0.01]
+    contrib, total = queries._contributions(hist)
+    assert total == pytest.approx(1.0)
+    assert contrib == pytest.approx({(1, 0): 0.45, (0, 1): 0.15, (1, 1): 0.3, (2, 0): 0.1})
+    hist[-1]["added_gain"] = [0.0, -1.0]  # nothing usable: equal split
+    assert queries._contributions(hist)[0] == pytest.approx({(1, 0): 0.45, (0, 1): 0.15, (1, 1): 0.2, (2, 0): 0.2})
+
+
+def test_shares_of_a_fit_with_joint_moves_account_for_every_gain():
+    """A default fit (corrective steps, joint selection): every term gets a share, joint
+    moves are credited to the terms they added, and the shares plus the gains of removed
+    terms add up to the whole cost reduction."""
+    cards = (3, 3, 2, 4, 2)
+    p, _ = datasets.random_bayesnet(cards, 3, seed=11)
+    X = datasets.sample_table(p, 5000, seed=111)
+    m = FSLL(cardinalities=cards, progress=False).fit(X)
+    joint = [h for h in m.history_ if h["move"] == "joint-append"]
+    assert joint and all(h["y"] is None and len(h["added"]) == len(h["added_gain"]) for h in joint)
+    df = m.interactions()
+    assert len(df) == m.n_bases_ and df["share"].notna().all() and (df["share"] > 0).all()
+    total = m.history_[0]["cost"] - m.cost_
+    contrib, got_total = queries._contributions(m.history_)
+    assert got_total == pytest.approx(total, rel=1e-9)
+    # replay: a term's account is what its appends/adjusts/joint credits gave it, refits shared
+    removed = 0.0
+    acc = {}
+    for h in m.history_[1:]:
+        gain = -h["delta"]
+        if h["move"] == "remove":
+            removed += acc.pop(tuple(h["y"]))
+        elif h["move"] == "joint-append":
+            w = np.maximum(h["added_gain"], 0) / np.maximum(h["added_gain"], 0).sum()
+            for a, wa in zip(h["added"], w):
+                acc[tuple(a)] = gain * wa
+        elif h["y"] is None:
+            base = sum(acc.values())
+            acc = {t: v + gain * v / base for t, v in acc.items()}
+        else:
+            acc[tuple(h["y"])] = acc.get(tuple(h["y"]), 0.0) + gain
+        removed += gain if h["move"] == "remove" else 0.0
+    assert contrib == pytest.approx(acc)
+    assert df["share"].sum() * total + removed == pytest.approx(total, rel=1e-9)
+    for h in joint:  # every added term still in the model carries at least its credit
+        for a, g in zip(h["added"], h["added_gain"]):
+            if tuple(a) in contrib:
+                assert contrib[tuple(a)] > 0
 
 
 def test_interactions_after_save_load_and_without_history(model, tmp_path):
