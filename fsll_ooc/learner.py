@@ -59,9 +59,18 @@ class FitState:
             r = cache[flat] = C.penalty(self.digits(flat), r0, w)
         return r
 
+    def penalties(self, flats) -> list[float]:
+        """``r_y`` of several flat indices (Python ints), memoised like :meth:`penalty`."""
+        cache = self.__dict__.setdefault("_r_cache", {})
+        try:
+            return [cache[y] for y in flats]
+        except KeyError:
+            return [cache[y] if y in cache else self.penalty(y) for y in flats]
+
     def cost(self) -> float:
-        kl = -self.entropy_q + self.log_z - sum(v * self.dbar[y] for y, v in self.theta.items())
-        return kl + sum(self.penalty(y) for y in self.theta)
+        dbar = self.dbar
+        kl = -self.entropy_q + self.log_z - sum([v * dbar[y] for y, v in self.theta.items()])
+        return kl + sum(self.penalties(self.theta))
 
     def to_json(self) -> dict:
         return {
@@ -89,8 +98,10 @@ def _best_move(state: FitState, res) -> tuple[float, str, int, float, float]:
     if len(res.supp_pos):
         sp = np.asarray(res.supp_pos, np.int64)
         t, d = np.asarray(res.supp_t, np.float64), np.asarray(res.supp_d, np.float64)
-        th = np.fromiter((state.theta[int(y)] for y in sp), np.float64, len(sp))
-        r = np.fromiter((state.penalty(int(y)) for y in sp), np.float64, len(sp))
+        ys_l = sp.tolist()
+        theta = state.theta
+        th = np.array([theta[y] for y in ys_l], np.float64)
+        r = np.array(state.penalties(ys_l), np.float64)
         adj = C.delta_adjust_vec(d, t)
         rem = C.delta_remove_vec(d, t, th, r)
         deltas = np.concatenate([adj, rem])
