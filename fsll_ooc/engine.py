@@ -171,7 +171,7 @@ def local_to_global(layout: Layout, kind: str, idx: int, local: np.ndarray | int
     """Band-local flat positions -> global flat indices of the table."""
     local = np.asarray(local, dtype=np.int64)
     if kind == "A":
-        return idx * layout.a_band_elements + local
+        return local if idx == 0 else idx * layout.a_band_elements + local
     vars_ = band_vars(layout, kind)
     cards = layout.cards
     digits = np.unravel_index(local, [cards[v] for v in vars_])
@@ -187,6 +187,8 @@ def global_to_band(layout: Layout, kind: str, flat: np.ndarray):
     """Global flat indices -> (band index, band-local position) arrays."""
     flat = np.asarray(flat, dtype=np.int64)
     if kind == "A":
+        if layout.a == 0:  # one band: the table itself
+            return np.zeros_like(flat), flat
         be = layout.a_band_elements
         return flat // be, flat % be
     cards = layout.cards
@@ -302,7 +304,9 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
     L = ctx.layout
     key = band_key(L, kind, idx)
     shape, j, P, Q, rP, rQ = _geometry(ctx, kind)
-    t = storage.read(ctx.specs[TB], key).reshape(P, Q)
+    t = storage.read(ctx.specs[TB], key)
+    in_place = ctx.specs[TB].backend == "numpy" and not t.flags.owndata  # a view of the table itself
+    t = t.reshape(P, Q)
     d = storage.read(ctx.specs[D], key).reshape(P, Q)
     r_const = _r_const(ctx, kind, idx)
     skip = 0 if idx == 0 else -1  # y = 0 is the first cell of band 0 of either kind
@@ -333,7 +337,8 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
             part = np.ascontiguousarray(part).reshape(P, Q)
             best, pos = kernels.update_scan_explicit(t, part, d, rP, rQ, r_const, ch, sh, inv_den,
                                                      update=True, skip=skip, parallel=parallel)
-        storage.write(ctx.specs[TB], key, t.reshape(shape))
+        if not in_place:
+            storage.write(ctx.specs[TB], key, t.reshape(shape))
     tf, df = t.reshape(-1), d.reshape(-1)
     out = ScanResult(supp_pos=supp_global, supp_t=tf[supp_local].copy(), supp_d=df[supp_local].copy())
     if pos >= 0:
@@ -350,6 +355,11 @@ def _xor_mask(shape: tuple, flips: list) -> int | None:
     cardinalities: the axis's stride is then a power of two and its digit owns bits
     of the flat index that no other axis touches.
     """
+    return _xor_mask_cached(tuple(shape), tuple(flips))
+
+
+@functools.lru_cache(maxsize=4096)
+def _xor_mask_cached(shape: tuple, flips: tuple) -> int | None:
     m = 0
     for ax, b in flips:
         inner = shape[ax:]
@@ -441,6 +451,8 @@ class Engine:
 
     def _group(self, kind: str, flat: np.ndarray, values: np.ndarray | None = None):
         """Split global flat indices by band: ``{band: (local, global, values)}``."""
+        if kind == "A" and self.layout.a == 0:  # one band (in core)
+            return {0: (flat, flat, values)}
         band, local = global_to_band(self.layout, kind, flat)
         out = {}
         for b in np.unique(band):
