@@ -9,7 +9,7 @@ keep the suite from finishing: there are no wall-clock limits in the tests).
 Hypothesis runs derandomized (a fixed sequence of examples, no example database), so CI
 sees the same inputs every run; ``FSLL_HOSTILE_EXAMPLES`` (default 25) scales every test's
 number of examples.  Counts of tried inputs are in docs/reliability.md
-(``FSLL_HOSTILE_EXAMPLES=200 python -m pytest tests/test_hostile.py --hypothesis-show-statistics``).
+(``FSLL_HOSTILE_EXAMPLES=100 python -m pytest tests/test_hostile.py --hypothesis-show-statistics``).
 """
 from __future__ import annotations
 
