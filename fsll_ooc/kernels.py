@@ -65,7 +65,7 @@ def _exact(t, d, r):
 # (1 - t^2 > 0).  Only when it passes is the exact change computed; this branch is rare,
 # so the position bookkeeping (skip y = 0, ties to the lowest position) lives there.
 
-@njit(inline="always")
+@njit(nogil=True, cache=True)
 def _replay(x, dx, rQ, a, n, rp, best, bpos, base, skip):
     """The scalar scan of cells ``a .. a+n-1`` of row ``x`` (already updated)."""
     for i in range(n):
@@ -83,7 +83,7 @@ def _replay(x, dx, rQ, a, n, rp, best, bpos, base, skip):
     return best, bpos
 
 
-@njit(inline="always")
+@njit(nogil=True, cache=True)
 def _update_test(x, src, dx, rQ, a, s, n, rp, ca, sb, best):
     """``x[a+i] = ca x[a+i] + sb src[s+i]`` for ``i < n``; does any updated cell pass the bound?"""
     hit = False
@@ -97,7 +97,7 @@ def _update_test(x, src, dx, rQ, a, s, n, rp, ca, sb, best):
     return hit
 
 
-@njit(inline="always")
+@njit(nogil=True, cache=True)
 def _test(x, dx, rQ, a, n, rp, best):
     hit = False
     for i in range(n):
@@ -109,7 +109,7 @@ def _test(x, dx, rQ, a, n, rp, best):
     return hit
 
 
-@njit(inline="always")
+@njit(nogil=True, cache=True)
 def _pair_update_test(xa, xb, da_, db_, rQ, a, b, n, rpa, rpb, ca, sb, best):
     """Update the two partner runs ``xa[a..a+n)`` and ``xb[b..b+n)`` together; any cell passing?"""
     hit = False
@@ -131,7 +131,7 @@ def _pair_update_test(xa, xb, da_, db_, rQ, a, b, n, rpa, rpb, ca, sb, best):
     return hit
 
 
-@njit(inline="always")
+@njit(nogil=True, cache=True)
 def _gather_xor(buf, src, base, lo, cw, unit):
     """``buf[i] = src[base + (i ^ lo)]`` for ``i < cw``, by runs of ``unit`` (8, 4 or 1) cells."""
     if unit == 8:
@@ -149,7 +149,7 @@ def _gather_xor(buf, src, base, lo, cw, unit):
             buf[_U(i)] = src[_U(base + (i ^ lo))]
 
 
-@njit(inline="always")
+@njit(nogil=True, cache=True)
 def _scan_chunk(x, buf, dx, rQ, a, cw, rp, ca, sb, best, bpos, base, skip):
     """Update cells ``a .. a+cw-1`` of row ``x`` from the gathered partners ``buf`` and scan them."""
     for s0 in range(0, cw, SUB):
@@ -224,26 +224,46 @@ _row_xor = njit(nogil=True, cache=True)(_make_row(True))
 _row_perm = njit(nogil=True, cache=True)(_make_row(False))
 
 
-def _make_pair_kernel(row, parallel: bool):
-    """A kernel over all rows: serial (champion carried from row to row) or one thread per row."""
-    if parallel:
-        def kernel(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
-                   row_best, row_pos):
-            for p in prange(t.shape[0]):
-                b, pos = row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, p,
-                             threshold, np.int64(-1))
-                row_best[p] = b
-                row_pos[p] = pos
-    else:
-        def kernel(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
-                   row_best, row_pos):
-            b = threshold
-            pos = np.int64(-1)
-            for p in range(t.shape[0]):
-                b, pos = row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, p, b, pos)
-                row_best[p] = b
-                row_pos[p] = pos
-    return kernel
+# Top-level drivers (numba caches these; closures over dispatchers would recompile each run).
+
+def _xor_kernel_serial(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
+                       row_best, row_pos):
+    """All rows on this thread; the champion is carried from row to row."""
+    b = threshold
+    pos = np.int64(-1)
+    for p in range(t.shape[0]):
+        b, pos = _row_xor(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p), b, pos)
+        row_best[p] = b
+        row_pos[p] = pos
+
+
+def _xor_kernel_parallel(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
+                         row_best, row_pos):
+    """Rows on numba's threads, one champion per row."""
+    for p in prange(t.shape[0]):
+        b, pos = _row_xor(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p),
+                          threshold, np.int64(-1))
+        row_best[p] = b
+        row_pos[p] = pos
+
+
+def _perm_kernel_serial(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
+                        row_best, row_pos):
+    b = threshold
+    pos = np.int64(-1)
+    for p in range(t.shape[0]):
+        b, pos = _row_perm(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p), b, pos)
+        row_best[p] = b
+        row_pos[p] = pos
+
+
+def _perm_kernel_parallel(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
+                          row_best, row_pos):
+    for p in prange(t.shape[0]):
+        b, pos = _row_perm(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p),
+                           threshold, np.int64(-1))
+        row_best[p] = b
+        row_pos[p] = pos
 
 
 def _explicit_row(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, p, best, bpos):
@@ -270,22 +290,23 @@ def _expl_kernel_serial(t, partner, d, rP, rQ, r_const, ca, sb, update, threshol
     b = threshold
     pos = np.int64(-1)
     for p in range(t.shape[0]):
-        b, pos = _row_explicit(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, p, b, pos)
+        b, pos = _row_explicit(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, np.int64(p), b, pos)
         row_best[p] = b
         row_pos[p] = pos
 
 
 def _expl_kernel_parallel(t, partner, d, rP, rQ, r_const, ca, sb, update, threshold, skip, row_best, row_pos):
     for p in prange(t.shape[0]):
-        b, pos = _row_explicit(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, p, threshold, np.int64(-1))
+        b, pos = _row_explicit(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, np.int64(p), threshold,
+                               np.int64(-1))
         row_best[p] = b
         row_pos[p] = pos
 
 
-_xor_serial = njit(cache=True, nogil=True)(_make_pair_kernel(_row_xor, False))
-_xor_parallel = njit(cache=True, nogil=True, parallel=True)(_make_pair_kernel(_row_xor, True))
-_perm_serial = njit(cache=True, nogil=True)(_make_pair_kernel(_row_perm, False))
-_perm_parallel = njit(cache=True, nogil=True, parallel=True)(_make_pair_kernel(_row_perm, True))
+_xor_serial = njit(cache=True, nogil=True)(_xor_kernel_serial)
+_xor_parallel = njit(cache=True, nogil=True, parallel=True)(_xor_kernel_parallel)
+_perm_serial = njit(cache=True, nogil=True)(_perm_kernel_serial)
+_perm_parallel = njit(cache=True, nogil=True, parallel=True)(_perm_kernel_parallel)
 _expl_serial = njit(cache=True, nogil=True)(_expl_kernel_serial)
 _expl_parallel = njit(cache=True, nogil=True, parallel=True)(_expl_kernel_parallel)
 
