@@ -152,6 +152,11 @@ def _gather_xor(buf, src, base, lo, cw, unit):
 @njit(nogil=True, cache=True)
 def _scan_chunk(x, buf, dx, rQ, a, cw, rp, ca, sb, best, bpos, base, skip):
     """Update cells ``a .. a+cw-1`` of row ``x`` from the gathered partners ``buf`` and scan them."""
+    if cw % SUB == 0:  # a constant trip count: LLVM drops the remainder loops
+        for s0 in range(0, cw, SUB):
+            if _update_test(x, buf, dx, rQ, a + s0, s0, SUB, rp, ca, sb, best):
+                best, bpos = _replay(x, dx, rQ, a + s0, SUB, rp, best, bpos, base, skip)
+        return best, bpos
     for s0 in range(0, cw, SUB):
         n = min(SUB, cw - s0)
         if _update_test(x, buf, dx, rQ, a + s0, s0, n, rp, ca, sb, best):
