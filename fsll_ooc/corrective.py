@@ -343,7 +343,8 @@ def closure_candidates(cards, support: np.ndarray, limit: int) -> np.ndarray:
 
 
 def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int = 256, max_new: int = 32,
-                 max_rounds: int = 8, products: _Products | None = None, n_closure: int = 0) -> JointResult:
+                 max_rounds: int = 8, products: _Products | None = None, n_closure: int = 0,
+                 cand_products: _Products | None = None) -> JointResult:
     """Append the candidates that pay for themselves *jointly*, then refine (in place).
 
     The greedy search scores a candidate ``y`` by its 1-D gain with every other
@@ -383,8 +384,8 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     cards = state.cards
     cs_pair, cs_flat, cs_coef = _cross_moments(cards, flat_c, support) if m else (np.zeros(0, np.int64),) * 2 + (
         np.zeros(0),)
-    cc = _Products(cards)
-    cc.update(flat_c)
+    cc = cand_products if cand_products is not None else _Products(cards)
+    cc.update(flat_c)  # a cache kept across calls expands only the pairs of new candidates
     n1, n2, n3 = len(prod.flat), len(cs_flat), len(cc.flat)
     uniq, inv = np.unique(np.concatenate([prod.flat, cs_flat, cc.flat, support, flat_c]), return_inverse=True)
     cell = engine.gather(uniq)[inv]

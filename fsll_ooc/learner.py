@@ -211,6 +211,7 @@ def learn(engine: Engine, state: FitState, *, epsilon: float | str = 1e-4, max_i
     since_sync = 0
     refined = False  # a corrective phase ran since the last append/remove
     products = corrective._Products(state.cards) if mode != "off" else None
+    cand_products = corrective._Products(state.cards) if mode != "off" else None  # joint candidates' pairs
 
     def record(entry):
         state.history.append(entry)
@@ -244,7 +245,8 @@ def learn(engine: Engine, state: FitState, *, epsilon: float | str = 1e-4, max_i
             before = state.cost()
             ja = corrective.joint_append(engine, state, epsilon=eps, tol=refine_tol * eps,
                                          n_candidates=joint_candidates, max_rounds=refine_rounds,
-                                         products=products, n_closure=joint_closure, max_new=joint_max_new)
+                                         products=products, n_closure=joint_closure, max_new=joint_max_new,
+                                         cand_products=cand_products)
             if ja.added:
                 since_sync = 0
                 refined = True
