@@ -164,108 +164,84 @@ def _scan_chunk(x, buf, dx, rQ, a, cw, rp, ca, sb, best, bpos, base, skip):
     return best, bpos
 
 
-def _make_row(use_xor: bool):
+@njit(nogil=True, cache=True)
+def _pair_row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, p, best, bpos):
     """The work of row ``p`` (and of its partner row) for a partner that is an involution.
 
-    ``use_xor`` (a compile-time constant): the partner of flat cell ``(p, q)`` is
-    ``(p ^ mp, q ^ mq)``; otherwise ``(permP[p], permQ[q])``.  Each pair of cells is read,
-    updated and scored once, by the row with the lower index.
+    An empty ``permP`` means a flat XOR: the partner of cell ``(p, q)`` is ``(p ^ mp, q ^ mq)``
+    and ``cw`` says how (0: runs pair with runs; else the gathered chunk width, gathered by
+    runs of ``unit`` cells).  Otherwise the partner is ``(permP[p], permQ[q])`` and ``cw == Q``.
+    Each pair of cells is read, updated and scored once, by the row with the lower index.
     """
-
-    def row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, p, best, bpos):
-        P, Q = t.shape
-        pp = p ^ mp if use_xor else permP[p]
-        if p > pp:
-            return best, bpos
-        rp = r_const + rP[p]
-        rpp = r_const + rP[pp]
-        tp = t[p]
-        tpp = t[pp]
-        dp = d[p]
-        dpp = d[pp]
-        bp = np.int64(p) * Q
-        bpp = np.int64(pp) * Q
-        if use_xor and cw == 0:  # runs pair with runs: two contiguous streams
-            for q0 in range(0, Q, SUB):
-                qq0 = q0 ^ mq
-                if p == pp and qq0 <= q0:
-                    if qq0 == q0:  # mq == 0: each cell is its own partner
-                        if _update_test(tp, tp, dp, rQ, q0, q0, SUB, rp, ca, sb, best):
-                            best, bpos = _replay(tp, dp, rQ, q0, SUB, rp, best, bpos, bp, skip)
-                    continue
-                if _pair_update_test(tp, tpp, dp, dpp, rQ, q0, qq0, SUB, rp, rpp, ca, sb, best):
-                    best, bpos = _replay(tp, dp, rQ, q0, SUB, rp, best, bpos, bp, skip)
-                    best, bpos = _replay(tpp, dpp, rQ, qq0, SUB, rpp, best, bpos, bpp, skip)
-            return best, bpos
-        bufa = np.empty(cw)
-        bufb = np.empty(cw)
-        hi = mq & ~(cw - 1)
-        lo = mq & (cw - 1)
-        for q0 in range(0, Q, cw):
-            qq0 = (q0 ^ hi) if use_xor else 0
-            if p == pp and qq0 < q0:
-                continue
-            own = p == pp and qq0 == q0  # the chunk is its own partner
-            # old partner values first: both chunks are overwritten below
-            if use_xor:
-                _gather_xor(bufa, tpp, qq0, lo, cw, unit)
-                if not own:
-                    _gather_xor(bufb, tp, q0, lo, cw, unit)
-            else:
-                for i in range(cw):
-                    bufa[_U(i)] = tpp[_U(permQ[i])]
-                if not own:
-                    for i in range(cw):
-                        bufb[_U(i)] = tp[_U(permQ[i])]
-            best, bpos = _scan_chunk(tp, bufa, dp, rQ, q0, cw, rp, ca, sb, best, bpos, bp, skip)
-            if not own:
-                best, bpos = _scan_chunk(tpp, bufb, dpp, rQ, qq0, cw, rpp, ca, sb, best, bpos, bpp, skip)
+    P, Q = t.shape
+    use_xor = permP.shape[0] == 0
+    pp = p ^ mp if use_xor else permP[p]
+    if p > pp:
         return best, bpos
-
-    return row
-
-
-_row_xor = njit(nogil=True, cache=True)(_make_row(True))
-_row_perm = njit(nogil=True, cache=True)(_make_row(False))
+    rp = r_const + rP[p]
+    rpp = r_const + rP[pp]
+    tp = t[p]
+    tpp = t[pp]
+    dp = d[p]
+    dpp = d[pp]
+    bp = np.int64(p) * Q
+    bpp = np.int64(pp) * Q
+    if use_xor and cw == 0:  # runs pair with runs: two contiguous streams
+        for q0 in range(0, Q, SUB):
+            qq0 = q0 ^ mq
+            if p == pp and qq0 <= q0:
+                if qq0 == q0:  # mq == 0: each cell is its own partner
+                    if _update_test(tp, tp, dp, rQ, q0, q0, SUB, rp, ca, sb, best):
+                        best, bpos = _replay(tp, dp, rQ, q0, SUB, rp, best, bpos, bp, skip)
+                continue
+            if _pair_update_test(tp, tpp, dp, dpp, rQ, q0, qq0, SUB, rp, rpp, ca, sb, best):
+                best, bpos = _replay(tp, dp, rQ, q0, SUB, rp, best, bpos, bp, skip)
+                best, bpos = _replay(tpp, dpp, rQ, qq0, SUB, rpp, best, bpos, bpp, skip)
+        return best, bpos
+    bufa = np.empty(cw)
+    bufb = np.empty(cw)
+    hi = mq & ~(cw - 1)
+    lo = mq & (cw - 1)
+    for q0 in range(0, Q, cw):
+        qq0 = (q0 ^ hi) if use_xor else 0
+        if p == pp and qq0 < q0:
+            continue
+        own = p == pp and qq0 == q0  # the chunk is its own partner
+        # old partner values first: both chunks are overwritten below
+        if use_xor:
+            _gather_xor(bufa, tpp, qq0, lo, cw, unit)
+            if not own:
+                _gather_xor(bufb, tp, q0, lo, cw, unit)
+        else:
+            for i in range(cw):
+                bufa[_U(i)] = tpp[_U(permQ[i])]
+            if not own:
+                for i in range(cw):
+                    bufb[_U(i)] = tp[_U(permQ[i])]
+        best, bpos = _scan_chunk(tp, bufa, dp, rQ, q0, cw, rp, ca, sb, best, bpos, bp, skip)
+        if not own:
+            best, bpos = _scan_chunk(tpp, bufb, dpp, rQ, qq0, cw, rpp, ca, sb, best, bpos, bpp, skip)
+    return best, bpos
 
 
 # Top-level drivers (numba caches these; closures over dispatchers would recompile each run).
 
-def _xor_kernel_serial(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
-                       row_best, row_pos):
+def _pair_kernel_serial(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
+                        row_best, row_pos):
     """All rows on this thread; the champion is carried from row to row."""
     b = threshold
     pos = np.int64(-1)
     for p in range(t.shape[0]):
-        b, pos = _row_xor(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p), b, pos)
+        b, pos = _pair_row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p), b, pos)
         row_best[p] = b
         row_pos[p] = pos
 
 
-def _xor_kernel_parallel(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
-                         row_best, row_pos):
+def _pair_kernel_parallel(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
+                          row_best, row_pos):
     """Rows on numba's threads, one champion per row."""
     for p in prange(t.shape[0]):
-        b, pos = _row_xor(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p),
-                          threshold, np.int64(-1))
-        row_best[p] = b
-        row_pos[p] = pos
-
-
-def _perm_kernel_serial(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
-                        row_best, row_pos):
-    b = threshold
-    pos = np.int64(-1)
-    for p in range(t.shape[0]):
-        b, pos = _row_perm(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p), b, pos)
-        row_best[p] = b
-        row_pos[p] = pos
-
-
-def _perm_kernel_parallel(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
-                          row_best, row_pos):
-    for p in prange(t.shape[0]):
-        b, pos = _row_perm(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p),
+        b, pos = _pair_row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p),
                            threshold, np.int64(-1))
         row_best[p] = b
         row_pos[p] = pos
@@ -308,10 +284,8 @@ def _expl_kernel_parallel(t, partner, d, rP, rQ, r_const, ca, sb, update, thresh
         row_pos[p] = pos
 
 
-_xor_serial = njit(cache=True, nogil=True)(_xor_kernel_serial)
-_xor_parallel = njit(cache=True, nogil=True, parallel=True)(_xor_kernel_parallel)
-_perm_serial = njit(cache=True, nogil=True)(_perm_kernel_serial)
-_perm_parallel = njit(cache=True, nogil=True, parallel=True)(_perm_kernel_parallel)
+_pair_serial = njit(cache=True, nogil=True)(_pair_kernel_serial)
+_pair_parallel = njit(cache=True, nogil=True, parallel=True)(_pair_kernel_parallel)
 _expl_serial = njit(cache=True, nogil=True)(_expl_kernel_serial)
 _expl_parallel = njit(cache=True, nogil=True, parallel=True)(_expl_kernel_parallel)
 
@@ -333,7 +307,7 @@ def _rows(P):
     return np.empty(P, dtype=np.float64), np.empty(P, dtype=np.int64)
 
 
-_NO_PERM = np.zeros(1, dtype=np.int64)
+_NO_PERM = np.zeros(0, dtype=np.int64)  # an empty permutation: the partner is a flat XOR
 
 
 def _xor_geometry(Q: int, mq: int) -> tuple[int, int]:
@@ -370,7 +344,7 @@ def update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold=0.
     cw, unit = _xor_geometry(Q, mq)
     rb, rp = _rows(P)
     ca, sb = ch * inv_den, sh * inv_den
-    fn = _xor_parallel if parallel else _xor_serial
+    fn = _pair_parallel if parallel else _pair_serial
     fn(t, d, rP, rQ, float(r_const), _NO_PERM, _NO_PERM, np.int64(mp), np.int64(mq), float(ca), float(sb),
        np.int64(cw), np.int64(unit), float(threshold), np.int64(skip), rb, rp)
     return reduce_rows(rb, rp)
@@ -389,7 +363,7 @@ def update_scan_perm(t, d, rP, rQ, r_const, permP, permQ, ch, sh, inv_den, thres
         return update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold, skip, parallel)
     rb, rp = _rows(P)
     ca, sb = ch * inv_den, sh * inv_den
-    fn = _perm_parallel if parallel else _perm_serial
+    fn = _pair_parallel if parallel else _pair_serial
     fn(t, d, rP, rQ, float(r_const), permP, permQ, np.int64(0), np.int64(0), float(ca), float(sb),
        np.int64(Q), np.int64(1), float(threshold), np.int64(skip), rb, rp)
     return reduce_rows(rb, rp)
