@@ -250,9 +250,15 @@ def task_uniform_duals(ctx: Context, kind: str, idx: int) -> ScanResult:
     scale = 1.0
     for v, x in fixed_digits(ctx.layout, kind, idx).items():
         scale *= uniform_dual_vector(ctx.cards[v])[x]
-    band = np.full((), scale)
-    for v in band_vars(ctx.layout, kind):
-        band = np.multiply.outer(band, uniform_dual_vector(ctx.cards[v]))
+    vars_ = band_vars(ctx.layout, kind)
+    if all(basis.is_walsh(ctx.cards[v]) for v in vars_):
+        # every factor is e_0: the same numbers as the outer product, zeros signed like it
+        band = np.zeros(shape) if math.copysign(1.0, scale) > 0 else np.full(shape, -0.0)
+        band.reshape(-1)[0] = scale
+    else:
+        band = np.full((), scale)
+        for v in vars_:
+            band = np.multiply.outer(band, uniform_dual_vector(ctx.cards[v]))
     storage.write(ctx.specs[TB], band_key(ctx.layout, kind, idx), np.ascontiguousarray(band))
     return ScanResult()
 

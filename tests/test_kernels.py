@@ -200,3 +200,17 @@ def test_engine_xor_mask_equals_digit_permutation(seed):
         assert m is not None and np.array_equal(perm, np.arange(perm.size) ^ m)
     else:
         assert m is None
+
+
+@pytest.mark.parametrize("cards", [(2, 2, 4, 8), (2, 3, 4), (5, 2)])
+def test_uniform_duals_equal_the_outer_product(cards):
+    """The all-Walsh shortcut of ``init_duals`` writes the outer product's numbers, bit for bit."""
+    from fsll_ooc import FSLL, storage
+
+    X = np.random.default_rng(0).integers(0, 2, size=(50, len(cards)))
+    m = FSLL(cardinalities=cards, epsilon=1e-4, max_iter=0, progress=False).fit(X)
+    got = np.array(storage.open_table(m._engine.ctx.specs[engine.TB]))
+    want = np.full((), 1.0)
+    for k in cards:
+        want = np.multiply.outer(want, engine.uniform_dual_vector(k))
+    assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))
