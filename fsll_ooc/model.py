@@ -175,8 +175,8 @@ class FSLL:
         only together (the support re-adapting) is tried too.  ``None`` (default):
         ``"adjust"`` with ``epsilon="auto"``, off with a numeric epsilon (the paper's
         algorithm).  Measured in ``docs/benchmarks_quality.md`` (3 seeds): KL(p*||p) on
-        the paper's Ising5x4L 0.0057 -> 0.0002 and BN20-54L 0.051 -> 0.0022, at 0.5-1.8x
-        the time of the paper setting.
+        the paper's Ising5x4L 0.0057 -> 0.0002 and BN20-54L 0.051 -> 0.0022, at 0.8-2.7x
+        the time of the paper setting over all twelve datasets there.
 
     Attributes (after ``fit``)
     --------------------------
