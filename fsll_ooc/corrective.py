@@ -211,6 +211,10 @@ def _solve_inner(H: np.ndarray, g: np.ndarray) -> np.ndarray:
     return V @ ((V.T @ g) / w[:, None] if g.ndim == 2 else (V.T @ g) / w)
 
 
+#: Joint selection: candidate x support pairs expanded at most (the closure candidates are
+#: cut to stay within it; each pair of +-1 digits can expand to 3^t product cells).
+MAX_CROSS_PAIRS = 2**20
+
 #: Supports larger than this are not refined jointly (the dense Hessian would need
 #: ``8 |S|^2`` bytes and ``|S|^3 / 3`` flops per round); the greedy search goes on alone.
 MAX_SUPPORT = 4000
@@ -374,6 +378,8 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     prod.update(support)
     flat_c, _ = engine.top_candidates(n_candidates + m)
     flat_c = flat_c[~np.isin(flat_c, support)][:n_candidates]
+    if m:
+        n_closure = min(n_closure, max(MAX_CROSS_PAIRS // m - len(flat_c), 0))
     if n_closure:
         extra = closure_candidates(state.cards, support, n_closure)
         flat_c = np.concatenate([flat_c, extra[~np.isin(extra, flat_c)]])

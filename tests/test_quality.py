@@ -210,7 +210,20 @@ def test_joint_selection_from_closure_candidates_lowers_the_exact_cost():
     np.testing.assert_allclose(eng.ctx.specs[1].array.reshape(-1), Phi @ oracle.model(theta, Phi), atol=1e-12)
 
 
-@pytest.mark.parametrize("backend,layout", [("zarr", (1, 2)), ("memmap", (2, 4)), ("numpy", (1, 3))])
+def test_joint_selection_bounds_the_candidate_support_pairs(monkeypatch):
+    cards = (3, 4, 5)
+    p, _ = datasets.random_bayesnet(cards, 2, seed=5)
+    X = datasets.sample_table(p, 20000, seed=6)
+    m = FSLL(cardinalities=cards, epsilon=3e-3, refine="final", progress=False).fit(X)
+    st, eng = m._state, m._engine
+    size = len(st.theta)
+    monkeypatch.setattr(corrective, "MAX_CROSS_PAIRS", 10 * size)
+    ja = corrective.joint_append(eng, st, epsilon=1.0, tol=1e-5, n_candidates=4, n_closure=500)
+    assert ja.candidates * size <= 10 * size and ja.candidates >= 4 and not ja.added
+    assert len(st.theta) == size  # nothing accepted (epsilon = 1 nat), the state restored
+
+
+
 def test_out_of_core_corrective_fit_equals_in_core(tmp_path, backend, layout):
     cards = (2, 3, 4, 5, 2, 3)
     X, _ = _data(cards, 3000, 3)
