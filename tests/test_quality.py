@@ -223,7 +223,7 @@ def test_joint_selection_bounds_the_candidate_support_pairs(monkeypatch):
     assert len(st.theta) == size  # nothing accepted (epsilon = 1 nat), the state restored
 
 
-
+@pytest.mark.parametrize("backend,layout", [("zarr", (1, 2)), ("memmap", (2, 4)), ("numpy", (1, 3))])
 def test_out_of_core_corrective_fit_equals_in_core(tmp_path, backend, layout):
     cards = (2, 3, 4, 5, 2, 3)
     X, _ = _data(cards, 3000, 3)
