@@ -181,7 +181,6 @@ def child(args) -> None:
         cluster.close()
     hist = m.history_
     iter_times = np.diff([h["time"] for h in hist[1:]]) if len(hist) > 2 else np.array([np.nan])
-    iter_times = iter_times[iter_times > 0]  # a resumed fit restarts its clock
     kl_heldout = float(np.mean(true_logp(H, parents, cpts) - m.log_prob(H)))
     import resource
 

@@ -201,9 +201,10 @@ def learn(engine: Engine, state: FitState, *, epsilon: float | str = 1e-4, max_i
     mode = resolve_refine(refine, epsilon)
     support = lambda: np.fromiter(state.theta.keys(), dtype=np.int64, count=len(state.theta))  # noqa: E731
     values = lambda: np.fromiter(state.theta.values(), dtype=np.float64, count=len(state.theta))  # noqa: E731
+    # history times count fitting seconds since the start, across resumed sessions
+    t0 = time.perf_counter() - (state.history[-1]["time"] if state.history else 0.0)
     if not fresh:
         state.log_z = engine.resync(support(), values(), state.log_z)
-    t0 = time.perf_counter()
     if not state.history:
         state.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0,
                               "cost": state.cost(), "n_bases": 0, "time": 0.0})

@@ -1,14 +1,17 @@
 """One learner over every backend, chunking and scheduler: same theta as in core."""
+import itertools
+import json
 import math
 import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
 
-from fsll_ooc import FSLL, datasets
+from fsll_ooc import FSLL, datasets, learner
 from fsll_ooc.planner import PlanError, plan
 
 CARDS = (2, 3, 4, 5, 2, 3)
@@ -115,7 +118,7 @@ def test_infeasible_plan_refused_before_allocation(tmp_path):
     assert not store.exists() or not any(store.iterdir())
 
 
-def test_resume_after_kill_gives_the_same_model(data, tmp_path):
+def test_resume_after_kill_gives_the_same_model(data, tmp_path, monkeypatch):
     X, ref = data
     np.save(tmp_path / "X.npy", X)
     script = textwrap.dedent(f"""
@@ -135,9 +138,16 @@ def test_resume_after_kill_gives_the_same_model(data, tmp_path):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert r.returncode == -9, r.stderr
     assert '"status": "running"' in (tmp_path / "s" / "fsll_state.json").read_text()
+    before = json.loads((tmp_path / "s" / "fsll_state.json").read_text())["state"]["history"]
+    ticks = itertools.count()  # a clock that starts again at 0 in the resumed session
+    monkeypatch.setattr(learner, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-6))
     m = FSLL.resume(tmp_path / "s", progress=False)
     assert_same_model(m, ref)
     assert '"status": "complete"' in (tmp_path / "s" / "fsll_state.json").read_text()
+    # the resumed session's history continues the killed one's clock (fitting time since the start)
+    times = [h["time"] for h in m.history_]
+    assert len(m.history_) > len(before) and times[len(before) - 1] == before[-1]["time"]
+    assert all(b >= a for a, b in zip(times, times[1:])), times
 
 
 def test_resume_without_state_is_a_clear_error(tmp_path):
