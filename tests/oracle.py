@@ -83,6 +83,20 @@ def coord_optimum(theta_vec, y, q, Phi):
     return 0.5 * (lo + hi)
 
 
+def assert_axis_minimum(theta_vec, q, Phi, r, eps):
+    """Assert that no single-coordinate move (append, adjust or remove) lowers the cost
+    by ``eps`` or more, each recomputed from scratch; returns the cost of ``theta_vec``."""
+    base = cost(theta_vec, q, Phi, r)
+    for y in range(1, len(q)):
+        th = theta_vec.copy()
+        th[y] = coord_optimum(theta_vec, y, q, Phi)
+        assert cost(th, q, Phi, r) > base - eps, f"moving coordinate {y} gains epsilon"
+        if theta_vec[y] != 0:
+            th[y] = 0.0
+            assert cost(th, q, Phi, r) > base - eps, f"removing coordinate {y} gains epsilon"
+    return base
+
+
 def learn(X, cards, epsilon=1e-4, max_iter=10_000):
     """Algorithm 1 with every candidate's cost recomputed from scratch; returns (theta_vec, costs)."""
     Phi = phi_matrix(cards)
