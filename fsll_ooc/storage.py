@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import google_crc32c as _gcrc  # a dependency of zarr v3 (its crc32c codec uses it too)
 import numpy as np
 
 __all__ = ["TableSpec", "create_table", "open_table", "read", "write", "flush", "sync_table", "check_table",
@@ -100,24 +101,13 @@ class DiskFullError(OSError):
         return str(self.strerror)
 
 
-try:  # the zarr dependency brings it; a slow pure-Python fallback keeps the module importable
-    import google_crc32c as _gcrc
-
-    def crc32c(data) -> int:
-        """CRC-32C of a bytes object or a buffer (hardware-accelerated where available)."""
-        if isinstance(data, np.ndarray):
-            data = np.ascontiguousarray(data)
-        elif not isinstance(data, bytes):
-            data = np.frombuffer(data, dtype=np.uint8)
-        return int(_gcrc.value(data))
-except Exception:  # pragma: no cover
-    def crc32c(data) -> int:  # noqa: D103 - reference implementation (slow)
-        crc = 0xFFFFFFFF
-        for b in bytes(memoryview(data).cast("B")):
-            crc ^= b
-            for _ in range(8):
-                crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-        return crc ^ 0xFFFFFFFF
+def crc32c(data) -> int:
+    """CRC-32C of a bytes object or a buffer (hardware-accelerated where available)."""
+    if isinstance(data, np.ndarray):
+        data = np.ascontiguousarray(data)
+    elif not isinstance(data, bytes):
+        data = np.frombuffer(data, dtype=np.uint8)
+    return int(_gcrc.value(data))
 
 
 @dataclass(frozen=True)
