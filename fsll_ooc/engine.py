@@ -95,11 +95,16 @@ class Context:
 
 D, TB, SCR = 0, 1, 2
 
-#: Smallest band for which the fused update + scan runs on several threads.  Measured on
-#: 2 cores (docs/benchmarks_perf.md): threads gained nothing at 2^20-2^24 (the pass is
-#: bound by memory), and on a loaded machine a descheduled thread stalls the whole pass
-#: (3x slower), so the kernel runs on one thread; the full transforms still use two.
-PARALLEL_SCAN_MIN_CELLS = 2**62
+#: Smallest band for which the fused update + scan runs on several threads (the caller
+#: and the helpers of :mod:`fsll_ooc.threadpool`, taking blocks of rows as they come).
+#: Only when the band is the only task of its pass (in core); several bands run as
+#: concurrent tasks and keep one thread each.  Measured on 2 cores
+#: (docs/benchmarks.md section 3): 1.5-2x faster per pass at 2^20 on an idle machine,
+#: and close to one thread with another program busy on the other core (a static split
+#: in halves, numba's ``prange``, was 3x slower there).  One and two threads break even
+#: at 2^18 cells (0.33 ms); below, waking a helper costs more than it saves (2^16:
+#: 89 us on one thread, 157 us on two).
+PARALLEL_SCAN_MIN_CELLS = 2**19
 
 
 def band_vars(layout: Layout, kind: str) -> tuple[int, ...]:

@@ -44,14 +44,13 @@ from __future__ import annotations
 
 import itertools
 import operator
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 from numba import njit
+
+from . import threadpool
 
 __all__ = ["transform_inplace", "plan", "Plan", "warmup"]
 
@@ -1403,35 +1402,11 @@ def plan(shape, axes=None, transpose: bool = False, itemsize: int = 8) -> Plan:
 # Threads
 # ---------------------------------------------------------------------------------
 
-_pool_lock = threading.Lock()
-_pool = {"ex": None, "n": 0, "pid": None}
-
-
-def _num_threads() -> int:
-    try:
-        from numba import config
-        n = int(config.NUMBA_NUM_THREADS)
-    except Exception:  # pragma: no cover
-        n = os.cpu_count() or 1
-    return max(1, n)
-
-
-def _executor(n):
-    """A private pool of ``n - 1`` helper threads (the caller is the n-th); rebuilt
-    after a fork."""
-    with _pool_lock:
-        if _pool["ex"] is None or _pool["n"] != n or _pool["pid"] != os.getpid():
-            _pool["ex"] = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="fsll-transform")
-            _pool["n"] = n
-            _pool["pid"] = os.getpid()
-        return _pool["ex"]
-
-
 def _transform_threads(x, passes, progs, n):
     """Each pass: its tiles in contiguous chunks (a few per thread), taken by ``n``
     threads (the caller and ``n - 1`` helpers) in order; a pass ends when all are done.
     Taking chunks as they come keeps the threads busy when a core is shared."""
-    ex = _executor(n)
+    ex = threadpool.helpers(n)
     for ps in range(passes.shape[0]):
         nt = int(passes[ps, 6])
         k = max(1, min(nt, _CHUNKS_PER_THREAD * n))
@@ -1496,7 +1471,7 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
     for ax in ax_list:
         counts[ax] = counts.get(ax, 0) + 1
     x = a.reshape(-1)
-    n = _num_threads() if parallel and a.size >= _PAR_MIN_SIZE else 1
+    n = threadpool.num_threads() if parallel and a.size >= _PAR_MIN_SIZE else 1
     for r in range(max(counts.values())):  # one round per multiplicity of an axis
         axs = tuple(sorted(ax for ax, c in counts.items() if c > r))
         pl = _plan_cached(tuple(a.shape), axs, a.itemsize, _budgets(), bool(transpose))

@@ -36,22 +36,50 @@ The update of one cell is ``ca * a + sb * b`` in every kernel (no fused
 multiply-add contraction), so every path and thread count gives the same bits.
 Ties are broken towards the lowest flat position, so every block decomposition,
 path and thread count selects the same winner as a dense ``argmin``.  The serial
-kernels carry the champion from row to row (fewer exact evaluations); the parallel
-ones keep one champion per row.
+kernels carry the champion from row to row (fewer exact evaluations).
+
+``parallel=True`` shares a pass between the calling thread and the helpers of
+:mod:`fsll_ooc.threadpool`: each takes blocks of rows (about :data:`BLOCK_CELLS`
+cells) from an atomic counter as it comes and carries the champion within a block;
+every row records its champion, and :func:`reduce_rows` picks the winner.  A pair of
+rows is updated by the thread holding the lower row, so no two threads write the
+same cell.  A helper descheduled by the operating system delays the pass by at most
+one block (a static split in halves, as numba's ``prange`` does, waited for the
+whole half: 3-5x slower than one thread on a shared machine).
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
+
+from . import threadpool
 
 __all__ = ["update_scan_xor", "update_scan_perm", "update_scan_explicit", "reduce_rows", "warmup",
            "SUB", "CHUNK"]
 
 SUB = 64  # cells per branch-free bound test
 CHUNK = 1024  # cells per gathered partner chunk (8 KiB: stays in L1)
+BLOCK_CELLS = 1 << 16  # cells per piece of work taken by one thread (``parallel=True``)
 _U = np.uint64
+
+
+@intrinsic
+def _fetch_add(typingctx, arr, idx, val):
+    """``old = arr[idx]; arr[idx] += val; return old`` as one atomic (sequentially
+    consistent) instruction: how the threads of a pass take rows and count them done."""
+    sig = types.int64(arr, types.intp, types.int64)
+
+    def codegen(context, builder, signature, args):
+        aty = signature.args[0]
+        ary = context.make_array(aty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]])
+        return builder.atomic_rmw("add", ptr, args[2], "seq_cst")
+
+    return sig, codegen
 
 
 @njit(inline="always")
@@ -237,14 +265,27 @@ def _pair_kernel_serial(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw,
         row_pos[p] = pos
 
 
-def _pair_kernel_parallel(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
-                          row_best, row_pos):
-    """Rows on numba's threads, one champion per row."""
-    for p in prange(t.shape[0]):
-        b, pos = _pair_row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p),
-                           threshold, np.int64(-1))
-        row_best[p] = b
-        row_pos[p] = pos
+def _pair_kernel_blocks(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
+                        row_best, row_pos, rows, ctr, wait):
+    """One thread's share of a pass: takes blocks of ``rows`` rows (``ctr[0]``, atomically)
+    until none is left, carrying the champion within a block; counts its blocks done in
+    ``ctr[1]``.  The caller's thread (``wait``) then waits until every block is done."""
+    P = t.shape[0]
+    nblocks = (P + rows - 1) // rows
+    while True:
+        k = _fetch_add(ctr, 0, 1)
+        if k >= nblocks:
+            break
+        b = threshold
+        pos = np.int64(-1)
+        for p in range(k * rows, min(P, (k + 1) * rows)):
+            b, pos = _pair_row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p),
+                               b, pos)
+            row_best[p] = b
+            row_pos[p] = pos
+        _fetch_add(ctr, 1, 1)
+    while wait and _fetch_add(ctr, 1, 0) < nblocks:
+        pass
 
 
 def _explicit_row(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, p, best, bpos):
@@ -276,18 +317,51 @@ def _expl_kernel_serial(t, partner, d, rP, rQ, r_const, ca, sb, update, threshol
         row_pos[p] = pos
 
 
-def _expl_kernel_parallel(t, partner, d, rP, rQ, r_const, ca, sb, update, threshold, skip, row_best, row_pos):
-    for p in prange(t.shape[0]):
-        b, pos = _row_explicit(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, np.int64(p), threshold,
-                               np.int64(-1))
-        row_best[p] = b
-        row_pos[p] = pos
+def _expl_kernel_blocks(t, partner, d, rP, rQ, r_const, ca, sb, update, threshold, skip, row_best, row_pos,
+                       rows, ctr, wait):
+    """:func:`_pair_kernel_blocks` for an explicit partner array."""
+    P = t.shape[0]
+    nblocks = (P + rows - 1) // rows
+    while True:
+        k = _fetch_add(ctr, 0, 1)
+        if k >= nblocks:
+            break
+        b = threshold
+        pos = np.int64(-1)
+        for p in range(k * rows, min(P, (k + 1) * rows)):
+            b, pos = _row_explicit(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, np.int64(p), b, pos)
+            row_best[p] = b
+            row_pos[p] = pos
+        _fetch_add(ctr, 1, 1)
+    while wait and _fetch_add(ctr, 1, 0) < nblocks:
+        pass
 
 
 _pair_serial = njit(cache=True, nogil=True)(_pair_kernel_serial)
-_pair_parallel = njit(cache=True, nogil=True, parallel=True)(_pair_kernel_parallel)
+_pair_blocks = njit(cache=True, nogil=True)(_pair_kernel_blocks)
 _expl_serial = njit(cache=True, nogil=True)(_expl_kernel_serial)
-_expl_parallel = njit(cache=True, nogil=True, parallel=True)(_expl_kernel_parallel)
+_expl_blocks = njit(cache=True, nogil=True)(_expl_kernel_blocks)
+
+
+def _run(serial, blocks, args, P, Q, parallel):
+    """Run a pass on this thread (``serial``), or, with ``parallel`` and more than one
+    thread allowed (:func:`fsll_ooc.threadpool.num_threads`), on this thread and the
+    helpers: blocks of rows of about :data:`BLOCK_CELLS` cells taken as they come.
+
+    The caller does not wait for a helper to start, only for the blocks a helper has
+    taken to be done: a helper the operating system has not scheduled yet finds no
+    block left when it runs and returns at once.
+    """
+    n = threadpool.num_threads() if parallel else 1
+    rows = max(1, min(BLOCK_CELLS // max(Q, 1), P // (4 * n)))
+    if n == 1 or P < 2 * rows:
+        serial(*args)
+        return
+    ctr = np.zeros(2, dtype=np.int64)
+    pool = threadpool.helpers(n)
+    for _ in range(n - 1):
+        pool.submit(blocks, *args, np.int64(rows), ctr, False)
+    blocks(*args, np.int64(rows), ctr, True)
 
 
 @njit(cache=True, nogil=True)
@@ -344,9 +418,9 @@ def update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold=0.
     cw, unit = _xor_geometry(Q, mq)
     rb, rp = _rows(P)
     ca, sb = ch * inv_den, sh * inv_den
-    fn = _pair_parallel if parallel else _pair_serial
-    fn(t, d, rP, rQ, float(r_const), _NO_PERM, _NO_PERM, np.int64(mp), np.int64(mq), float(ca), float(sb),
-       np.int64(cw), np.int64(unit), float(threshold), np.int64(skip), rb, rp)
+    _run(_pair_serial, _pair_blocks,
+         (t, d, rP, rQ, float(r_const), _NO_PERM, _NO_PERM, np.int64(mp), np.int64(mq), float(ca), float(sb),
+          np.int64(cw), np.int64(unit), float(threshold), np.int64(skip), rb, rp), P, Q, parallel)
     return reduce_rows(rb, rp)
 
 
@@ -363,22 +437,23 @@ def update_scan_perm(t, d, rP, rQ, r_const, permP, permQ, ch, sh, inv_den, thres
         return update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold, skip, parallel)
     rb, rp = _rows(P)
     ca, sb = ch * inv_den, sh * inv_den
-    fn = _pair_parallel if parallel else _pair_serial
-    fn(t, d, rP, rQ, float(r_const), permP, permQ, np.int64(0), np.int64(0), float(ca), float(sb),
-       np.int64(Q), np.int64(1), float(threshold), np.int64(skip), rb, rp)
+    _run(_pair_serial, _pair_blocks,
+         (t, d, rP, rQ, float(r_const), permP, permQ, np.int64(0), np.int64(0), float(ca), float(sb),
+          np.int64(Q), np.int64(1), float(threshold), np.int64(skip), rb, rp), P, Q, parallel)
     return reduce_rows(rb, rp)
 
 
 def update_scan_explicit(t, partner, d, rP, rQ, r_const, ch=1.0, sh=0.0, inv_den=1.0, update=True,
                          threshold=0.0, skip=-1, parallel=False):
     """Fused update (explicit partner array) and scan; ``update=False`` only scans."""
-    rb, rp = _rows(t.shape[0])
-    fn = _expl_parallel if parallel else _expl_serial
+    P, Q = t.shape
+    rb, rp = _rows(P)
     if partner is None:
         partner = t
     ca, sb = ch * inv_den, sh * inv_den
-    fn(t, partner, d, rP, rQ, float(r_const), float(ca), float(sb), bool(update), float(threshold),
-       np.int64(skip), rb, rp)
+    _run(_expl_serial, _expl_blocks,
+         (t, partner, d, rP, rQ, float(r_const), float(ca), float(sb), bool(update), float(threshold),
+          np.int64(skip), rb, rp), P, Q, parallel)
     return reduce_rows(rb, rp)
 
 

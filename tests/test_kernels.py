@@ -2,18 +2,21 @@
 
 Every path of :mod:`fsll_ooc.kernels` (runs paired with runs, gathered chunks by runs of
 8, 4 and 1 cells, general permutations, explicit partners, serial with the champion
-carried across rows and parallel with one champion per row) must give the updated
+carried across rows, and shared between threads that take blocks of rows as they
+come with the champion carried within a block) must give the updated
 table bit for bit and the winner of a dense ``argmin`` (ties to the lowest flat
 position, ``skip`` excluded, nothing at or above ``threshold``).
 """
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from fsll_ooc import engine, kernels
+from fsll_ooc import engine, kernels, threadpool
 
 
 def _reference(t, partner_flat, d, rP, rQ, r_const, ch, sh, inv_den, threshold, skip, update=True):
@@ -170,6 +173,49 @@ def test_skip_and_threshold(parallel):
     assert kernels.update_scan_xor(t.copy(), *args, threshold=best + 1e-12, skip=0, parallel=parallel)[1] == pos
     assert kernels.update_scan_xor(t.copy(), *args, threshold=best, skip=0, parallel=parallel)[1] == -1
     assert kernels.update_scan_xor(t.copy(), *args, threshold=-1.0, parallel=parallel) == (math.inf, -1)
+
+
+@pytest.mark.parametrize("n_threads", [2, 3])
+@pytest.mark.parametrize("mp,mq", [(0, 1024), (17, 0), (32, 5), (1, 2047 + 4096)])
+def test_threads_take_blocks_and_match_one_thread(monkeypatch, n_threads, mp, mq):
+    """Blocks of rows taken by 2 or 3 threads: the table and the winner are those of one thread
+    (bit for bit), on a table with many blocks; repeated to give a race a chance to show."""
+    monkeypatch.setattr(threadpool, "num_threads", lambda: n_threads)
+    monkeypatch.setattr(kernels, "BLOCK_CELLS", 4 * 8192)  # 4 rows per block: 16 blocks
+    rng = np.random.default_rng(mp * 7 + mq)
+    t, d, rP, rQ = _tables(rng, 64, 8192)
+    ch, sh = math.cosh(0.2), math.sinh(0.2)
+    args = (d, rP, rQ, 1e-4, mp, mq, ch, sh, 1.0 / (ch + sh * 0.05))
+    want_t = t.copy()
+    want = kernels.update_scan_xor(want_t, *args, threshold=0.5)
+    for _ in range(3):
+        tt = t.copy()
+        assert kernels.update_scan_xor(tt, *args, threshold=0.5, parallel=True) == want
+        assert np.array_equal(tt, want_t)
+
+
+def test_a_helper_that_never_runs_does_not_stall_the_pass(monkeypatch):
+    """The caller takes every block when the helper thread is busy elsewhere (as when the
+    operating system gives the other core to another program): the pass ends, correct."""
+    gate = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=1)
+    pool.submit(gate.wait)  # the only helper is blocked until the end of the test
+    monkeypatch.setattr(threadpool, "num_threads", lambda: 2)
+    monkeypatch.setattr(threadpool, "helpers", lambda n: pool)
+    try:
+        rng = np.random.default_rng(5)
+        t, d, rP, rQ = _tables(rng, 32, 4096)
+        want_t = t.copy()
+        want = kernels.update_scan_xor(want_t, d, rP, rQ, 0.0, 3, 64, 1.1, 0.4, 0.9)
+        tt = t.copy()
+        got = kernels.update_scan_xor(tt, d, rP, rQ, 0.0, 3, 64, 1.1, 0.4, 0.9, parallel=True)
+        assert got == want and np.array_equal(tt, want_t)
+        assert not gate.is_set()  # it really never ran
+        want2 = kernels.update_scan_explicit(want_t.copy(), None, d, rP, rQ, 0.0, update=False)
+        assert kernels.update_scan_explicit(tt, None, d, rP, rQ, 0.0, update=False, parallel=True) == want2
+    finally:
+        gate.set()
+        pool.shutdown()
 
 
 def test_bad_masks_are_refused():
