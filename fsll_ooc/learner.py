@@ -21,6 +21,7 @@ The cost is tracked exactly from the sparse state:
 from __future__ import annotations
 
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -48,28 +49,42 @@ class FitState:
     history: list[dict] = field(default_factory=list)
 
     def digits(self, flat: int) -> tuple[int, ...]:
-        return tuple(int(x) for x in np.unravel_index(int(flat), self.cards))
+        """The multi-index (C order) of flat index ``flat``."""
+        flat = int(flat)
+        if not 0 <= flat < math.prod(self.cards):
+            raise ValueError(f"flat index {flat} out of range for cardinalities {self.cards}")
+        out = []
+        for k in reversed(self.cards):
+            flat, x = divmod(flat, k)
+            out.append(x)
+        return tuple(reversed(out))
 
     def penalty(self, flat: int) -> float:
         """``r_y`` of flat index ``y`` (memoised: the learner asks for the support every iteration)."""
         cache = self.__dict__.setdefault("_r_cache", {})
         r = cache.get(flat)
         if r is None:
-            r0, w = C.penalty_weights(self.cards, self.n_samples)
-            r = cache[flat] = C.penalty(self.digits(flat), r0, w)
+            weights = self.__dict__.get("_r_weights")
+            if weights is None:
+                weights = self.__dict__["_r_weights"] = C.penalty_weights(self.cards, self.n_samples)
+            r = cache[flat] = C.penalty(self.digits(flat), *weights)
         return r
 
     def penalties(self, flats) -> list[float]:
         """``r_y`` of several flat indices (Python ints), memoised like :meth:`penalty`."""
         cache = self.__dict__.setdefault("_r_cache", {})
         try:
-            return [cache[y] for y in flats]
-        except KeyError:
-            return [cache[y] if y in cache else self.penalty(y) for y in flats]
+            return list(map(cache.__getitem__, flats))
+        except KeyError:  # new terms (usually the one appended last): fill them in
+            for y in flats:
+                if y not in cache:
+                    self.penalty(y)
+            return list(map(cache.__getitem__, flats))
 
     def cost(self) -> float:
-        dbar = self.dbar
-        kl = -self.entropy_q + self.log_z - sum([v * dbar[y] for y, v in self.theta.items()])
+        """``KL(q || p_theta) + sum_y r_y`` from the sparse state (exact; ``O(#terms)``)."""
+        kl = -self.entropy_q + self.log_z - sum(map(operator.mul, self.theta.values(),
+                                                    map(self.dbar.__getitem__, self.theta)))
         return kl + sum(self.penalties(self.theta))
 
     def to_json(self) -> dict:
@@ -100,17 +115,22 @@ def _best_move(state: FitState, res) -> tuple[float, str, int, float, float]:
         t, d = np.asarray(res.supp_t, np.float64), np.asarray(res.supp_d, np.float64)
         ys_l = sp.tolist()
         theta = state.theta
-        th = np.array([theta[y] for y in ys_l], np.float64)
+        th = np.fromiter(map(theta.__getitem__, ys_l), np.float64, len(ys_l))
         r = np.array(state.penalties(ys_l), np.float64)
         adj = C.delta_adjust_vec(d, t)
         rem = C.delta_remove_vec(d, t, th, r)
-        deltas = np.concatenate([adj, rem])
-        ys = np.concatenate([sp, sp])
-        moves = np.repeat([0, 1], len(sp))
-        i = np.lexsort((moves, ys, deltas))[0]  # lowest delta, then lowest y, adjust before remove
-        if deltas[i] < best[0] or (deltas[i] == best[0] and ys[i] < best[2]):
-            best = (float(deltas[i]), ("adjust", "remove")[moves[i]], int(ys[i]), float(t[i % len(sp)]),
-                    float(d[i % len(sp)]))
+        deltas = np.concatenate([adj, rem])  # adjust moves first, then remove moves
+        n = len(sp)
+        m = deltas.min()
+        ties = np.flatnonzero(deltas == m)
+        if len(ties) == 1:
+            i = int(ties[0])
+        else:  # lowest delta, then lowest y, adjust before remove (also when a NaN made m NaN)
+            ys2, moves = np.concatenate([sp, sp]), np.repeat([0, 1], n)
+            i = int(np.lexsort((moves, ys2, deltas))[0])
+        dy, yi = float(deltas[i]), int(sp[i % n])
+        if dy < best[0] or (dy == best[0] and yi < best[2]):
+            best = (dy, ("adjust", "remove")[i // n], yi, float(t[i % n]), float(d[i % n]))
     return best
 
 

@@ -663,6 +663,25 @@ class FSLL:
         return float(np.mean(self.log_prob(X)))
 
     def _kl_data(self, flat, counts, N) -> float:
+        """``KL(p_d || p_theta)`` of the training data.
+
+        From the sparse state, ``O(#terms)``: ``-H(p_d) - sum_y theta_y E_pd[Phi_y] + log Z``,
+        where ``E_pd[Phi_y] = ((N + 1) dbar_y - E_u[Phi_y]) / N`` undoes the positivity rule
+        (``dbar`` are the moments of ``q = (N p_d + u) / (N + 1)``; ``E_u[Phi_y]`` is 0 on a
+        Walsh-Hadamard axis with ``y_i != 0`` and ``(2 - k) / k`` on a +-1 axis).  Falls back
+        to evaluating ``log p_theta`` at the data when a target is missing.
+        """
+        st = self._state
+        if all(y in st.dbar for y in st.theta):
+            cards = st.cards
+            m = 0.0
+            for y, v in st.theta.items():
+                eu = 1.0
+                for i, yi in enumerate(st.digits(y)):
+                    if yi:
+                        eu *= 0.0 if basis.is_walsh(cards[i]) else (2.0 - cards[i]) / cards[i]
+                m += v * ((N + 1.0) * st.dbar[y] - eu) / N
+            return float(-C.empirical_entropy(counts, N) - m + st.log_z)
         uniq = np.unique(flat)
         eng = getattr(self, "_engine", None)
         if eng is not None and eng.layout.a == 0 and len(uniq) * len(self.theta_) > eng.layout.size:
