@@ -35,8 +35,9 @@ bit-identical to the plain one-cell-at-a-time loop:
 The update of one cell is ``ca * a + sb * b`` in every kernel (no fused
 multiply-add contraction), so every path and thread count gives the same bits.
 Ties are broken towards the lowest flat position, so every block decomposition,
-path and thread count selects the same winner as a dense ``argmin``.  The serial
-kernels carry the champion from row to row (fewer exact evaluations).
+path and thread count selects the same winner as a dense ``argmin``.  On one thread
+a pass is one block of all rows, and the champion is carried from row to row (fewer
+exact evaluations).
 
 ``parallel=True`` shares a pass between the calling thread and the helpers of
 :mod:`fsll_ooc.threadpool`: each takes blocks of rows (about :data:`BLOCK_CELLS`
@@ -254,40 +255,6 @@ def _pair_row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, ski
 
 # Top-level drivers (numba caches these; closures over dispatchers would recompile each run).
 
-def _pair_kernel_serial(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
-                        row_best, row_pos):
-    """All rows on this thread; the champion is carried from row to row."""
-    b = threshold
-    pos = np.int64(-1)
-    for p in range(t.shape[0]):
-        b, pos = _pair_row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p), b, pos)
-        row_best[p] = b
-        row_pos[p] = pos
-
-
-def _pair_kernel_blocks(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, threshold, skip,
-                        row_best, row_pos, rows, ctr, wait):
-    """One thread's share of a pass: takes blocks of ``rows`` rows (``ctr[0]``, atomically)
-    until none is left, carrying the champion within a block; counts its blocks done in
-    ``ctr[1]``.  The caller's thread (``wait``) then waits until every block is done."""
-    P = t.shape[0]
-    nblocks = (P + rows - 1) // rows
-    while True:
-        k = _fetch_add(ctr, 0, 1)
-        if k >= nblocks:
-            break
-        b = threshold
-        pos = np.int64(-1)
-        for p in range(k * rows, min(P, (k + 1) * rows)):
-            b, pos = _pair_row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip, np.int64(p),
-                               b, pos)
-            row_best[p] = b
-            row_pos[p] = pos
-        _fetch_add(ctr, 1, 1)
-    while wait and _fetch_add(ctr, 1, 0) < nblocks:
-        pass
-
-
 def _explicit_row(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, p, best, bpos):
     Q = t.shape[1]
     rp = r_const + rP[p]
@@ -308,18 +275,14 @@ def _explicit_row(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, p, best,
 _row_explicit = njit(nogil=True, cache=True)(_explicit_row)
 
 
-def _expl_kernel_serial(t, partner, d, rP, rQ, r_const, ca, sb, update, threshold, skip, row_best, row_pos):
-    b = threshold
-    pos = np.int64(-1)
-    for p in range(t.shape[0]):
-        b, pos = _row_explicit(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, np.int64(p), b, pos)
-        row_best[p] = b
-        row_pos[p] = pos
+def _kernel_blocks(t, partner, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, explicit, update,
+                   threshold, skip, row_best, row_pos, rows, ctr, wait):
+    """One thread's share of a pass: takes blocks of ``rows`` rows (``ctr[0]``, atomically)
+    until none is left, carrying the champion within a block; counts its blocks done in
+    ``ctr[1]``.  The caller's thread (``wait``) then waits until every block is done.
 
-
-def _expl_kernel_blocks(t, partner, d, rP, rQ, r_const, ca, sb, update, threshold, skip, row_best, row_pos,
-                       rows, ctr, wait):
-    """:func:`_pair_kernel_blocks` for an explicit partner array."""
+    Rows are done by :func:`_pair_row` (a partner that is an involution) or, with
+    ``explicit``, by :func:`_explicit_row` (the partner array ``partner``)."""
     P = t.shape[0]
     nblocks = (P + rows - 1) // rows
     while True:
@@ -329,7 +292,11 @@ def _expl_kernel_blocks(t, partner, d, rP, rQ, r_const, ca, sb, update, threshol
         b = threshold
         pos = np.int64(-1)
         for p in range(k * rows, min(P, (k + 1) * rows)):
-            b, pos = _row_explicit(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, np.int64(p), b, pos)
+            if explicit:
+                b, pos = _row_explicit(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, np.int64(p), b, pos)
+            else:
+                b, pos = _pair_row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, skip,
+                                   np.int64(p), b, pos)
             row_best[p] = b
             row_pos[p] = pos
         _fetch_add(ctr, 1, 1)
@@ -337,16 +304,14 @@ def _expl_kernel_blocks(t, partner, d, rP, rQ, r_const, ca, sb, update, threshol
         pass
 
 
-_pair_serial = njit(cache=True, nogil=True)(_pair_kernel_serial)
-_pair_blocks = njit(cache=True, nogil=True)(_pair_kernel_blocks)
-_expl_serial = njit(cache=True, nogil=True)(_expl_kernel_serial)
-_expl_blocks = njit(cache=True, nogil=True)(_expl_kernel_blocks)
+_blocks = njit(cache=True, nogil=True)(_kernel_blocks)
 
 
-def _run(serial, blocks, args, P, Q, parallel):
-    """Run a pass on this thread (``serial``), or, with ``parallel`` and more than one
-    thread allowed (:func:`fsll_ooc.threadpool.num_threads`), on this thread and the
-    helpers: blocks of rows of about :data:`BLOCK_CELLS` cells taken as they come.
+def _run(args, P, Q, parallel):
+    """Run a pass on this thread alone (one block of all ``P`` rows: the champion is
+    carried from row to row), or, with ``parallel`` and more than one thread allowed
+    (:func:`fsll_ooc.threadpool.num_threads`), on this thread and the helpers: blocks of
+    rows of about :data:`BLOCK_CELLS` cells taken as they come.
 
     The caller does not wait for a helper to start, only for the blocks a helper has
     taken to be done: a helper the operating system has not scheduled yet finds no
@@ -354,14 +319,14 @@ def _run(serial, blocks, args, P, Q, parallel):
     """
     n = threadpool.num_threads() if parallel else 1
     rows = max(1, min(BLOCK_CELLS // max(Q, 1), P // (4 * n)))
-    if n == 1 or P < 2 * rows:
-        serial(*args)
-        return
     ctr = np.zeros(2, dtype=np.int64)
+    if n == 1 or P < 2 * rows:
+        _blocks(*args, np.int64(max(P, 1)), ctr, True)
+        return
     pool = threadpool.helpers(n)
     for _ in range(n - 1):
-        pool.submit(blocks, *args, np.int64(rows), ctr, False)
-    blocks(*args, np.int64(rows), ctr, True)
+        pool.submit(_blocks, *args, np.int64(rows), ctr, False)
+    _blocks(*args, np.int64(rows), ctr, True)
 
 
 @njit(cache=True, nogil=True)
@@ -418,9 +383,8 @@ def update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold=0.
     cw, unit = _xor_geometry(Q, mq)
     rb, rp = _rows(P)
     ca, sb = ch * inv_den, sh * inv_den
-    _run(_pair_serial, _pair_blocks,
-         (t, d, rP, rQ, float(r_const), _NO_PERM, _NO_PERM, np.int64(mp), np.int64(mq), float(ca), float(sb),
-          np.int64(cw), np.int64(unit), float(threshold), np.int64(skip), rb, rp), P, Q, parallel)
+    _run((t, t, d, rP, rQ, float(r_const), _NO_PERM, _NO_PERM, np.int64(mp), np.int64(mq), float(ca), float(sb),
+          np.int64(cw), np.int64(unit), False, True, float(threshold), np.int64(skip), rb, rp), P, Q, parallel)
     return reduce_rows(rb, rp)
 
 
@@ -437,9 +401,8 @@ def update_scan_perm(t, d, rP, rQ, r_const, permP, permQ, ch, sh, inv_den, thres
         return update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold, skip, parallel)
     rb, rp = _rows(P)
     ca, sb = ch * inv_den, sh * inv_den
-    _run(_pair_serial, _pair_blocks,
-         (t, d, rP, rQ, float(r_const), permP, permQ, np.int64(0), np.int64(0), float(ca), float(sb),
-          np.int64(Q), np.int64(1), float(threshold), np.int64(skip), rb, rp), P, Q, parallel)
+    _run((t, t, d, rP, rQ, float(r_const), permP, permQ, np.int64(0), np.int64(0), float(ca), float(sb),
+          np.int64(Q), np.int64(1), False, True, float(threshold), np.int64(skip), rb, rp), P, Q, parallel)
     return reduce_rows(rb, rp)
 
 
@@ -451,9 +414,9 @@ def update_scan_explicit(t, partner, d, rP, rQ, r_const, ch=1.0, sh=0.0, inv_den
     if partner is None:
         partner = t
     ca, sb = ch * inv_den, sh * inv_den
-    _run(_expl_serial, _expl_blocks,
-         (t, partner, d, rP, rQ, float(r_const), float(ca), float(sb), bool(update), float(threshold),
-          np.int64(skip), rb, rp), P, Q, parallel)
+    _run((t, partner, d, rP, rQ, float(r_const), _NO_PERM, _NO_PERM, np.int64(0), np.int64(0), float(ca),
+          float(sb), np.int64(0), np.int64(1), True, bool(update), float(threshold), np.int64(skip), rb, rp),
+         P, Q, parallel)
     return reduce_rows(rb, rp)
 
 
