@@ -59,8 +59,8 @@ from numba.core.extending import intrinsic
 
 from . import threadpool
 
-__all__ = ["update_scan_xor", "update_scan_perm", "update_scan_explicit", "reduce_rows", "warmup",
-           "SUB", "CHUNK"]
+__all__ = ["update_scan_xor", "update_scan_perm", "update_scan_explicit", "reduce_rows", "support_moves",
+           "warmup", "SUB", "CHUNK", "BLOCK_CELLS"]
 
 SUB = 64  # cells per branch-free bound test
 CHUNK = 1024  # cells per gathered partner chunk (8 KiB: stays in L1)
@@ -420,6 +420,42 @@ def update_scan_explicit(t, partner, d, rP, rQ, r_const, ch=1.0, sh=0.0, inv_den
     return reduce_rows(rb, rp)
 
 
+@njit(cache=True, nogil=True)
+def support_moves(ys, t, d, theta, r):
+    """The best *adjust* or *remove* move over the support: ``(delta, i, move)``.
+
+    ``ys``: the support's flat indices; ``t``, ``d``: ``thetabar`` and ``dbar`` there;
+    ``theta``, ``r``: its parameters and penalties.  ``move`` is 0 (adjust) or 1 (remove);
+    ``i = -1`` when no change is a number.  The formulas are :func:`fsll_ooc.cost.delta_adjust`
+    and :func:`fsll_ooc.cost.delta_remove`, in the same order of operations; ties go to the
+    lowest change, then the lowest ``y``, then adjust before remove.
+
+    Compiled because the Python between two passes runs with caches just flushed by the
+    pass: there, a dozen numpy calls on the support cost 5x what they cost warm.
+    """
+    lim = 1.0 - 2.0**-52
+    ln2 = math.log(2.0)
+    best = np.inf
+    bi = np.int64(-1)
+    bm = np.int64(0)
+    by = np.int64(0)
+    for i in range(t.shape[0]):
+        ti = t[i]
+        di = d[i]
+        adj = 0.5 * ((1.0 + di) * (math.log1p(ti) - math.log1p(di)) + (1.0 - di) * (math.log1p(-ti) - math.log1p(-di)))
+        a = math.atanh(min(max(ti, -lim), lim))
+        x1 = abs(a - theta[i])
+        x0 = abs(a)
+        rem = ((x1 + math.log1p(math.exp(-2.0 * x1)) - ln2) - (x0 + math.log1p(math.exp(-2.0 * x0)) - ln2)
+               + di * theta[i] - r[i])
+        y = ys[i]
+        if adj < best or (adj == best and (y < by or (y == by and bm > 0))):
+            best, bi, bm, by = adj, np.int64(i), np.int64(0), y
+        if rem < best or (rem == best and y < by):
+            best, bi, bm, by = rem, np.int64(i), np.int64(1), y
+    return best, bi, bm
+
+
 def warmup() -> None:
     """Compile (or load from numba's cache) every kernel variant on tiny inputs."""
     t = np.zeros((2, 4))
@@ -429,3 +465,4 @@ def warmup() -> None:
         update_scan_xor(t, d, *r, 0.0, 1, 3, 1.0, 0.0, 1.0, parallel=par)
         update_scan_perm(t, d, *r, 0.0, np.array([0, 1]), np.array([0, 2, 1, 3]), 1.0, 0.0, 1.0, parallel=par)
         update_scan_explicit(t, None, d, *r, 0.0, update=False, parallel=par)
+    support_moves(np.zeros(1, np.int64), np.zeros(1), np.zeros(1), np.ones(1), np.zeros(1))

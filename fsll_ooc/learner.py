@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import corrective, cost as C
+from . import corrective, cost as C, kernels
 from .engine import Engine, Step
 
 __all__ = ["FitState", "learn", "auto_epsilon", "resolve_epsilon", "resolve_refine", "AUTO_C"]
@@ -105,7 +105,8 @@ class FitState:
 def _best_move(state: FitState, res) -> tuple[float, str, int, float, float]:
     """(delta, move, flat, t, d) of the best candidate; ties: lowest delta, then lowest y.
 
-    Adjust and remove are evaluated for the whole support at once (vectorised closed forms).
+    Adjust and remove are evaluated for the whole support in one compiled call
+    (:func:`fsll_ooc.kernels.support_moves`, the closed forms of :mod:`fsll_ooc.cost`).
     """
     best = (math.inf, "none", -1, 0.0, 0.0)
     if res.pos >= 0 and res.pos not in state.theta:
@@ -114,23 +115,13 @@ def _best_move(state: FitState, res) -> tuple[float, str, int, float, float]:
         sp = np.asarray(res.supp_pos, np.int64)
         t, d = np.asarray(res.supp_t, np.float64), np.asarray(res.supp_d, np.float64)
         ys_l = sp.tolist()
-        theta = state.theta
-        th = np.fromiter(map(theta.__getitem__, ys_l), np.float64, len(ys_l))
+        th = np.fromiter(map(state.theta.__getitem__, ys_l), np.float64, len(ys_l))
         r = np.array(state.penalties(ys_l), np.float64)
-        adj = C.delta_adjust_vec(d, t)
-        rem = C.delta_remove_vec(d, t, th, r)
-        deltas = np.concatenate([adj, rem])  # adjust moves first, then remove moves
-        n = len(sp)
-        m = deltas.min()
-        ties = np.flatnonzero(deltas == m)
-        if len(ties) == 1:
-            i = int(ties[0])
-        else:  # lowest delta, then lowest y, adjust before remove (also when a NaN made m NaN)
-            ys2, moves = np.concatenate([sp, sp]), np.repeat([0, 1], n)
-            i = int(np.lexsort((moves, ys2, deltas))[0])
-        dy, yi = float(deltas[i]), int(sp[i % n])
-        if dy < best[0] or (dy == best[0] and yi < best[2]):
-            best = (dy, ("adjust", "remove")[i // n], yi, float(t[i % n]), float(d[i % n]))
+        dy, i, mv = kernels.support_moves(sp, t, d, th, r)
+        if i >= 0:
+            yi = ys_l[i]
+            if dy < best[0] or (dy == best[0] and yi < best[2]):
+                best = (float(dy), ("adjust", "remove")[mv], yi, float(t[i]), float(d[i]))
     return best
 
 

@@ -260,3 +260,43 @@ def test_uniform_duals_equal_the_outer_product(cards):
     for k in cards:
         want = np.multiply.outer(want, engine.uniform_dual_vector(k))
     assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_support_moves_match_the_closed_forms(seed):
+    """The compiled best adjust/remove move equals the numpy closed forms of fsll_ooc.cost
+    (values to 1e-12; the winner by lowest change, then lowest y, adjust before remove)."""
+    from fsll_ooc import cost as C
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    ys = rng.permutation(10 * n)[:n].astype(np.int64)
+    t = rng.uniform(-0.9, 0.9, n)
+    d = np.clip(t + rng.normal(0, 0.1, n), -0.95, 0.95)
+    th = rng.normal(0, 0.5, n)
+    r = rng.uniform(0, 1e-2, n)
+    if seed % 3 == 0 and n > 2:  # exact ties: copies of one entry under other y
+        k = rng.integers(0, n, size=3)
+        t[k], d[k], th[k], r[k] = t[k[0]], d[k[0]], th[k[0]], r[k[0]]
+    if seed % 4 == 1:  # entries already at their optimum: adjust changes of exactly 0
+        d[: n // 2] = t[: n // 2]
+    adj, rem = C.delta_adjust_vec(d, t), C.delta_remove_vec(d, t, th, r)
+    vals = np.concatenate([adj, rem])
+    order = np.lexsort((np.repeat([0, 1], n), np.concatenate([ys, ys]), vals))
+    best, i, mv = kernels.support_moves(ys, t, d, th, r)
+    want = order[0]
+    assert (i, mv) == (want % n, want // n) or vals[order[1]] == pytest.approx(vals[want], abs=1e-15)
+    assert best == pytest.approx(vals[want], rel=1e-12, abs=1e-15)
+    got = [kernels.support_moves(ys[j:j + 1], t[j:j + 1], d[j:j + 1], th[j:j + 1], r[j:j + 1])[0] for j in range(n)]
+    np.testing.assert_allclose(got, np.minimum(adj, rem), rtol=1e-12, atol=1e-15)
+
+
+def test_support_moves_ties_and_empty():
+    ys = np.array([7, 3, 5], np.int64)
+    t = np.full(3, 0.2)
+    d = np.full(3, -0.1)
+    th = np.zeros(3)  # removing a zero parameter changes the cost by -r: r = 0 ties it with itself
+    r = np.full(3, 1.0)  # a large penalty: removing is the best move
+    best, i, mv = kernels.support_moves(ys, t, d, th, r)
+    assert (i, mv) == (1, 1) and best == pytest.approx(-1.0)  # lowest y among equal changes
+    assert kernels.support_moves(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0))[1] == -1
