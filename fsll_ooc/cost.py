@@ -116,27 +116,6 @@ def delta_remove(d: float, t: float, theta: float, r: float) -> float:
     return kl_shift(d, t, -theta) - r
 
 
-def _atanh_vec(t: np.ndarray) -> np.ndarray:
-    lim = 1.0 - 2.0**-52
-    return np.arctanh(np.clip(t, -lim, lim))
-
-
-def _lncosh_vec(x: np.ndarray) -> np.ndarray:
-    x = np.abs(x)
-    return x + np.log1p(np.exp(-2.0 * x)) - math.log(2.0)
-
-
-def delta_adjust_vec(d: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """:func:`delta_adjust` over arrays."""
-    return 0.5 * ((1.0 + d) * (np.log1p(t) - np.log1p(d)) + (1.0 - d) * (np.log1p(-t) - np.log1p(-d)))
-
-
-def delta_remove_vec(d: np.ndarray, t: np.ndarray, theta: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """:func:`delta_remove` over arrays."""
-    a = _atanh_vec(t)
-    return _lncosh_vec(a - theta) - _lncosh_vec(a) + d * theta - r
-
-
 def lower_bound(d: float, t: float, r: float) -> float:
     """Cheap lower bound of :func:`delta_append` (paper Eq. 17)."""
     return r - (t - d) ** 2 / (1.0 - t * t)

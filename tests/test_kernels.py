@@ -264,7 +264,7 @@ def test_uniform_duals_equal_the_outer_product(cards):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_support_moves_match_the_closed_forms(seed):
-    """The compiled best adjust/remove move equals the numpy closed forms of fsll_ooc.cost
+    """The compiled best adjust/remove move equals the closed forms of fsll_ooc.cost
     (values to 1e-12; the winner by lowest change, then lowest y, adjust before remove)."""
     from fsll_ooc import cost as C
 
@@ -280,7 +280,8 @@ def test_support_moves_match_the_closed_forms(seed):
         t[k], d[k], th[k], r[k] = t[k[0]], d[k[0]], th[k[0]], r[k[0]]
     if seed % 4 == 1:  # entries already at their optimum: adjust changes of exactly 0
         d[: n // 2] = t[: n // 2]
-    adj, rem = C.delta_adjust_vec(d, t), C.delta_remove_vec(d, t, th, r)
+    adj = np.array([C.delta_adjust(d[j], t[j]) for j in range(n)])
+    rem = np.array([C.delta_remove(d[j], t[j], th[j], r[j]) for j in range(n)])
     vals = np.concatenate([adj, rem])
     order = np.lexsort((np.repeat([0, 1], n), np.concatenate([ys, ys]), vals))
     best, i, mv = kernels.support_moves(ys, t, d, th, r)
