@@ -323,9 +323,7 @@ def _run(args, P, Q, parallel):
     if n == 1 or P < 2 * rows:
         _blocks(*args, np.int64(max(P, 1)), ctr, True)
         return
-    pool = threadpool.helpers(n)
-    for _ in range(n - 1):
-        pool.submit(_blocks, *args, np.int64(rows), ctr, False)
+    threadpool.fire(n, _blocks, *args, np.int64(rows), ctr, False)
     _blocks(*args, np.int64(rows), ctr, True)
 
 

@@ -175,6 +175,8 @@ class Layout:
 
     def passes_for(self, axes: Sequence[int]) -> tuple[str, ...]:
         """Band passes needed to apply an operator acting on variables ``axes``."""
+        if self.a == 0:  # in core: an A-band holds every variable
+            return ("A",)
         axes = set(axes)
         if not axes or axes <= set(self.a_axes):
             return ("A",)

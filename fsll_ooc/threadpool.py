@@ -19,24 +19,30 @@ thread.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["num_threads", "helpers"]
+__all__ = ["num_threads", "helpers", "fire"]
 
 _lock = threading.Lock()
 _pool = {"ex": None, "n": 0, "pid": None}
+_fire = {"q": None, "n": 0, "pid": None}
+_n_threads: list = []
 
 
 def num_threads() -> int:
     """Threads a kernel may use: ``numba.config.NUMBA_NUM_THREADS`` (the number of
-    cores unless the ``NUMBA_NUM_THREADS`` environment variable says otherwise)."""
-    try:
-        from numba import config
-        n = int(config.NUMBA_NUM_THREADS)
-    except Exception:  # pragma: no cover
-        n = os.cpu_count() or 1
-    return max(1, n)
+    cores unless the ``NUMBA_NUM_THREADS`` environment variable says otherwise; read
+    once, as numba does)."""
+    if not _n_threads:
+        try:
+            from numba import config
+            n = int(config.NUMBA_NUM_THREADS)
+        except Exception:  # pragma: no cover
+            n = os.cpu_count() or 1
+        _n_threads.append(max(1, n))
+    return _n_threads[0]
 
 
 def helpers(n: int) -> ThreadPoolExecutor:
@@ -52,3 +58,37 @@ def helpers(n: int) -> ThreadPoolExecutor:
             _pool["n"] = n
             _pool["pid"] = os.getpid()
         return _pool["ex"]
+
+
+def _serve(q: queue.SimpleQueue) -> None:
+    while True:
+        fn, args = q.get()
+        if fn is None:  # the pool was replaced
+            return
+        fn(*args)
+
+
+def fire(n: int, fn, *args) -> None:
+    """Run ``fn(*args)`` on each of ``n - 1`` helper threads, without waiting and without
+    a result (the compiled passes count their own progress; see
+    :func:`fsll_ooc.kernels._run`).  Cheaper than :func:`helpers`' ``submit``, which
+    costs about 40 us right after a pass has flushed the caches.  The helpers are daemon
+    threads, rebuilt after a fork or when ``n`` changes.
+
+    >>> import threading
+    >>> done = threading.Event()
+    >>> fire(2, done.set); done.wait(5)
+    True
+    """
+    with _lock:
+        if _fire["q"] is None or _fire["n"] != n or _fire["pid"] != os.getpid():
+            if _fire["q"] is not None and _fire["pid"] == os.getpid():
+                for _ in range(max(1, _fire["n"] - 1)):
+                    _fire["q"].put((None, None))
+            q = queue.SimpleQueue()
+            for i in range(max(1, n - 1)):
+                threading.Thread(target=_serve, args=(q,), name=f"fsll-kernel-{i}", daemon=True).start()
+            _fire.update(q=q, n=n, pid=os.getpid())
+        q = _fire["q"]
+    for _ in range(n - 1):
+        q.put((fn, args))

@@ -201,7 +201,7 @@ def test_a_helper_that_never_runs_does_not_stall_the_pass(monkeypatch):
     pool = ThreadPoolExecutor(max_workers=1)
     pool.submit(gate.wait)  # the only helper is blocked until the end of the test
     monkeypatch.setattr(threadpool, "num_threads", lambda: 2)
-    monkeypatch.setattr(threadpool, "helpers", lambda n: pool)
+    monkeypatch.setattr(threadpool, "fire", lambda n, fn, *args: pool.submit(fn, *args))
     try:
         rng = np.random.default_rng(5)
         t, d, rP, rQ = _tables(rng, 32, 4096)
