@@ -97,6 +97,16 @@ def enter_cgroup(cap: int) -> str:
     return "no memory cgroup hierarchy found; the cap is not enforced"
 
 
+def rss_peak() -> int:
+    """This process's own peak RSS in bytes: ``VmHWM``, because ``ru_maxrss`` survives
+    fork/exec on Linux and would report a larger parent's size."""
+    try:
+        return int([line for line in open("/proc/self/status") if line.startswith("VmHWM:")][0].split()[1]) * 1024
+    except (OSError, IndexError):  # no procfs
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def cgroup_peak() -> int | None:
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         parts = line.split(":")
@@ -182,8 +192,6 @@ def child(args) -> None:
     hist = m.history_
     iter_times = np.diff([h["time"] for h in hist[1:]]) if len(hist) > 2 else np.array([np.nan])
     kl_heldout = float(np.mean(true_logp(H, parents, cpts) - m.log_prob(H)))
-    import resource
-
     out = {
         "case": args.case + (f" ({args.workers} workers)" if args.workers else ""), "cells": math.prod(cards),
         "cards": list(cards), "n_samples": args.n, "backend": args.backend, "epsilon": args.epsilon,
@@ -196,7 +204,7 @@ def child(args) -> None:
         "sec_per_iter_median": float(np.median(iter_times)) if iter_times.size else float("nan"),
         "n_iter": m.n_iter_, "converged": m.converged_,
         "n_bases": m.n_bases_, "kl_data": m.kl_data_, "kl_heldout": kl_heldout,
-        "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cgroup_peak": cgroup_peak(),
+        "rss_peak": rss_peak(), "cgroup_peak": cgroup_peak(),
         "cgroup": cgroup,
     }
     print("RESULT " + json.dumps(out), flush=True)
