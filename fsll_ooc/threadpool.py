@@ -3,13 +3,16 @@
 In core, one band is the whole table and the learner runs it on the calling thread;
 the kernels of :mod:`fsll_ooc.kernels` (the fused update + scan) and
 :mod:`fsll_ooc.fast_transform` (full transforms) then split their work between the
-caller and ``n - 1`` helper threads of this pool, ``n`` = :func:`num_threads`.
+caller and ``n - 1`` helper threads of this module, ``n`` = :func:`num_threads`: the
+update + scan hands its helpers work through :func:`fire` (no result, no waiting for a
+helper to start), the transforms through the pool of :func:`helpers` (they wait for
+their pieces).
 Work is always taken in small pieces as it comes (never split in equal halves up
 front), so a helper that the operating system deschedules, because another program
 has the other core, delays a pass by at most one piece.
 
 No numba threading layer (OpenMP/TBB/workqueue) is involved: nothing extra to compile,
-fork-safe (the pool is rebuilt in a child process), and callable from several threads
+fork-safe (the helpers are rebuilt in a child process), and callable from several threads
 (dask tasks) at once.  Out of core, dask runs several bands at once and the kernels
 stay on one thread each.
 
