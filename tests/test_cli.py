@@ -202,8 +202,9 @@ def test_demo_row(capsys, monkeypatch):
         return datasets.sample_table(p, 500, seed=seed), p
 
     monkeypatch.setattr(datasets, "paper_dataset", small)
-    rc, out, _ = run(capsys, "demo", "--dataset", "Ising5x4S")
+    rc, out, err = run(capsys, "demo", "--dataset", "Ising5x4S")
     assert rc == 0
+    assert "kernels ready in" in err  # loaded (or compiled) before the timed fit, said on stderr
     lines = out.splitlines()
     assert lines[0].split() == ["data", "N", "KL(pd||p)", "KL(p*||p)", "#basis", "iterations", "seconds"]
     assert lines[1].split()[:2] == ["Ising5x4S", "500"]
@@ -212,6 +213,7 @@ def test_demo_row(capsys, monkeypatch):
     rows = json.loads(out)
     assert [r["data"] for r in rows] == list(datasets.PAPER_DATASETS)
     assert all(r["kl_true"] >= 0 and r["kl_data"] >= 0 for r in rows)
+    assert all(r["kernel_load_seconds"] >= 0 and r["seconds"] > 0 for r in rows)
 
 
 def test_kl_true_zero_log_zero():
