@@ -427,7 +427,6 @@ class Engine:
         self.executor = executor
         self.passes = 0  # band passes run so far (each reads and/or writes whole tables)
         self.progress = False  # per-pass bars (set by the estimator when bars are shown)
-        self._par_cache: dict = {}
 
     # -- helpers
     def _run(self, kind: str, fn, argfn, reduce=True):
@@ -456,14 +455,9 @@ class Engine:
     def _parallel(self, kind: str) -> bool:
         """Threads inside the update + scan kernel: only for one band of at least
         :data:`PARALLEL_SCAN_MIN_CELLS` cells (several bands run as concurrent tasks)."""
-        key = (kind, PARALLEL_SCAN_MIN_CELLS)
-        par = self._par_cache.get(key)
-        if par is None:  # fixed for the engine's life (asked once per iteration)
-            L = self.layout
-            cells = L.a_band_elements if kind == "A" else L.b_band_elements
-            par = self._par_cache[key] = bool(self.executor.parallel_kernels and n_bands(L, kind) == 1
-                                              and cells >= PARALLEL_SCAN_MIN_CELLS)
-        return par
+        L = self.layout
+        cells = L.a_band_elements if kind == "A" else L.b_band_elements
+        return bool(self.executor.parallel_kernels and n_bands(L, kind) == 1 and cells >= PARALLEL_SCAN_MIN_CELLS)
 
     def _group(self, kind: str, flat: np.ndarray, values: np.ndarray | None = None):
         """Split global flat indices by band: ``{band: (local, global, values)}``."""

@@ -84,9 +84,22 @@ def _fetch_add(typingctx, arr, idx, val):
 
 
 @njit(inline="always")
+def _kl_to_optimum(t, d):
+    """KL change of moving ``thetabar_y`` from ``t`` to its 1-D optimum ``d`` (cost.kl_step)."""
+    return 0.5 * ((1.0 + d) * (math.log1p(t) - math.log1p(d)) + (1.0 - d) * (math.log1p(-t) - math.log1p(-d)))
+
+
+@njit(inline="always")
 def _exact(t, d, r):
     """Exact cost change of appending at the 1-D optimum (paper Eq. 15)."""
-    return 0.5 * ((1.0 + d) * (math.log1p(t) - math.log1p(d)) + (1.0 - d) * (math.log1p(-t) - math.log1p(-d))) + r
+    return _kl_to_optimum(t, d) + r
+
+
+@njit(inline="always")
+def _lncosh(x):
+    """``ln cosh x`` as cost._lncosh (stable for large ``|x|``)."""
+    x = abs(x)
+    return x + math.log1p(math.exp(-2.0 * x)) - math.log(2.0)
 
 
 # The hot test is the lower bound without its division:
@@ -253,8 +266,6 @@ def _pair_row(t, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, ski
     return best, bpos
 
 
-# Top-level drivers (numba caches these; closures over dispatchers would recompile each run).
-
 def _explicit_row(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, p, best, bpos):
     Q = t.shape[1]
     rp = r_const + rP[p]
@@ -274,6 +285,8 @@ def _explicit_row(t, partner, d, rP, rQ, r_const, ca, sb, update, skip, p, best,
 
 _row_explicit = njit(nogil=True, cache=True)(_explicit_row)
 
+
+# The top-level driver (numba caches it; closures over dispatchers would recompile each run).
 
 def _kernel_blocks(t, partner, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb, cw, unit, explicit, update,
                    threshold, skip, row_best, row_pos, rows, ctr, wait):
@@ -432,22 +445,16 @@ def support_moves(ys, t, d, theta, r):
     pass: there, a dozen numpy calls on the support cost 5x what they cost warm.
     """
     lim = 1.0 - 2.0**-52
-    ln2 = math.log(2.0)
     best = np.inf
     bi = np.int64(-1)
     bm = np.int64(0)
     by = np.int64(0)
     for i in range(t.shape[0]):
-        ti = t[i]
-        di = d[i]
-        adj = 0.5 * ((1.0 + di) * (math.log1p(ti) - math.log1p(di)) + (1.0 - di) * (math.log1p(-ti) - math.log1p(-di)))
-        a = math.atanh(min(max(ti, -lim), lim))
-        x1 = abs(a - theta[i])
-        x0 = abs(a)
-        rem = ((x1 + math.log1p(math.exp(-2.0 * x1)) - ln2) - (x0 + math.log1p(math.exp(-2.0 * x0)) - ln2)
-               + di * theta[i] - r[i])
-        y = ys[i]
-        if adj < best or (adj == best and (y < by or (y == by and bm > 0))):
+        adj = _kl_to_optimum(t[i], d[i])
+        a = math.atanh(min(max(t[i], -lim), lim))
+        rem = _lncosh(a - theta[i]) - _lncosh(a) + d[i] * theta[i] - r[i]
+        y = ys[i]  # the adjust of y is looked at before its remove: equal changes keep the adjust
+        if adj < best or (adj == best and y < by):
             best, bi, bm, by = adj, np.int64(i), np.int64(0), y
         if rem < best or (rem == best and y < by):
             best, bi, bm, by = rem, np.int64(i), np.int64(1), y
@@ -455,12 +462,12 @@ def support_moves(ys, t, d, theta, r):
 
 
 def warmup() -> None:
-    """Compile (or load from numba's cache) every kernel variant on tiny inputs."""
+    """Compile (or load from numba's cache) every kernel variant on tiny inputs (every kind
+    of pass and thread count runs the one driver ``_blocks``)."""
     t = np.zeros((2, 4))
     d = np.zeros((2, 4))
     r = np.zeros(2), np.zeros(4)
-    for par in (False, True):
-        update_scan_xor(t, d, *r, 0.0, 1, 3, 1.0, 0.0, 1.0, parallel=par)
-        update_scan_perm(t, d, *r, 0.0, np.array([0, 1]), np.array([0, 2, 1, 3]), 1.0, 0.0, 1.0, parallel=par)
-        update_scan_explicit(t, None, d, *r, 0.0, update=False, parallel=par)
+    update_scan_xor(t, d, *r, 0.0, 1, 3, 1.0, 0.0, 1.0)
+    update_scan_perm(t, d, *r, 0.0, np.array([0, 1]), np.array([0, 2, 1, 3]), 1.0, 0.0, 1.0)
+    update_scan_explicit(t, None, d, *r, 0.0, update=False)
     support_moves(np.zeros(1, np.int64), np.zeros(1), np.zeros(1), np.ones(1), np.zeros(1))

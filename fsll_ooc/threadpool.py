@@ -21,6 +21,7 @@ thread.
 """
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
@@ -31,21 +32,19 @@ __all__ = ["num_threads", "helpers", "fire"]
 _lock = threading.Lock()
 _pool = {"ex": None, "n": 0, "pid": None}
 _fire = {"q": None, "n": 0, "pid": None}
-_n_threads: list = []
 
 
+@functools.cache
 def num_threads() -> int:
     """Threads a kernel may use: ``numba.config.NUMBA_NUM_THREADS`` (the number of
     cores unless the ``NUMBA_NUM_THREADS`` environment variable says otherwise; read
     once, as numba does)."""
-    if not _n_threads:
-        try:
-            from numba import config
-            n = int(config.NUMBA_NUM_THREADS)
-        except Exception:  # pragma: no cover
-            n = os.cpu_count() or 1
-        _n_threads.append(max(1, n))
-    return _n_threads[0]
+    try:
+        from numba import config
+        n = int(config.NUMBA_NUM_THREADS)
+    except Exception:  # pragma: no cover
+        n = os.cpu_count() or 1
+    return max(1, n)
 
 
 def helpers(n: int) -> ThreadPoolExecutor:
