@@ -7,7 +7,7 @@ injection and kills itself (``SIGKILL``, no clean-up of any kind) at one write:
   ``torn-tmp`` (half of zarr's ``*.partial`` temporary file written), ``torn-final``
   (half of the final chunk file written in place: what a store without atomic rename,
   or a power cut, can leave), ``after`` (right after the write);
-* ``band``   a memmap band write (``fsll_ooc.storage._write_memmap``), modes ``torn``
+* ``band``   a memmap band write (``fsll_ooc.storage.tables._write_memmap``), modes ``torn``
   (half of the band's bytes written), ``data-no-crc`` (data written, checksums not),
   ``after``;
 * ``file``   a small-file replacement (``fsll_ooc.storage.write_bytes_atomic``: the fit
@@ -108,7 +108,8 @@ def install_faults(faults: Faults) -> None:
 
     import zarr.storage._local as zl
 
-    from fsll_ooc import storage
+    import fsll_ooc.storage
+    from fsll_ooc.storage import tables as storage
 
     orig_put = zl._put
 
@@ -176,6 +177,7 @@ def install_faults(faults: Faults) -> None:
             faults.die()
 
     storage.write_bytes_atomic = write_bytes_atomic
+    fsll_ooc.storage.write_bytes_atomic = write_bytes_atomic
 
 
 def summary(m) -> dict:
@@ -238,7 +240,7 @@ def zygote_main(cold: bool = False, n_samples: int = N_SAMPLES, layout=LAYOUT) -
     import zarr  # noqa: F401
     import dask  # noqa: F401
 
-    import fsll_ooc.model  # noqa: F401
+    import fsll_ooc.estimator  # noqa: F401
     from fsll_ooc import storage  # noqa: F401
 
     X = make_data(n_samples)
@@ -433,7 +435,7 @@ def summary_of_state(obj: dict) -> dict:
     st = obj["state"]
     cards = tuple(st["cards"])
     theta = [[list(map(int, np.unravel_index(int(y), cards))), float(v)] for y, v in st["theta"]]
-    from fsll_ooc.learner import FitState
+    from fsll_ooc.learn import FitState
 
     fs = FitState.from_json(st)
     return {"theta": theta, "cost": fs.cost(), "n_iter": int(st["n_iter"]), "log_z": st["log_z"]}

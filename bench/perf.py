@@ -52,7 +52,7 @@ def cold_fit_seconds(name: str) -> float:
 
 def compile_rows() -> list[str]:
     """First use after installing: numba compiles the kernels (a fresh, empty cache)."""
-    code = ("import time; t=time.perf_counter(); from fsll_ooc import FSLL, datasets, kernels, fast_transform; "
+    code = ("import time; t=time.perf_counter(); from fsll_ooc import FSLL, datasets, kernels; from fsll_ooc.kernels import transform as fast_transform; "
             "X,_=datasets.paper_dataset('Ising5x4S', seed=0); t1=time.perf_counter(); "
             "FSLL(epsilon=1e-4, progress=False).fit(X); t2=time.perf_counter(); "
             "kernels.warmup(); fast_transform.warmup(); t3=time.perf_counter(); "
@@ -71,7 +71,7 @@ def compile_rows() -> list[str]:
 def _best_fit(X, reps: int, threads: int):
     """Best of ``reps`` warm fits with the kernels on ``threads`` threads: (wall s, CPU s of all
     threads, iterations)."""
-    from fsll_ooc import threadpool
+    from fsll_ooc.kernels import threadpool
 
     saved = threadpool.num_threads
     if threads == 1:
@@ -88,7 +88,7 @@ def _best_fit(X, reps: int, threads: int):
 
 
 def paper_rows(reps: int = 3):
-    from fsll_ooc import threadpool
+    from fsll_ooc.kernels import threadpool
 
     X0, _ = datasets.paper_dataset("Ising5x4S", seed=0)
     FSLL(epsilon=1e-4, progress=False, max_iter=2).fit(X0)  # compile / load the kernels once
@@ -115,7 +115,7 @@ def paper_rows(reps: int = 3):
 def busy_rows(reps: int = 3):
     """The same fits while another program keeps one core busy (a Python busy loop):
     what a user on a shared machine gets, with the kernels on all threads and on one."""
-    from fsll_ooc import threadpool
+    from fsll_ooc.kernels import threadpool
 
     nt = threadpool.num_threads()
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -141,7 +141,7 @@ def iteration_rows(sizes, reps: int = 3):
              "full transform (ms) | transform copy units |",
              "|---|---|---|---|---|---|"]
     try:
-        from fsll_ooc.fast_transform import transform_inplace
+        from fsll_ooc.kernels.transform import transform_inplace
     except ImportError:  # pragma: no cover
         transform_inplace = None
     from fsll_ooc import basis
@@ -205,10 +205,10 @@ def numba_rows(sizes):
     from fsll_ooc import basis, kernels
 
     try:
-        from fsll_ooc.fast_transform import transform_inplace
+        from fsll_ooc.kernels.transform import transform_inplace
     except ImportError:  # pragma: no cover
         return ["(fast_transform not available)"]
-    from fsll_ooc import threadpool
+    from fsll_ooc.kernels import threadpool
 
     lines = ["| \\|X\\| | update+scan, numpy (ms) | numba, runs paired (ms) | numba, gathered (ms) | "
              f"numba {threadpool.num_threads()} threads, runs paired (ms) | transform, numpy (ms) | "

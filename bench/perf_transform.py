@@ -38,7 +38,7 @@ _COLD = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import numpy as np
-from fsll_ooc import fast_transform as ft
+from fsll_ooc.kernels import transform as ft
 t1 = time.perf_counter()
 a = np.random.default_rng(0).random(%(shape)r)
 t2 = time.perf_counter()
@@ -84,7 +84,7 @@ def main(argv=None):
     import numba
 
     from fsll_ooc import basis
-    from fsll_ooc import fast_transform as ft
+    from fsll_ooc.kernels import transform as ft
 
     ft.warmup()
     reps = 3 if args.quick else args.reps

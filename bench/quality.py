@@ -5,7 +5,7 @@ Systems
 -------
 * ``FL-paper``  -- ``FSLL(epsilon=1e-4)``: the paper's greedy search, unchanged;
 * ``FL-auto``   -- ``FSLL(epsilon="auto")``: the data-derived threshold ``0.1 / N`` and
-  fully corrective steps (``refine="adjust"`` + joint selection, :mod:`fsll_ooc.corrective`);
+  fully corrective steps (``refine="adjust"`` + joint selection, :mod:`fsll_ooc.learn.corrective`);
 * ``HC-BIC``, ``HC-BIC+BDeu``, ``Chow-Liu``, ``Chow-Liu+BDeu`` -- pgmpy hill climbing
   with the BIC score / the Chow-Liu tree, maximum-likelihood or BDeu(1) CPDs
   (``bench/reproduce_paper.py``'s code; the structure search is timed in both rows).
@@ -50,7 +50,7 @@ for p in (ROOT, HERE):
         sys.path.insert(0, p)
 
 from fsll_ooc import FSLL, datasets  # noqa: E402
-from fsll_ooc import model as _model  # noqa: E402
+from fsll_ooc import estimator as _model  # noqa: E402
 from reproduce_paper import fit_pgmpy, fix_hash_seed, kl, machine_line  # noqa: E402
 
 FL = ("FL-paper", "FL-auto")
@@ -234,7 +234,7 @@ def study_pm1(seeds):
     """Greedy convergence on the same Potts grid with q = 3 (+-1 basis) and q = 4 (Walsh)."""
     lines = ["| data | N | system | iterations | appends | adjusts | removes | adjusts per append "
              "| cost left on the support* | KL(p*‖p) | time [s] |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    from fsll_ooc import corrective
+    from fsll_ooc.learn import corrective
     for fam in ("Potts-q4", "Potts-q3"):
         for n in (10_000, 100_000):
             for sysname, kw in (("FL-paper", dict(epsilon=1e-4)), ("greedy 0.1/N", dict(epsilon="auto", refine=False)),
@@ -329,7 +329,7 @@ def true_span(name, seed):
 
 def study_oracle(seeds):
     """Search or cost? The MDL cost of the true structure's span, refined, then searched from."""
-    from fsll_ooc import corrective, learner
+    from fsll_ooc.learn import corrective; from fsll_ooc import learn as learner
     lines = ["| data | FL-auto: cost / KL / #params | true span, refined: cost / KL / #params "
              "| true span, then the search: cost / KL / #params |", "|---|---|---|---|"]
     for name, n in (("Potts-mix", 1_000), ("BN-mix", 10_000), ("BN-mix", 100_000)):
@@ -370,15 +370,15 @@ differs in three ways, all minimising the paper's MDL cost and all ending on the
 test (no single-coordinate append/adjust/remove gains epsilon):
 
 1. *Stopping rule* `epsilon = 0.1 / N`: a move must shorten the whole data set's code length
-   (N x cost nats) by a tenth of a nat (`fsll_ooc.learner.auto_epsilon`; at N = 1000 it is the
+   (N x cost nats) by a tenth of a nat (`fsll_ooc.learn.auto_epsilon`; at N = 1000 it is the
    paper's 1e-4, at N = 1e5 it is 1e-6).
-2. *Fully corrective step* (`fsll_ooc.corrective.refine`): damped Newton on every selected
+2. *Fully corrective step* (`fsll_ooc.learn.corrective.refine`): damped Newton on every selected
    parameter jointly, with the exact gradient `thetabar_S - dbar_S` and Hessian
    `Cov_p(Phi_y, Phi_y')` gathered from the dual table (|S|^2 product cells, no dense
    |X| x |S| matrix), the duals re-derived exactly after each step, and a step accepted only if
    the exact cost went down. It runs whenever the greedy search's best move is an *adjust* and
    before the search stops.
-3. *Joint selection* (`fsll_ooc.corrective.joint_append`): when the search would stop,
+3. *Joint selection* (`fsll_ooc.learn.corrective.joint_append`): when the search would stop,
    candidates are re-scored by their gain *with the support re-adapting* (Schur complement of
    the Hessian: second-order gain `u_y^2 / (2 s_y)` against the 1-D `g_y^2 / (2 Var Phi_y)`),
    picked by forward selection on that quadratic model, appended together and refined; kept

@@ -88,7 +88,7 @@ def _user_input():
 
 def _refusals() -> tuple:
     """The library's clear refusals (exit 2): imported only when an error reaches ``main``."""
-    from .locking import StoreLockedError
+    from .storage.lock import StoreLockedError
     from .planner import PlanError
     from .storage import DiskFullError, IntegrityError
 
@@ -114,7 +114,7 @@ def _model_class():
     try:
         from . import FSLL  # type: ignore[attr-defined]
     except ImportError:
-        from .model import FSLL
+        from .estimator import FSLL
     return FSLL
 
 
@@ -144,7 +144,7 @@ def _load_model(path: str):
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such model file: '{path}'")
     if os.path.isdir(path):
-        from .model import STATE_FILE
+        from .estimator import STATE_FILE
         from .storage import read_json
 
         state = os.path.join(path, STATE_FILE)
@@ -290,7 +290,8 @@ def _register_demo(sub) -> None:
 
 def _load_kernels() -> None:
     """Compile (first run after installing) or load from numba's cache the kernels a fit uses."""
-    from . import fast_transform, kernels
+    from . import kernels
+    from .kernels import transform as fast_transform
     kernels.warmup()
     fast_transform.warmup((np.float64,))
 
@@ -429,7 +430,7 @@ def _cmd_fit(args) -> int:
     _set_labels(model, enc.names, enc.categories)
     model.save(args.out)
     if args.store is not None:
-        from .model import _jsonable
+        from .estimator import _jsonable
         from .storage import write_json_atomic
 
         write_json_atomic(os.path.join(args.store, LABELS_FILE),

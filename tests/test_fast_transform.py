@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fsll_ooc import basis
-from fsll_ooc import fast_transform as ft
+from fsll_ooc.kernels import transform as ft
 
 
 def _close(got, ref, rtol=1e-12):

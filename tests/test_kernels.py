@@ -16,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from fsll_ooc import engine, kernels, threadpool
+import fsll_ooc.engine.engine as engine
+from fsll_ooc import kernels
+from fsll_ooc.kernels import threadpool
 
 
 def _reference(t, partner_flat, d, rP, rQ, r_const, ch, sh, inv_den, threshold, skip, update=True):
@@ -181,7 +183,7 @@ def test_threads_take_blocks_and_match_one_thread(monkeypatch, n_threads, mp, mq
     """Blocks of rows taken by 2 or 3 threads: the table and the winner are those of one thread
     (bit for bit), on a table with many blocks; repeated to give a race a chance to show."""
     monkeypatch.setattr(threadpool, "num_threads", lambda: n_threads)
-    monkeypatch.setattr(kernels, "BLOCK_CELLS", 4 * 8192)  # 4 rows per block: 16 blocks
+    monkeypatch.setattr(kernels.scan, "BLOCK_CELLS", 4 * 8192)  # 4 rows per block: 16 blocks
     rng = np.random.default_rng(mp * 7 + mq)
     t, d, rP, rQ = _tables(rng, 64, 8192)
     ch, sh = math.cosh(0.2), math.sinh(0.2)

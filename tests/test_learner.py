@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fsll_ooc import FSLL, basis, cost as C, datasets
-from fsll_ooc.learner import FitState, resolve_epsilon
+from fsll_ooc.learn import FitState, resolve_epsilon
 
 import oracle
 

@@ -11,7 +11,8 @@ import types
 import numpy as np
 import pytest
 
-from fsll_ooc import FSLL, datasets, learner
+from fsll_ooc import FSLL, datasets
+from fsll_ooc.learn import greedy as learner
 from fsll_ooc.planner import PlanError, plan
 
 CARDS = (2, 3, 4, 5, 2, 3)
@@ -124,7 +125,7 @@ def test_resume_after_kill_gives_the_same_model(data, tmp_path, monkeypatch):
     script = textwrap.dedent(f"""
         import os, numpy as np
         from fsll_ooc import FSLL
-        from fsll_ooc import model as M
+        from fsll_ooc import estimator as M
         calls = [0]
         orig = M.FSLL._persist
         def persist(self, *a, **k):

@@ -6,8 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from fsll_ooc import FSLL, basis, corrective, datasets
-from fsll_ooc.learner import AUTO_C, auto_epsilon, resolve_epsilon, resolve_refine
+from fsll_ooc import FSLL, basis, datasets
+from fsll_ooc.learn import corrective
+from fsll_ooc.learn import AUTO_C, auto_epsilon, resolve_epsilon, resolve_refine
 
 import oracle
 

@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fsll_ooc import FSLL, locking, storage
-from fsll_ooc.locking import StoreLock, StoreLockedError
+from fsll_ooc import FSLL, storage
+from fsll_ooc.storage import lock as locking
+from fsll_ooc.storage.lock import StoreLock, StoreLockedError
 from fsll_ooc.planner import PlanError
 from fsll_ooc.storage import DiskFullError, IntegrityError
 
@@ -304,7 +305,7 @@ def test_json_writes_leave_nothing_on_failure(tmp_path, monkeypatch):
     def boom(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(storage.os, "fsync", boom)
+    monkeypatch.setattr(storage.tables.os, "fsync", boom)
     with pytest.raises(OSError):
         storage.write_json_atomic(target, {"x": 1}, checksum=True)
     assert list(tmp_path.iterdir()) == []
@@ -315,7 +316,7 @@ def test_json_writes_leave_nothing_on_failure(tmp_path, monkeypatch):
 def _hold_lock_in_child(store):
     code = textwrap.dedent(f"""
         import sys, time
-        from fsll_ooc.locking import StoreLock
+        from fsll_ooc.storage.lock import StoreLock
         lk = StoreLock({str(store)!r}, purpose="fit").acquire()
         print("ready", flush=True)
         time.sleep(120)

@@ -40,7 +40,7 @@ Store directory layout (``backend="zarr"``)::
     STORE/scratch/ ...
     STORE/fsll_state.json      # fit state, replaced atomically after every iteration
     STORE/fsll_counts.npy      # the data as (cell, count) pairs: a fit can restart from any point
-    STORE/fsll.lock            # writer lock (fsll_ooc.locking)
+    STORE/fsll.lock            # writer lock (fsll_ooc.storage.lock)
     STORE/readers/...          # private scratch tables of read-only users of a finished fit
 
 ``backend="memmap"`` keeps ``STORE/<name>.f64`` raw C-order files (and their

@@ -32,10 +32,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import basis, cost as C, locking, storage
+from . import basis, cost as C, storage
+from .storage import lock as locking
 from .engine import Engine
-from .executor import make_executor
-from .learner import FitState, learn, resolve_refine
+from .executors import make_executor
+from .learn import FitState, learn, resolve_refine
 from .planner import plan as make_plan, PlanError
 
 __all__ = ["FSLL", "MODEL_FORMAT", "MODEL_VERSION", "validate_data"]
@@ -145,7 +146,7 @@ class FSLL:
     epsilon : "auto" or float
         Stop when the best move lowers the cost by less than this (nats per sample).
         ``"auto"`` (default): ``0.1 / N``, a tenth of a nat of the whole data set's
-        code length (:func:`fsll_ooc.learner.auto_epsilon` gives the reasoning), with
+        code length (:func:`fsll_ooc.learn.auto_epsilon` gives the reasoning), with
         corrective steps (see ``refine``); it equals ``1e-4`` at ``N = 1000`` and is
         smaller above.  Measured in ``docs/benchmarks_quality.md``, it reaches a far
         lower ``KL(p*||p)`` than the paper's setting at about its time.
@@ -167,7 +168,7 @@ class FSLL:
     progress : bool, optional
         Show a progress bar (default: when stderr is a terminal).
     refine : None, bool, "adjust" or "final"
-        Fully corrective steps (:mod:`fsll_ooc.corrective`): damped Newton on all
+        Fully corrective steps (:mod:`fsll_ooc.learn.corrective`): damped Newton on all
         selected parameters jointly, exact duals after each step, cost monotone, the
         same MDL cost and the same stopping test.  ``"adjust"`` runs one whenever the
         greedy search's best move is an adjust or it would stop, ``"final"`` only when
@@ -401,7 +402,7 @@ class FSLL:
 
         Raises ``FileNotFoundError`` (nothing to resume), :class:`~fsll_ooc.storage.IntegrityError`
         (a store file is damaged or altered, named in the message) or
-        :class:`~fsll_ooc.locking.StoreLockedError` (another process is writing the store).
+        :class:`~fsll_ooc.storage.lock.StoreLockedError` (another process is writing the store).
         """
         root = Path(store)
         sf = root / STATE_FILE
@@ -708,7 +709,7 @@ class FSLL:
             table = np.zeros(self.cardinalities_)
             table.reshape(-1)[sup] = val
             try:
-                from .fast_transform import transform_inplace
+                from .kernels.transform import transform_inplace
 
                 transform_inplace(table, transpose=True)
                 l = table

@@ -40,7 +40,7 @@ a pass is one block of all rows, and the champion is carried from row to row (fe
 exact evaluations).
 
 ``parallel=True`` shares a pass between the calling thread and the helpers of
-:mod:`fsll_ooc.threadpool`: each takes blocks of rows (about :data:`BLOCK_CELLS`
+:mod:`fsll_ooc.kernels.threadpool`: each takes blocks of rows (about :data:`BLOCK_CELLS`
 cells) from an atomic counter as it comes and carries the champion within a block;
 every row records its champion, and :func:`reduce_rows` picks the winner.  A pair of
 rows is updated by the thread holding the lower row, so no two threads write the
@@ -323,7 +323,7 @@ _blocks = njit(cache=True, nogil=True)(_kernel_blocks)
 def _run(args, P, Q, parallel):
     """Run a pass on this thread alone (one block of all ``P`` rows: the champion is
     carried from row to row), or, with ``parallel`` and more than one thread allowed
-    (:func:`fsll_ooc.threadpool.num_threads`), on this thread and the helpers: blocks of
+    (:func:`fsll_ooc.kernels.threadpool.num_threads`), on this thread and the helpers: blocks of
     rows of about :data:`BLOCK_CELLS` cells taken as they come.
 
     The caller does not wait for a helper to start, only for the blocks a helper has

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import basis
+from .. import basis
 
 __all__ = ["pair_products", "moment_matrix", "RefineResult", "refine"]
 

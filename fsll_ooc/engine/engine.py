@@ -1,6 +1,6 @@
 """The table passes of a fit, over banded stores: the execution layer.
 
-The learner (:mod:`fsll_ooc.learner`) speaks in terms of whole tables ("compute the
+The learner (:mod:`fsll_ooc.learn`) speaks in terms of whole tables ("compute the
 targets", "apply this step and scan for candidates", "re-derive the duals exactly");
 this module turns each request into band tasks over the layout chosen by the
 planner, runs them with an executor and reduces their results.  In core is the same
@@ -22,14 +22,14 @@ from typing import Sequence
 
 import numpy as np
 
-from . import basis, kernels, storage
-from .executor import Executor
-from .planner import Layout
+from .. import basis, kernels, storage
+from ..executors import Executor
+from ..planner import Layout
 
 __all__ = ["Engine", "ScanResult", "Step"]
 
 try:  # compiled cache-blocked transforms, when available
-    from .fast_transform import transform_inplace as _fast_transform
+    from ..kernels.transform import transform_inplace as _fast_transform
 except Exception:  # pragma: no cover - optional acceleration
     _fast_transform = None
 
@@ -96,7 +96,7 @@ class Context:
 D, TB, SCR = 0, 1, 2
 
 #: Smallest band for which the fused update + scan runs on several threads (the caller
-#: and the helpers of :mod:`fsll_ooc.threadpool`, taking blocks of rows as they come).
+#: and the helpers of :mod:`fsll_ooc.kernels.threadpool`, taking blocks of rows as they come).
 #: Only when the band is the only task of its pass (in core); several bands run as
 #: concurrent tasks and keep one thread each.  Measured on 2 cores
 #: (docs/benchmarks.md section 3): 1.5-2x faster per pass at 2^20 on an idle machine,
@@ -553,7 +553,7 @@ class Engine:
         res = self._run("B", task_map, lambda i: (self.ctx, "B", i, dst, dst, ops))
         return res.total
 
-    # -- fully corrective step (fsll_ooc.corrective): gathers and a top-k candidate pass ------
+    # -- fully corrective step (fsll_ooc.learn.corrective): gathers and a top-k candidate pass ------
     def gather(self, flat: np.ndarray, table: int = TB) -> np.ndarray:
         """Values of ``table`` (default ``thetabar``) at global flat indices ``flat``.
 

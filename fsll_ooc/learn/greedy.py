@@ -12,7 +12,7 @@ exactly):
 
 * ``epsilon="auto"``: the stopping threshold ``AUTO_C / N`` (:func:`auto_epsilon`);
 * ``refine``: fully corrective Newton phases on the selected support
-  (:mod:`fsll_ooc.corrective`), run when the greedy search would stop and/or when
+  (:mod:`fsll_ooc.learn.corrective`), run when the greedy search would stop and/or when
   its best move is only an *adjust* of a selected parameter.
 
 The cost is tracked exactly from the sparse state:
@@ -28,8 +28,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import corrective, cost as C, kernels
-from .engine import Engine, Step
+from . import corrective
+from .. import cost as C, kernels
+from ..engine import Engine, Step
 
 __all__ = ["FitState", "learn", "auto_epsilon", "resolve_epsilon", "resolve_refine", "AUTO_C"]
 
@@ -194,15 +195,15 @@ def learn(engine: Engine, state: FitState, *, epsilon: float | str = 1e-4, max_i
 
     ``epsilon``: a number (nats) or ``"auto"`` (:func:`auto_epsilon`).
     ``refine`` (see :func:`resolve_refine`): ``"final"`` runs a fully corrective
-    phase (:func:`fsll_ooc.corrective.refine`) whenever the greedy search would stop,
+    phase (:func:`fsll_ooc.learn.corrective.refine`) whenever the greedy search would stop,
     and continues the search if it moved; ``"adjust"`` also runs one whenever the
     best move is an *adjust* (at most once between two appends/removes).  A phase
     stops when its predicted remaining gain is below ``refine_tol * epsilon`` or after
     ``refine_rounds`` Newton rounds; it counts as one iteration (``move="refine"`` in
     the history).  With ``joint=True`` (and ``refine`` on), a search that would stop
-    after a corrective phase first tries :func:`fsll_ooc.corrective.joint_append`
+    after a corrective phase first tries :func:`fsll_ooc.learn.corrective.joint_append`
     over the ``joint_candidates`` best cells of a top-k pass and up to ``joint_closure``
-    unused terms on the support's variable sets (:func:`fsll_ooc.corrective.closure_candidates`),
+    unused terms on the support's variable sets (:func:`fsll_ooc.learn.corrective.closure_candidates`),
     at most ``joint_max_new`` picks (``move="joint-append"``, the appended indices under
     ``"added"``, their predicted gains under ``"added_gain"``).  The search always ends on a scan of the final state
     in which no single-coordinate move gains ``epsilon`` (an axis minimum of the same

@@ -2,7 +2,7 @@
 
 In core, one band is the whole table and the learner runs it on the calling thread;
 the kernels of :mod:`fsll_ooc.kernels` (the fused update + scan) and
-:mod:`fsll_ooc.fast_transform` (full transforms) then split their work between the
+:mod:`fsll_ooc.kernels.transform` (full transforms) then split their work between the
 caller and ``n - 1`` helper threads of this module, ``n`` = :func:`num_threads`: the
 update + scan hands its helpers work through :func:`fire` (no result, no waiting for a
 helper to start), the transforms through the pool of :func:`helpers` (they wait for

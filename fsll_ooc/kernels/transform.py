@@ -1464,7 +1464,7 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
     if a.size == 0 or not ax_list:
         return
     if a.dtype not in (np.float64, np.float32) or not a.dtype.isnative:
-        from . import basis
+        from .. import basis
         a[...] = basis.transform(a, ax_list, transpose=transpose)
         return
     counts = {}
