@@ -44,6 +44,8 @@ from typing import Sequence
 
 import numpy as np
 
+from . import kernels as _kernels
+
 __all__ = [
     "penalty_weights",
     "penalty",
@@ -51,6 +53,9 @@ __all__ = [
     "delta_append",
     "delta_adjust",
     "delta_remove",
+    "kl_shift",
+    "optimum_theta",
+    "best_support_move",
     "lower_bound",
     "target_entropy",
     "empirical_entropy",
@@ -86,9 +91,29 @@ def delta_adjust(d: float, t: float) -> float:
     return kl_step(d, t, d)
 
 
-def removed_dual(t: float, theta: float) -> float:
-    """``thetabar_y`` after setting ``theta_y`` to 0 (paper Eq. 11)."""
-    return math.tanh(_atanh(t) - theta)
+def optimum_theta(theta: float, d: float, t: float) -> float:
+    """``theta_y`` at its 1-D optimum: the value that moves ``thetabar_y`` from ``t`` to ``d``.
+
+    ``theta + atanh(d) - atanh(t)`` (paper Eq. 11 solved for ``theta_y``), the duals
+    clipped to ``+-(1 - 2^-52)`` so that the result is finite.
+    """
+    return theta + _atanh(d) - _atanh(t)
+
+
+def best_support_move(ys: np.ndarray, t: np.ndarray, d: np.ndarray, theta: np.ndarray,
+                      r: np.ndarray) -> tuple[float, int, int]:
+    """The best *adjust* or *remove* move over the support: ``(delta, i, move)``.
+
+    ``ys``: the support's flat indices (int64); ``t``, ``d``: ``thetabar`` and ``dbar``
+    there; ``theta``, ``r``: its parameters and penalties (float64).  ``delta`` is the
+    lowest of :func:`delta_adjust` and :func:`delta_remove` over the support, ``i`` its
+    position (``-1`` when the support is empty) and ``move`` 0 (adjust) or 1 (remove);
+    ties go to the lowest change, then the lowest ``y``, then adjust before remove.
+    Evaluated by one compiled call (:func:`fsll_ooc.kernels.support_moves`, the same
+    formulas in the same order of operations): the learner calls it right after a
+    pass, when the caches are cold and numpy calls are slow (``docs/design.md``).
+    """
+    return _kernels.support_moves(ys, t, d, theta, r)
 
 
 def _atanh(t: float) -> float:

@@ -36,7 +36,7 @@ from . import basis, cost as C, storage
 from .storage import lock as locking
 from .engine import Engine
 from .executors import make_executor
-from .learn import FitState, learn, resolve_refine
+from .learn import FitState, LearnOptions, learn, resolve_refine
 from .planner import plan as make_plan, PlanError
 
 __all__ = ["FSLL", "MODEL_FORMAT", "MODEL_VERSION", "validate_data"]
@@ -350,8 +350,9 @@ class FSLL:
         engine.progress = bar is not None
         cb = (lambda s: self._persist(s, plan, backend, status="running")) if backend != "numpy" else None
         try:
-            learn(engine, state, epsilon=self.epsilon, max_iter=self.max_iter, resync_every=self.resync_every,
-                  fresh=fresh, progress=bar, callback=cb, refine=self.refine)
+            learn(engine, state, LearnOptions(epsilon=self.epsilon, max_iter=self.max_iter,
+                                              resync_every=self.resync_every, refine=self.refine),
+                  fresh=fresh, progress=bar, callback=cb)
         finally:
             if bar is not None:
                 bar.close()

@@ -1,6 +1,7 @@
 """The learner against brute force on tiny mixed-cardinality problems."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from fsll_ooc import FSLL, basis, cost as C, datasets
-from fsll_ooc.learn import FitState, resolve_epsilon
+from fsll_ooc.learn import FitState, LearnOptions, learn, resolve_epsilon
 
 import oracle
 
@@ -219,3 +220,62 @@ def test_save_load_roundtrip(tmp_path):
     (tmp_path / "junk.json").write_text("not json")
     with pytest.raises(ValueError, match="not an fsll-ooc model"):
         FSLL.load(tmp_path / "junk.json")
+
+
+def _started(X, cards):
+    """An engine with its targets and uniform duals, and the state of a fit at iteration 0."""
+    m = FSLL(cardinalities=cards, epsilon=1e-4, max_iter=0, progress=False).fit(X)
+    assert m.n_iter_ == 0 and not m.theta_
+    return m._engine, m._state
+
+
+def test_learn_options_reach_the_learner():
+    cards = (2, 3, 4, 5, 2, 3)
+    X, _ = _data(cards, 3000, 3)
+    # the paper's setting through learn() equals the paper's setting through FSLL
+    eng, st = _started(X, cards)
+    learn(eng, st, LearnOptions(epsilon=1e-4))
+    ref = FSLL(cardinalities=cards, epsilon=1e-4, progress=False).fit(X)
+    assert st.theta == ref._state.theta and st.cost() == ref.cost_ and st.n_iter == ref.n_iter_
+    # the default options (FSLL's defaults) use corrective phases and the joint selection ...
+    eng, st = _started(X, cards)
+    learn(eng, st)
+    assert {h["move"] for h in st.history} >= {"refine", "joint-append"}
+    # ... which options FSLL does not take switch off or bound
+    eng, st = _started(X, cards)
+    seen = []
+    learn(eng, st, LearnOptions(refine="final", joint=False, refine_rounds=1,
+                                on_finish=lambda e, s: seen.append((e, s))))
+    moves = {h["move"] for h in st.history}
+    assert "refine" in moves and "joint-append" not in moves
+    assert all(h["value"] == 1.0 for h in st.history if h["move"] == "refine")  # one Newton round each
+    assert seen == [(eng, st)]  # the hook ran once, on the final state
+    eng, st = _started(X, cards)
+    learn(eng, st, LearnOptions(epsilon=1e-4, max_iter=7))
+    assert st.n_iter == 7 and not st.converged
+
+
+@pytest.mark.parametrize("field,value", [
+    ("epsilon", 0), ("epsilon", -1e-4), ("epsilon", math.inf), ("epsilon", "fast"), ("epsilon", True),
+    ("max_iter", -1), ("max_iter", 2.5), ("resync_every", 0), ("resync_every", True),
+    ("refine", "sometimes"), ("refine_tol", -0.1), ("refine_tol", math.nan), ("refine_rounds", 0),
+    ("joint", "yes"), ("joint_candidates", -1), ("joint_closure", 1.5), ("joint_max_new", 0),
+    ("on_finish", 3),
+])
+def test_bad_learn_options_name_the_option_and_value(field, value):
+    with pytest.raises(ValueError, match=rf"^{field} must") as info:
+        LearnOptions(**{field: value})
+    assert str(info.value).endswith(f"got {value!r}")
+
+
+def test_learn_options_frozen_json_and_type_checked():
+    o = LearnOptions(epsilon=1e-4, joint=False, joint_max_new=np.int64(4), on_finish=print)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.epsilon = 1.0
+    d = o.to_json()
+    assert "on_finish" not in d and d["joint_max_new"] == 4 and type(d["joint_max_new"]) is int
+    assert LearnOptions.from_json(d) == dataclasses.replace(o, on_finish=None, joint_max_new=4)
+    with pytest.raises(ValueError, match="unknown learner option.*'epsilom'"):
+        LearnOptions.from_json({"epsilom": 1e-4})
+    with pytest.raises(TypeError, match="LearnOptions"):
+        learn(None, None, {"epsilon": 1e-4})

@@ -1,4 +1,11 @@
-"""Learning: the paper's greedy algorithm over any engine, and the fully corrective steps."""
-from . import corrective, greedy  # noqa: F401
-from .greedy import *  # noqa: F401,F403
-from .greedy import __all__  # noqa: F401
+"""Learning: the paper's greedy algorithm over any engine, and the fully corrective steps.
+
+``state`` (:class:`FitState`, the sparse model of a fit), ``greedy`` (:func:`learn` and
+its :class:`LearnOptions`), ``corrective`` (joint Newton phases and joint selection).
+"""
+from . import corrective, greedy, state  # noqa: F401
+from .greedy import AUTO_C, REFINE_MODES, LearnOptions, auto_epsilon, learn, resolve_epsilon, resolve_refine
+from .state import FitState
+
+__all__ = ["FitState", "LearnOptions", "learn", "auto_epsilon", "resolve_epsilon", "resolve_refine", "AUTO_C",
+           "REFINE_MODES"]

@@ -8,7 +8,7 @@ from *converged*: the values keep creeping by many small ``adjust`` moves, each
 below ``epsilon``, while the search spends its budget elsewhere.
 
 On a fixed support ``S`` the MDL cost is ``KL(q || p_theta) + const``, a smooth convex
-function of ``theta_S`` with (design notes, identity 3 for the products)
+function of ``theta_S`` with (``docs/design.md``, "What one iteration costs", for the products)
 
 * gradient  ``g_y = thetabar_y - dbar_y``,
 * Hessian   ``H_yy' = Cov_p(Phi_y, Phi_y') = <Phi_y Phi_y'>_p - thetabar_y thetabar_y'``.
@@ -32,7 +32,7 @@ end the dual table is exact for the accepted parameters.  Rounds stop when the
 Newton decrement ``g^T H^-1 g / 2`` (the predicted remaining gain) is below ``tol``.
 
 Work per round: one gather (``O(|S|^2)`` cells, touched chunks only) and one or more
-resyncs (each about 2-3 table passes; in core at ``2^20`` cells about 20 ms).
+resyncs (each about 2-3 table passes; timings in ``docs/benchmarks.md``).
 """
 from __future__ import annotations
 
@@ -356,8 +356,8 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     correlated with the support can gain far more once the support re-adapts: the
     second-order gain is then ``u_y^2 / (2 s_y)`` with the Schur complement
     ``s_y = Var(Phi_y) - h_y^T H^-1 h_y`` (``h_y = Cov(Phi_S, Phi_y)``) and
-    ``u_y = g_y - h_y^T H^-1 g_S`` (on BN20-54L, seed 0: 1-D gains of +3e-5 against joint
-    gains of -9e-4 for the same term).  This runs a forward selection on that
+    ``u_y = g_y - h_y^T H^-1 g_S`` (an example from the paper's data in
+    ``docs/benchmarks_quality.md``).  This runs a forward selection on that
     quadratic model over the ``n_candidates`` best cells of a top-k pass
     (:meth:`~fsll_ooc.engine.Engine.top_candidates`) and up to ``n_closure`` unused
     terms on the support's variable sets (:func:`closure_candidates`; on

@@ -4,8 +4,8 @@ Each iteration evaluates every candidate: *append* ``theta_y`` for ``y`` outside
 support (found by the engine's fused block scan, lower bound first), *adjust* and
 *remove* for ``y`` in the support (closed forms, ``O(|support|)``); it takes the best
 one if it lowers the cost by at least ``epsilon`` and updates the duals with the
-incremental identity (design notes, identity 3), re-deriving them exactly every
-``resync_every`` iterations to bound floating-point drift.
+incremental identity (``docs/design.md``, "What one iteration costs"), re-deriving them
+exactly every ``resync_every`` iterations to bound floating-point drift.
 
 Beyond the paper (both off with ``epsilon=1e-4, refine=False``, which reproduces it
 exactly):
@@ -15,99 +15,34 @@ exactly):
   (:mod:`fsll_ooc.learn.corrective`), run when the greedy search would stop and/or when
   its best move is only an *adjust* of a selected parameter.
 
+Every option of the search is a field of :class:`LearnOptions`, checked in one place.
 The cost is tracked exactly from the sparse state:
 ``KL(q || p_theta) = -H(q) - sum_y theta_y dbar_y + log Z``.
 """
 from __future__ import annotations
 
 import math
-import operator
+import numbers
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import numpy as np
 
 from . import corrective
-from .. import cost as C, kernels
+from .state import FitState
+from .. import cost as C
 from ..engine import Engine, Step
 
-__all__ = ["FitState", "learn", "auto_epsilon", "resolve_epsilon", "resolve_refine", "AUTO_C"]
-
-
-@dataclass
-class FitState:
-    """Everything needed to continue a fit: the sparse model and its bookkeeping."""
-
-    cards: tuple[int, ...]
-    n_samples: int
-    entropy_q: float  # H(q) of the smoothed target
-    theta: dict[int, float] = field(default_factory=dict)  # flat index -> theta_y
-    dbar: dict[int, float] = field(default_factory=dict)  # flat index -> dbar_y on the support
-    log_z: float = 0.0
-    n_iter: int = 0
-    converged: bool = False
-    history: list[dict] = field(default_factory=list)
-
-    def digits(self, flat: int) -> tuple[int, ...]:
-        """The multi-index (C order) of flat index ``flat``."""
-        flat = int(flat)
-        if not 0 <= flat < math.prod(self.cards):
-            raise ValueError(f"flat index {flat} out of range for cardinalities {self.cards}")
-        out = []
-        for k in reversed(self.cards):
-            flat, x = divmod(flat, k)
-            out.append(x)
-        return tuple(reversed(out))
-
-    def penalty(self, flat: int) -> float:
-        """``r_y`` of flat index ``y`` (memoised: the learner asks for the support every iteration)."""
-        cache = self.__dict__.setdefault("_r_cache", {})
-        r = cache.get(flat)
-        if r is None:
-            weights = self.__dict__.get("_r_weights")
-            if weights is None:
-                weights = self.__dict__["_r_weights"] = C.penalty_weights(self.cards, self.n_samples)
-            r = cache[flat] = C.penalty(self.digits(flat), *weights)
-        return r
-
-    def penalties(self, flats) -> list[float]:
-        """``r_y`` of several flat indices (Python ints), memoised like :meth:`penalty`."""
-        cache = self.__dict__.setdefault("_r_cache", {})
-        try:
-            return list(map(cache.__getitem__, flats))
-        except KeyError:  # new terms (usually the one appended last): fill them in
-            for y in flats:
-                if y not in cache:
-                    self.penalty(y)
-            return list(map(cache.__getitem__, flats))
-
-    def cost(self) -> float:
-        """``KL(q || p_theta) + sum_y r_y`` from the sparse state (exact; ``O(#terms)``)."""
-        kl = -self.entropy_q + self.log_z - sum(map(operator.mul, self.theta.values(),
-                                                    map(self.dbar.__getitem__, self.theta)))
-        return kl + sum(self.penalties(self.theta))
-
-    def to_json(self) -> dict:
-        return {
-            "cards": list(self.cards), "n_samples": self.n_samples, "entropy_q": self.entropy_q,
-            "theta": [[int(y), float(v)] for y, v in self.theta.items()],
-            "dbar": [[int(y), float(v)] for y, v in self.dbar.items()],
-            "log_z": self.log_z, "n_iter": self.n_iter, "converged": self.converged, "history": self.history,
-        }
-
-    @classmethod
-    def from_json(cls, obj: dict) -> "FitState":
-        return cls(tuple(obj["cards"]), int(obj["n_samples"]), float(obj["entropy_q"]),
-                   {int(y): float(v) for y, v in obj["theta"]}, {int(y): float(v) for y, v in obj["dbar"]},
-                   float(obj["log_z"]), int(obj["n_iter"]), bool(obj["converged"]), list(obj["history"]))
+__all__ = ["LearnOptions", "learn", "auto_epsilon", "resolve_epsilon", "resolve_refine", "AUTO_C",
+           "REFINE_MODES"]
 
 
 def _best_move(state: FitState, res) -> tuple[float, str, int, float, float]:
     """(delta, move, flat, t, d) of the best candidate; ties: lowest delta, then lowest y.
 
-    Adjust and remove are evaluated for the whole support in one compiled call
-    (:func:`fsll_ooc.kernels.support_moves`, the closed forms of :mod:`fsll_ooc.cost`).
+    Adjust and remove are evaluated for the whole support by one call
+    (:func:`fsll_ooc.cost.best_support_move`).
     """
     best = (math.inf, "none", -1, 0.0, 0.0)
     if res.pos >= 0 and res.pos not in state.theta:
@@ -118,7 +53,7 @@ def _best_move(state: FitState, res) -> tuple[float, str, int, float, float]:
         ys_l = sp.tolist()
         th = np.fromiter(map(state.theta.__getitem__, ys_l), np.float64, len(ys_l))
         r = np.array(state.penalties(ys_l), np.float64)
-        dy, i, mv = kernels.support_moves(sp, t, d, th, r)
+        dy, i, mv = C.best_support_move(sp, t, d, th, r)
         if i >= 0:
             yi = ys_l[i]
             if dy < best[0] or (dy == best[0] and yi < best[2]):
@@ -181,34 +116,137 @@ def resolve_refine(refine, epsilon) -> str:
     raise ValueError(f"refine must be None, True, False or one of {REFINE_MODES}, got {refine!r}")
 
 
-def learn(engine: Engine, state: FitState, *, epsilon: float | str = 1e-4, max_iter: int | None = None,
-          resync_every: int = 256, fresh: bool = True, progress=None,
-          callback: Callable[[FitState], None] | None = None, refine: str | bool | None = False,
-          refine_tol: float = 0.1, refine_rounds: int = 8, joint: bool = True,
-          joint_candidates: int = 256, joint_closure: int = 512, joint_max_new: int = 32) -> FitState:
-    """Run Algorithm 1 from ``state`` until no candidate lowers the cost by ``epsilon``.
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
-    ``fresh=True``: ``thetabar`` is the table of ``state`` already (a new fit: the
-    uniform duals); otherwise it is re-derived exactly from ``state.theta`` first
-    (resuming).  ``progress`` is a tqdm-like bar or None; ``callback(state)`` runs
-    after every iteration (persistence).
 
-    ``epsilon``: a number (nats) or ``"auto"`` (:func:`auto_epsilon`).
-    ``refine`` (see :func:`resolve_refine`): ``"final"`` runs a fully corrective
-    phase (:func:`fsll_ooc.learn.corrective.refine`) whenever the greedy search would stop,
-    and continues the search if it moved; ``"adjust"`` also runs one whenever the
-    best move is an *adjust* (at most once between two appends/removes).  A phase
-    stops when its predicted remaining gain is below ``refine_tol * epsilon`` or after
-    ``refine_rounds`` Newton rounds; it counts as one iteration (``move="refine"`` in
-    the history).  With ``joint=True`` (and ``refine`` on), a search that would stop
-    after a corrective phase first tries :func:`fsll_ooc.learn.corrective.joint_append`
-    over the ``joint_candidates`` best cells of a top-k pass and up to ``joint_closure``
-    unused terms on the support's variable sets (:func:`fsll_ooc.learn.corrective.closure_candidates`),
-    at most ``joint_max_new`` picks (``move="joint-append"``, the appended indices under
-    ``"added"``, their predicted gains under ``"added_gain"``).  The search always ends on a scan of the final state
-    in which no single-coordinate move gains ``epsilon`` (an axis minimum of the same
-    cost).
+@dataclass(frozen=True)
+class LearnOptions:
+    """Every option of the search (:func:`learn`), checked when the object is made.
+
+    The defaults are the library's (``FSLL()``); ``LearnOptions(epsilon=1e-4)`` is the
+    paper's algorithm exactly (``refine=None`` resolves to off with a numeric epsilon).
+
+    epsilon : "auto" or float
+        Stop when no candidate lowers the cost by this much (nats per sample);
+        ``"auto"`` is ``AUTO_C / N`` (:func:`auto_epsilon`).
+    max_iter : int or None
+        Stop after this many iterations in total (counting those of a resumed fit).
+    resync_every : int
+        Re-derive the duals exactly every this many greedy moves (bounds the drift of
+        the incremental update).
+    refine : None, bool, "off", "adjust" or "final"
+        The corrective schedule (:func:`resolve_refine`): ``"final"`` runs a fully
+        corrective phase (:func:`fsll_ooc.learn.corrective.refine`) whenever the greedy
+        search would stop and continues the search if it moved; ``"adjust"`` also runs
+        one whenever the best move is an *adjust* (at most once between two
+        appends/removes).  ``None``: ``"adjust"`` with ``epsilon="auto"``, else off.
+    refine_tol : float
+        A corrective phase stops when its predicted remaining gain is below
+        ``refine_tol * epsilon`` ...
+    refine_rounds : int
+        ... or after this many Newton rounds.
+    joint : bool
+        With ``refine`` on, a search that would stop after a corrective phase first
+        tries a joint selection (:func:`fsll_ooc.learn.corrective.joint_append`) ...
+    joint_candidates : int
+        ... over this many best cells of a top-k pass ...
+    joint_closure : int
+        ... and up to this many unused terms on the support's variable sets
+        (:func:`fsll_ooc.learn.corrective.closure_candidates`) ...
+    joint_max_new : int
+        ... appending at most this many terms at once.
+    on_finish : callable or None
+        ``on_finish(engine, state)`` runs once when the search has ended, before
+        :func:`learn` returns; what it leaves in ``state`` (and in the engine's dual
+        table) is the result.  For experiments that continue from a fitted state
+        (further corrective phases, a different support; ``bench/quality.py``).  Not
+        part of :meth:`to_json`: a resumed fit runs without it.
     """
+
+    epsilon: float | str = "auto"
+    max_iter: int | None = None
+    resync_every: int = 256
+    refine: str | bool | None = None
+    refine_tol: float = 0.1
+    refine_rounds: int = 8
+    joint: bool = True
+    joint_candidates: int = 256
+    joint_closure: int = 512
+    joint_max_new: int = 32
+    on_finish: Callable[[Engine, FitState], None] | None = None
+
+    def __post_init__(self):
+        eps = self.epsilon
+        if isinstance(eps, str):
+            if eps != "auto":
+                raise ValueError(f"epsilon must be a positive number or 'auto', got {eps!r}")
+        elif not (isinstance(eps, numbers.Real) and not isinstance(eps, (bool, np.bool_))
+                  and eps > 0 and math.isfinite(eps)):
+            raise ValueError(f"epsilon must be a positive number or 'auto', got {eps!r}")
+        if self.max_iter is not None and not (_is_int(self.max_iter) and self.max_iter >= 0):
+            raise ValueError(f"max_iter must be a non-negative int or None, got {self.max_iter!r}")
+        resolve_refine(self.refine, eps)  # raises ValueError naming the allowed values
+        tol = self.refine_tol
+        if not (isinstance(tol, numbers.Real) and not isinstance(tol, (bool, np.bool_))
+                and tol >= 0 and math.isfinite(tol)):
+            raise ValueError(f"refine_tol must be a non-negative finite number, got {tol!r}")
+        if not isinstance(self.joint, (bool, np.bool_)):
+            raise ValueError(f"joint must be True or False, got {self.joint!r}")
+        for name, low in (("resync_every", 1), ("refine_rounds", 1), ("joint_candidates", 0),
+                          ("joint_closure", 0), ("joint_max_new", 1)):
+            v = getattr(self, name)
+            if not (_is_int(v) and v >= low):
+                kind = "positive" if low else "non-negative"
+                raise ValueError(f"{name} must be a {kind} int, got {v!r}")
+        if self.on_finish is not None and not callable(self.on_finish):
+            raise ValueError(f"on_finish must be callable or None, got {self.on_finish!r}")
+
+    def to_json(self) -> dict:
+        """The options as a JSON-ready dict (without ``on_finish``); :meth:`from_json` reads it."""
+        out = {}
+        for f in fields(self):
+            if f.name == "on_finish":
+                continue
+            v = getattr(self, f.name)
+            out[f.name] = v.item() if isinstance(v, (np.generic,)) else v
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "LearnOptions":
+        """Options from :meth:`to_json`'s dict (missing fields take their defaults)."""
+        names = {f.name for f in fields(cls)} - {"on_finish"}
+        unknown = sorted(set(obj) - names)
+        if unknown:
+            raise ValueError(f"unknown learner option(s) {', '.join(map(repr, unknown))}; valid: "
+                             f"{', '.join(sorted(names))}")
+        return cls(**obj)
+
+
+def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, *, fresh: bool = True,
+          progress=None, callback: Callable[[FitState], None] | None = None) -> FitState:
+    """Run Algorithm 1 from ``state`` until no candidate lowers the cost by ``options.epsilon``.
+
+    ``options``: a :class:`LearnOptions` (``None``: the defaults).  ``fresh=True``:
+    ``thetabar`` is the table of ``state`` already (a new fit: the uniform duals);
+    otherwise it is re-derived exactly from ``state.theta`` first (resuming).
+    ``progress`` is a tqdm-like bar or None; ``callback(state)`` runs after every
+    iteration (persistence).
+
+    A corrective phase counts as one iteration (``move="refine"`` in the history); a
+    joint selection too (``move="joint-append"``, the appended indices under
+    ``"added"``, their predicted gains under ``"added_gain"``).  The search always ends
+    on a scan of the final state in which no single-coordinate move gains ``epsilon``
+    (an axis minimum of the same cost), unless ``max_iter`` stopped it first.
+    """
+    if options is None:
+        options = LearnOptions()
+    elif not isinstance(options, LearnOptions):
+        raise TypeError(f"options must be a LearnOptions, got {type(options).__name__}")
+    o = options
+    epsilon, max_iter, resync_every, refine = o.epsilon, o.max_iter, o.resync_every, o.refine
+    refine_tol, refine_rounds, joint = o.refine_tol, o.refine_rounds, o.joint
+    joint_candidates, joint_closure, joint_max_new = o.joint_candidates, o.joint_closure, o.joint_max_new
     eps = resolve_epsilon(epsilon, state.n_samples)
     mode = resolve_refine(refine, epsilon)
     support = lambda: np.fromiter(state.theta.keys(), dtype=np.int64, count=len(state.theta))  # noqa: E731
@@ -279,7 +317,7 @@ def learn(engine: Engine, state: FitState, *, epsilon: float | str = 1e-4, max_i
         if move == "remove":
             new = 0.0
         else:
-            new = old + C._atanh(d) - C._atanh(t)
+            new = C.optimum_theta(old, d, t)
         step = Step(state.digits(y), new - old, t)
         state.log_z += math.log(math.cosh(step.delta) + math.sinh(step.delta) * t)
         if move == "remove":
@@ -302,4 +340,6 @@ def learn(engine: Engine, state: FitState, *, epsilon: float | str = 1e-4, max_i
         record({"iter": state.n_iter, "move": move, "y": list(step.digits), "value": new,
                 "delta": delta, "cost": state.cost(), "n_bases": len(state.theta),
                 "time": time.perf_counter() - t0})
+    if o.on_finish is not None:
+        o.on_finish(engine, state)
     return state
