@@ -1,6 +1,6 @@
 """The fixed local bases of the FSLL model and their fast transforms (pure math).
 
-Conventions (see ``DESIGN-NOTES.md``; tests and users depend on them):
+Conventions (``docs/design.md``, "Conventions"; tests and users depend on them):
 
 * variable ``i`` takes values ``0 .. k_i-1``; tables have shape ``(k_0, ..., k_{n-1})``
   and flatten in C order (last variable fastest);

@@ -48,8 +48,6 @@ BASE_OVERHEAD = 400 * 2**20
 #: Share of an out-of-core memory limit left to the page cache and I/O buffers (a cgroup
 #: limit counts them too; without headroom, writeback stalls or the kernel kills the fit).
 IO_HEADROOM = 0.25
-#: Preferred smallest chunk (elements): below about 1 MB per chunk, overhead grows.
-MIN_CHUNK = 2**17
 #: Smallest chunk accepted (elements): below it every pass drowns in per-chunk overhead.
 MIN_CHUNK_HARD = 2**12
 #: Preferred largest chunk (elements).
@@ -328,9 +326,6 @@ def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, dis
         lead = _prod(cards[:a])
         while c < n and (lead * _prod(cards[c:]) > band_max or _prod(cards[c:]) > MAX_CHUNK):
             c += 1
-        if a == 0 and size <= band_max:
-            # fits in one band: still give it several chunks so passes stream and parallelise
-            a = 0
         L = Layout(cards, a, c)
         if lead * _prod(cards[c:]) > band_max:
             need = TASK_FACTOR * itemsize * workers * 2 * int(math.isqrt(size)) + BASE_OVERHEAD
