@@ -53,17 +53,6 @@ LABELS_FILE = "fsll_cli_labels.json"
 #: Exit code of ``plan`` (and ``tools/plan_memory.py``) when the problem does not fit.
 EXIT_INFEASIBLE = 3
 
-#: Table 1 of the paper (Java, i7-6700K): KL(pd||p), KL(p*||p), #basis, seconds.
-PAPER_TABLE1 = {
-    "Ising5x4S": (2.501, 0.012, 31, 5),
-    "Ising5x4L": (0.476, 0.004, 37, 9),
-    "BN20-37S": (4.355, 0.317, 39, 5),
-    "BN20-37L": (0.697, 0.026, 105, 12),
-    "BN20-54S": (3.288, 0.697, 41, 5),
-    "BN20-54L": (0.430, 0.057, 192, 23),
-}
-
-
 # ----------------------------------------------------------------- error plumbing
 
 class UsageError(Exception):
@@ -244,17 +233,6 @@ def _cardinality_list(s: str) -> tuple:
 
 # -------------------------------------------------------------------------- demo
 
-def _kl_true(p_true: np.ndarray, p_model: np.ndarray) -> float:
-    """KL(p* || p) in nats with 0 ln 0 = 0."""
-    a = np.asarray(p_true, dtype=np.float64).ravel()
-    b = np.asarray(p_model, dtype=np.float64).ravel()
-    if a.shape != b.shape:
-        raise RuntimeError(f"true table has {a.size} cells, the model's {b.size}")
-    m = a > 0
-    with np.errstate(divide="ignore"):
-        return float(np.sum(a[m] * (np.log(a[m]) - np.log(b[m]))))
-
-
 def _kl_data(model, codes: np.ndarray) -> float:
     """KL(pd || p) in nats: from the model when it stores it, else from the data."""
     v = _float(getattr(model, "kl_data_", None))
@@ -329,7 +307,7 @@ def _cmd_demo(args) -> int:
             "seed": args.seed,
             "n_samples": int(X.shape[0]),
             "kl_data": _kl_data(model, X),
-            "kl_true": _kl_true(p_true, model.probabilities()),
+            "kl_true": datasets.kl_divergence(p_true, model.probabilities()),
             "n_bases": int(model.n_bases_),
             "n_iter": int(model.n_iter_),
             "seconds": seconds,
@@ -340,13 +318,13 @@ def _cmd_demo(args) -> int:
             print(_DEMO_FMT.format(name, row["n_samples"], f"{row['kl_data']:.3f}",
                                    f"{row['kl_true']:.3f}", row["n_bases"], row["n_iter"],
                                    f"{seconds:.2f}"), flush=True)
-            ref = PAPER_TABLE1.get(name)
+            ref = datasets.PAPER_TABLE1.get((name, "FL"))
             if ref is not None:
                 print(_DEMO_FMT.format("  (paper)", "", f"{ref[0]:.3f}", f"{ref[1]:.3f}", ref[2],
                                        "", ref[3]), flush=True)
     if args.json:
         for row in rows:
-            ref = PAPER_TABLE1.get(row["data"])
+            ref = datasets.PAPER_TABLE1.get((row["data"], "FL"))
             if ref is not None:
                 row["paper"] = dict(zip(("kl_data", "kl_true", "n_bases", "seconds"), ref))
         _print_json(rows if args.all else rows[0])

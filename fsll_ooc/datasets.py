@@ -43,6 +43,8 @@ import numpy as np
 __all__ = [
     "MAX_CELLS",
     "PAPER_DATASETS",
+    "PAPER_TABLE1",
+    "kl_divergence",
     "ising_grid",
     "potts_grid",
     "random_bayesnet",
@@ -57,9 +59,48 @@ MAX_CELLS = 2**26
 #: The six datasets of the paper's experiments, in the paper's order.
 PAPER_DATASETS = ("Ising5x4S", "Ising5x4L", "BN20-37S", "BN20-37L", "BN20-54S", "BN20-54L")
 
+#: The paper's Table 1 (its Java code on an i7-6700K @ 4 GHz): ``PAPER_TABLE1[(dataset, model)]``
+#: is ``(KL(p_d||p), KL(p*||p), #basis, seconds)`` for the FSLL model (``"FL"``) and the
+#: Boltzmann-machine baselines (``"BM-DI"``, ``"BM-PCD"``, :mod:`fsll_ooc.baselines`).
+PAPER_TABLE1 = {
+    ("Ising5x4S", "FL"): (2.501, 0.012, 31, 5), ("Ising5x4S", "BM-DI"): (2.424, 0.087, 210, 13),
+    ("Ising5x4S", "BM-PCD"): (2.504, 0.094, 210, 3),
+    ("Ising5x4L", "FL"): (0.476, 0.004, 37, 9), ("Ising5x4L", "BM-DI"): (0.473, 0.002, 210, 12),
+    ("Ising5x4L", "BM-PCD"): (0.528, 0.053, 210, 3),
+    ("BN20-37S", "FL"): (4.355, 0.317, 39, 5), ("BN20-37S", "BM-DI"): (4.746, 0.863, 210, 17),
+    ("BN20-37S", "BM-PCD"): (4.803, 0.903, 210, 3),
+    ("BN20-37L", "FL"): (0.697, 0.026, 105, 12), ("BN20-37L", "BM-DI"): (1.422, 0.750, 210, 19),
+    ("BN20-37L", "BM-PCD"): (1.477, 0.806, 210, 3),
+    ("BN20-54S", "FL"): (3.288, 0.697, 41, 5), ("BN20-54S", "BM-DI"): (3.743, 1.301, 210, 23),
+    ("BN20-54S", "BM-PCD"): (3.826, 1.338, 210, 3),
+    ("BN20-54L", "FL"): (0.430, 0.057, 192, 23), ("BN20-54L", "BM-DI"): (1.545, 1.166, 210, 21),
+    ("BN20-54L", "BM-PCD"): (1.620, 1.242, 210, 3),
+}
+
 _SIZES = {"S": 1_000, "L": 100_000}
 
 SeedLike = Union[None, int, np.random.SeedSequence, np.random.Generator]
+
+
+def kl_divergence(p, q) -> float:
+    """``KL(p || q)`` in nats of two tables of the same size, e.g. ``KL(p* || p_theta)``.
+
+    Cells with ``p = 0`` contribute 0 (``0 ln 0 = 0``); a cell with ``p > 0`` and
+    ``q <= 0`` (or ``q`` not a number) makes it ``inf``; round-off below 0 is reported
+    as 0.
+
+    >>> round(kl_divergence([0.5, 0.5, 0.0], [0.25, 0.5, 0.25]), 6)   # ln(2) / 2
+    0.346574
+    """
+    p = np.asarray(p, dtype=np.float64).ravel()
+    q = np.asarray(q, dtype=np.float64).ravel()
+    if p.shape != q.shape:
+        raise ValueError(f"KL needs two tables of the same size, got {p.size:,} and {q.size:,} cells")
+    m = p > 0
+    pm, qm = p[m], q[m]
+    if np.any(~(qm > 0)):
+        return float("inf")
+    return float(max(np.sum(pm * (np.log(pm) - np.log(qm))), 0.0))
 
 
 # --------------------------------------------------------------------------- helpers

@@ -216,12 +216,6 @@ def test_demo_row(capsys, monkeypatch):
     assert all(r["kernel_load_seconds"] >= 0 and r["seconds"] > 0 for r in rows)
 
 
-def test_kl_true_zero_log_zero():
-    p_true = np.array([0.5, 0.5, 0.0])
-    p = np.array([0.25, 0.5, 0.25])
-    assert cli._kl_true(p_true, p) == pytest.approx(0.5 * np.log(2))
-
-
 # -------------------------------------------------------------------- errors
 
 def test_error_missing_file(capsys, tmp_path):

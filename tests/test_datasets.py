@@ -151,3 +151,28 @@ def test_size_limit():
         datasets.ising_grid(3, 9)
     with pytest.raises(ValueError, match="2\\*\\*26"):
         datasets.potts_grid(1, 4, q=[128, 128, 128, 128])
+
+
+def test_kl_true_zero_log_zero():
+    p_true = np.array([0.5, 0.5, 0.0])
+    p = np.array([0.25, 0.5, 0.25])
+    assert datasets.kl_divergence(p_true, p) == pytest.approx(0.5 * np.log(2))
+
+
+def test_kl_divergence_infinite_zero_and_size_checked():
+    p = np.array([[0.2, 0.3], [0.5, 0.0]])
+    assert datasets.kl_divergence(p, p) == 0.0
+    assert datasets.kl_divergence(p, [0.5, 0.5, 0.0, 0.0]) == np.inf  # q = 0 where p > 0
+    assert datasets.kl_divergence(p, [0.2, 0.3, np.nan, 0.5]) == np.inf
+    q = np.array([0.1, 0.2, 0.3, 0.4])
+    want = sum(a * np.log(a / b) for a, b in zip(p.ravel(), q) if a > 0)
+    assert datasets.kl_divergence(p, q) == pytest.approx(want, rel=1e-14)
+    with pytest.raises(ValueError, match="4 and 3 cells"):
+        datasets.kl_divergence(p, q[:3])
+
+
+def test_paper_table1_has_every_dataset_and_model():
+    T = datasets.PAPER_TABLE1
+    assert set(T) == {(d, m) for d in datasets.PAPER_DATASETS for m in ("FL", "BM-DI", "BM-PCD")}
+    assert T[("Ising5x4S", "FL")] == (2.501, 0.012, 31, 5) and T[("BN20-54L", "BM-PCD")] == (1.620, 1.242, 210, 3)
+    assert all(len(v) == 4 and 0 < v[1] < v[0] for v in T.values())  # KL(p*||p) below KL(p_d||p) in every row
