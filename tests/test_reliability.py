@@ -1,7 +1,8 @@
 """Nothing lost, nothing crashes: kill points, integrity, locking, disk and memory faults.
 
-The full kill-point sweep is ``bench/kill_points.py`` (figures in docs/reliability.md);
-here a handful of its points run in CI on the same tiny problem.
+The kill-point harness is ``tests/kill_points.py``; ``bench/kill_points.py`` runs its full
+sweep (figures in docs/reliability.md); here a handful of its points run in CI on the same
+tiny problem.
 """
 import errno
 import importlib.util
@@ -28,7 +29,7 @@ LAYOUT = (1, 2)
 
 
 def _load_harness():
-    spec = importlib.util.spec_from_file_location("kill_points", ROOT / "bench" / "kill_points.py")
+    spec = importlib.util.spec_from_file_location("kill_points", ROOT / "tests" / "kill_points.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
