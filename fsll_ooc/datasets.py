@@ -45,6 +45,7 @@ __all__ = [
     "PAPER_DATASETS",
     "PAPER_TABLE1",
     "kl_divergence",
+    "grid_edges",
     "ising_grid",
     "potts_grid",
     "random_bayesnet",
@@ -128,7 +129,7 @@ def _expand(factor: np.ndarray, axes: Sequence[int], ndim: int) -> np.ndarray:
     return factor.reshape(shape)
 
 
-def _grid_edges(rows: int, cols: int):
+def grid_edges(rows: int, cols: int) -> list[tuple[int, int]]:
     """Nearest-neighbour edges ``(i, j)``, ``i < j``, of an open grid, row-major numbering."""
     if rows < 1 or cols < 1:
         raise ValueError(f"grid needs rows >= 1 and cols >= 1, got {rows}x{cols}")
@@ -174,7 +175,7 @@ def ising_grid(rows: int, cols: int, coupling: float = 0.5) -> np.ndarray:
     s = np.array([-1.0, 1.0])
     pair = float(coupling) * np.outer(s, s)
     logp = np.zeros((2,) * n)
-    for i, j in _grid_edges(rows, cols):
+    for i, j in grid_edges(rows, cols):
         logp += _expand(pair, (i, j), n)
     return _normalise_from_log(logp)
 
@@ -205,7 +206,7 @@ def potts_grid(rows: int, cols: int, q: Union[int, Sequence[int]], coupling: flo
             raise ValueError(f"q has {len(cards)} entries, the {rows}x{cols} grid has {n} variables")
     _check_cells(cards)
     logp = np.zeros(cards)
-    for i, j in _grid_edges(rows, cols):
+    for i, j in grid_edges(rows, cols):
         eq = np.equal.outer(np.arange(cards[i]), np.arange(cards[j])).astype(np.float64)
         logp += _expand(float(coupling) * eq, (i, j), n)
     return _normalise_from_log(logp)
