@@ -315,7 +315,7 @@ def true_span(name, seed):
         _, st = datasets.random_bayesnet(MIX_CARDS, 2, seed=np.random.SeedSequence([int(seed), 11]))
         factors = [tuple(sorted((i,) + tuple(pa))) for i, pa in enumerate(st["parents"])]
     else:
-        factors = [tuple(e) for e in datasets._grid_edges(2, 5)]
+        factors = [tuple(e) for e in datasets.grid_edges(2, 5)]
     ys = set()
     for f in factors:
         for digs in itertools.product(*[range(MIX_CARDS[i]) for i in f]):
