@@ -48,8 +48,6 @@ from .queries import labels as _labels_of
 from .queries import describe_factor as _describe_factor, factor_text as _factor_text  # noqa: F401 (term text)
 
 PROG = "fsll-ooc"
-#: Labels of a CLI fit, kept in its store so that the store itself can serve as MODEL.
-LABELS_FILE = "fsll_cli_labels.json"
 #: Exit code of ``plan`` (and ``tools/plan_memory.py``) when the problem does not fit.
 EXIT_INFEASIBLE = 3
 
@@ -100,10 +98,8 @@ def _show_progress(args) -> bool:
 
 def _model_class():
     """The estimator class (imported lazily: ``--help`` stays fast)."""
-    try:
-        from . import FSLL  # type: ignore[attr-defined]
-    except ImportError:
-        from .estimator import FSLL
+    from .estimator import FSLL
+
     return FSLL
 
 
@@ -133,27 +129,17 @@ def _load_model(path: str):
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such model file: '{path}'")
     if os.path.isdir(path):
-        from .estimator import STATE_FILE
-        from .storage import read_json
+        from .storage.fit_store import STATE_FILE, FitStore
 
-        state = os.path.join(path, STATE_FILE)
-        if not os.path.exists(state):
+        store = FitStore(path)
+        if not store.exists():
             raise DataError(f"'{path}' is a directory but not an fsll-ooc store (no {STATE_FILE})")
         with _user_input():
-            status = read_json(state, checksum=True).get("status")
+            status = store.read().status
             if status != "complete":
                 raise DataError(f"the fit in store '{path}' is not complete (status {status!r}); "
                                 "finish it with FSLL.resume(store) in Python")
-            model = _model_class().resume(path, progress=False)
-            labels = os.path.join(path, LABELS_FILE)
-            if getattr(model, "feature_names_in_", None) is None and os.path.exists(labels):
-                try:
-                    obj = read_json(labels)
-                    _set_labels(model, obj["names"], obj["categories"])
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise DataError(f"{labels}: the store's labels file is damaged ({type(exc).__name__}: {exc}); "
-                                    f"delete it to use codes as labels") from None
-            return model
+            return _model_class().resume(path, progress=False)
     with _user_input():
         return _model_class().load(path)
 
@@ -167,14 +153,6 @@ def _check_writable(path: str, what: str) -> None:
         raise DataError(f"cannot write the {what} to '{path}': directory '{parent}' does not exist")
     if not os.access(parent, os.W_OK):
         raise DataError(f"cannot write the {what} to '{path}': directory '{parent}' is not writable")
-
-
-def _set_labels(model, names, categories) -> None:
-    if hasattr(model, "set_labels"):
-        model.set_labels(list(names), [list(c) for c in categories])
-    else:  # older model without the helper
-        model.feature_names_in_ = list(names)
-        model.categories_ = [list(c) for c in categories]
 
 
 # ---------------------------------------------------------------- argument types
@@ -368,10 +346,8 @@ def _register_fit(sub) -> None:
 
 def _connect(address: str):
     """A ``dask.distributed.Client`` for ``address``; a refused connection is the user's input."""
-    try:
-        from dask.distributed import Client
-    except ImportError as exc:  # pragma: no cover - distributed is a dependency
-        raise ImportError("--scheduler needs dask.distributed: pip install distributed") from exc
+    from dask.distributed import Client
+
     try:
         return Client(address, timeout="10s")
     except (OSError, TimeoutError, ValueError) as exc:
@@ -398,21 +374,14 @@ def _cmd_fit(args) -> int:
         t0 = time.perf_counter()
         try:
             with _user_input():  # fit validates the codes (e.g. the size of the joint table)
-                model.fit(enc.codes)
+                model.fit(enc.codes, feature_names=enc.names, categories=enc.categories)
         except PlanError as exc:  # the budget does not fit the problem: the user's input
             raise DataError(str(exc)) from exc
         seconds = time.perf_counter() - t0
     finally:
         if client is not None:
             client.close()
-    _set_labels(model, enc.names, enc.categories)
     model.save(args.out)
-    if args.store is not None:
-        from .estimator import _jsonable
-        from .storage import write_json_atomic
-
-        write_json_atomic(os.path.join(args.store, LABELS_FILE),
-                          {"names": enc.names, "categories": _jsonable(enc.categories)})
     summary = {
         "data": args.data,
         "model": args.out,
@@ -674,23 +643,8 @@ def _register_plan(sub) -> None:
     p.set_defaults(func=_cmd_plan)
 
 
-def _machine_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return None
-
-
-def _free_disk(path: str) -> int:
-    import shutil
-
-    parent = os.path.abspath(path)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    return shutil.disk_usage(parent).free
-
-
 def _cmd_plan(args) -> int:
+    from ._machine import free_disk, total_memory
     from .planner import parse_bytes, parse_cards, plan
 
     with _user_input():
@@ -698,9 +652,9 @@ def _cmd_plan(args) -> int:
             cards = parse_cards(args.cards)
         else:
             cards = tuple(encode(read_table(args.data)).cardinalities)
-        memory = parse_bytes(args.memory) if args.memory is not None else _machine_memory()
+        memory = parse_bytes(args.memory) if args.memory is not None else total_memory()
         disk = parse_bytes(args.disk) if args.disk is not None else (
-            _free_disk(args.store) if args.store is not None else None)
+            free_disk(args.store) if args.store is not None else None)
         p = plan(cards, dtype=args.dtype, memory_limit=memory, disk_free=disk, workers=args.workers,
                  out_of_core=True if args.out_of_core else None)
     if args.json:

@@ -14,122 +14,27 @@ True
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import errno
 import json
 import math
-import os
-import secrets
-import shutil
-import socket
 import sys
-import tempfile
-import time
-import weakref
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from . import basis, cost as C, storage
-from .storage import lock as locking
 from .engine import Engine
 from .executors import make_executor
 from .learn import FitState, LearnOptions, learn, resolve_refine
 from .planner import plan as make_plan, PlanError
+from . import model_file
+from ._machine import free_disk, total_memory
+from ._validation import (check_cardinalities_param, check_code_range, check_fit_params, check_labels,
+                          check_n_samples, validate_data)
+from .model_file import MODEL_FORMAT, MODEL_VERSION, jsonable_categories
+from .storage.fit_store import TABLE_NAMES, BackendCapabilities, FitStore, StoredFit, backend_capabilities
 
 __all__ = ["FSLL", "MODEL_FORMAT", "MODEL_VERSION", "validate_data"]
-
-MODEL_FORMAT = "fsll-ooc-model"
-MODEL_VERSION = 1
-STATE_FILE = "fsll_state.json"
-STATE_FORMAT = "fsll-ooc-fit-state"
-#: The fit's data as (cell, count) pairs, kept in the store so that resume can restart any stage.
-COUNTS_FILE = "fsll_counts.npy"
-#: Private scratch tables of read-only users of a finished store (one directory per reader).
-READERS_DIR = "readers"
-TABLE_NAMES = ("dbar", "thetabar", "scratch")
-_STATUSES = ("starting", "running", "complete")
-MAX_CARD = 2**16
-
-
-def _total_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover
-        return None
-
-
-def validate_data(X: Any, cardinalities: Sequence[int] | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
-    """Check ``X`` and return ``(codes as int64 (N, n), cardinalities)``.
-
-    Raises ``ValueError`` naming the offending column, row, value or limit; nothing
-    large is allocated before the checks pass.
-
-    >>> validate_data([[0, 1], [1, 2]])[1]
-    (2, 3)
-    >>> validate_data([[0, 5]], cardinalities=[2, 3])
-    Traceback (most recent call last):
-    ...
-    ValueError: column 1 (X1): value 5 in row 0 is outside 0..2 (cardinality 3)
-    """
-    if hasattr(X, "to_numpy") and hasattr(X, "columns"):
-        from .io import encode  # DataFrames: categories become codes
-
-        enc = encode(X, cardinalities)
-        X = enc.codes
-        if cardinalities is None:
-            cardinalities = enc.cardinalities
-    arr = np.asarray(X)
-    if arr.ndim != 2:
-        raise ValueError(f"X must be a 2-D array (samples x variables), got {arr.ndim}-D with shape {arr.shape}")
-    if arr.shape[0] == 0:
-        raise ValueError("X has no samples (0 rows)")
-    if arr.shape[1] == 0:
-        raise ValueError("X has no variables (0 columns)")
-    if arr.dtype == bool:
-        arr = arr.astype(np.int64)
-    _check_code_range(arr)  # before any cast to int64 can wrap a huge code onto another cell
-    if arr.dtype.kind == "f":
-        bad = ~np.isfinite(arr)
-        if bad.any():
-            r, c = map(int, np.argwhere(bad)[0])
-            raise ValueError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is not a finite number")
-        frac = arr != np.round(arr)
-        if frac.any():
-            r, c = map(int, np.argwhere(frac)[0])
-            raise ValueError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is not an integer category code")
-    elif arr.dtype.kind not in "iu":
-        raise ValueError(f"X must hold integer category codes, got dtype {arr.dtype}; "
-                         "encode strings first (fsll_ooc.io.encode or pass a pandas DataFrame)")
-    if (arr < 0).any():
-        r, c = map(int, np.argwhere(arr < 0)[0])
-        raise ValueError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is negative; codes are 0..k-1")
-    arr = arr.astype(np.int64)
-    n = arr.shape[1]
-    if cardinalities is None:
-        cards = tuple(int(v) + 1 for v in arr.max(axis=0))
-    else:
-        cards = tuple(int(k) for k in cardinalities)
-        if len(cards) != n:
-            raise ValueError(f"cardinalities has {len(cards)} entries but X has {n} columns")
-        for i, k in enumerate(cards):
-            if k < 1:
-                raise ValueError(f"cardinality of column {i} (X{i}) must be >= 1, got {k}")
-        over = arr >= np.array(cards)
-        if over.any():
-            r, c = map(int, np.argwhere(over)[0])
-            raise ValueError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is outside 0..{cards[c] - 1} "
-                             f"(cardinality {cards[c]})")
-    for i, k in enumerate(cards):
-        if k > MAX_CARD:
-            raise ValueError(f"column {i} (X{i}) has {k} categories, above the limit of {MAX_CARD}")
-    size = math.prod(cards)
-    if size >= 2**62:
-        raise ValueError(f"the joint table would have {size:.3e} cells (product of cardinalities {cards}); "
-                         "the limit is 2^62")
-    return arr, cards
 
 
 def _flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
@@ -175,9 +80,8 @@ class FSLL:
         it would stop; when it would stop, a joint selection of candidates that pay
         only together (the support re-adapting) is tried too.  ``None`` (default):
         ``"adjust"`` with ``epsilon="auto"``, off with a numeric epsilon (the paper's
-        algorithm).  Measured in ``docs/benchmarks_quality.md`` (3 seeds): KL(p*||p) on
-        the paper's Ising5x4L 0.0057 -> 0.0002 and BN20-54L 0.051 -> 0.0022, at 0.8-2.7x
-        the time of the paper setting over all twelve datasets there.
+        algorithm).  What it buys in ``KL(p*||p)`` and costs in time is measured in
+        ``docs/benchmarks_quality.md``.
 
     Attributes (after ``fit``)
     --------------------------
@@ -201,8 +105,15 @@ class FSLL:
         self.refine = refine
 
     # ------------------------------------------------------------------ sklearn-style params
+    # To add a parameter: an argument of __init__ stored verbatim, its name in _PARAMS, the
+    # docstring above and docs/api.md; if it changes what is learned, its name in
+    # _SAVED_PARAMS too (then the model file and the store's state keep it and resume uses it).
     _PARAMS = ("cardinalities", "epsilon", "max_iter", "store", "backend", "memory_limit", "scheduler",
                "layout", "resync_every", "progress", "refine")
+    #: What is learned depends on these: the model file reports them, the store keeps them.
+    _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine")
+    #: A store also keeps these, to resume with the same problem and budget.
+    _STORED_PARAMS = _SAVED_PARAMS + ("cardinalities", "memory_limit")
 
     def get_params(self, deep: bool = True) -> dict:
         """Constructor parameters, as in scikit-learn."""
@@ -221,38 +132,27 @@ class FSLL:
         return "FSLL(" + ", ".join(f"{k}={v!r}" for k, v in diff.items()) + ")"
 
     # ------------------------------------------------------------------ fitting
-    def _check_params(self):
-        if not (self.epsilon == "auto" if isinstance(self.epsilon, str) else (
-                isinstance(self.epsilon, (int, float)) and self.epsilon > 0 and math.isfinite(self.epsilon))):
-            raise ValueError(f"epsilon must be a positive number or 'auto', got {self.epsilon!r}")
+    def _check_params(self) -> BackendCapabilities:
+        check_fit_params(self.epsilon, self.max_iter, self.resync_every)
         resolve_refine(self.refine, self.epsilon)  # raises ValueError on a bad value
-        if self.max_iter is not None and (not isinstance(self.max_iter, (int, np.integer)) or self.max_iter < 0):
-            raise ValueError(f"max_iter must be a non-negative int or None, got {self.max_iter!r}")
-        if not (isinstance(self.resync_every, (int, np.integer)) and self.resync_every >= 1):
-            raise ValueError(f"resync_every must be a positive int, got {self.resync_every!r}")
-        backend = self.backend or ("zarr" if self.store is not None else "numpy")
-        if backend not in storage.BACKENDS:
-            raise ValueError(f"backend must be one of {storage.BACKENDS}, got {backend!r}")
-        if backend != "numpy" and self.store is None:
-            raise ValueError(f"backend {backend!r} needs store=PATH")
+        backend = backend_capabilities(self.backend or ("zarr" if self.store is not None else "numpy"))
+        if backend.persistent and self.store is None:
+            raise ValueError(f"backend {backend.name!r} needs store=PATH")
         return backend
 
-    def _make_plan(self, cards, backend):
-        disk = None
-        if backend != "numpy":
-            parent = Path(self.store).resolve()
-            while not parent.exists():
-                parent = parent.parent
-            disk = shutil.disk_usage(parent).free
-        mem = self.memory_limit
-        if mem is None and backend == "numpy":
-            mem = _total_memory()
-        workers = 2 if backend != "numpy" else 1
+    def _workers(self, default: int) -> int:
         if self.scheduler is not None and hasattr(self.scheduler, "nthreads"):
-            workers = max(1, sum(self.scheduler.nthreads().values()))
-        p = make_plan(cards, memory_limit=mem, disk_free=disk, workers=workers,
-                      out_of_core=backend != "numpy" or None, layout=self.layout)
-        if backend == "numpy" and p.layout.a > 0 and self.layout is None:
+            return max(1, sum(self.scheduler.nthreads().values()))
+        return default
+
+    def _make_plan(self, cards, backend: BackendCapabilities, disk_free=None, memory=None):
+        """The chunk plan of a fit: in core within the machine's memory, out of core within the
+        store's free disk (``disk_free``) and ``memory_limit``; ``PlanError`` if it cannot fit."""
+        ooc = backend.persistent
+        mem = self.memory_limit if self.memory_limit is not None or ooc else memory
+        p = make_plan(cards, memory_limit=mem, disk_free=disk_free, workers=self._workers(2 if ooc else 1),
+                      out_of_core=True if ooc else None, layout=self.layout)
+        if not ooc and p.layout.a > 0 and self.layout is None:
             raise PlanError(f"the {math.prod(cards):,}-cell tables do not fit in memory "
                             f"({p.report().splitlines()[0]}); pass store=PATH to fit out of core")
         if not p.feasible:
@@ -269,125 +169,106 @@ class FSLL:
 
         return tqdm(desc=desc, unit="it", file=sys.stderr, dynamic_ncols=True)
 
-    def fit(self, X, y=None) -> "FSLL":
-        """Learn the model from ``X`` (N x n integer codes, or a DataFrame); returns ``self``."""
+    def fit(self, X, y=None, *, feature_names=None, categories=None) -> "FSLL":
+        """Learn the model from ``X`` (N x n integer codes, or a DataFrame); returns ``self``.
+
+        ``feature_names`` (one per column) and ``categories`` (``k_i`` labels per column)
+        label integer codes; a DataFrame brings its own.  Out of core they are kept in the
+        store's state, so that a resumed or reopened fit has them too.
+        """
         backend = self._check_params()
-        _check_cardinalities_param(self.cardinalities)
-        feature_names = list(map(str, X.columns)) if hasattr(X, "columns") else None
-        categories = None
+        check_cardinalities_param(self.cardinalities)
         if hasattr(X, "columns"):
             from .io import encode
 
             enc = encode(X, self.cardinalities)
-            codes, cards, categories = enc.codes, enc.cardinalities, enc.categories
-            codes, cards = validate_data(codes, cards)
+            codes, cards = validate_data(enc.codes, enc.cardinalities)
+            names = list(map(str, X.columns)) if feature_names is None else feature_names
+            categories = enc.categories if categories is None else categories
         else:
-            X = _check_code_range(X)
-            codes, cards = validate_data(X, self.cardinalities)
-        plan = self._make_plan(cards, backend)
+            codes, cards = validate_data(check_code_range(X), self.cardinalities)
+            names = feature_names
+        names, categories = check_labels(names, categories, cards)
+        if backend.persistent:
+            fs = FitStore(self.store, backend.name)
+            plan = self._make_plan(cards, backend, disk_free=free_disk(Path(self.store).resolve()))
+            fs.check_new()  # never replace or delete a user's files
+            plan = fs.account(plan)
+        else:
+            plan = self._make_plan(cards, backend, memory=total_memory())
         N = codes.shape[0]
         flat = _flat_index(codes, cards)
         uniq, counts = np.unique(flat, return_counts=True)
         size = math.prod(cards)
         state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size))
-        if backend == "numpy":
-            engine, specs = self._open_engine(plan, backend, cards, N, create=True)
-            engine.progress = self._show_progress()
-            engine.compute_targets(flat, N)
-            engine.init_duals()
-            self._run(engine, state, plan, backend, fresh=True)
-            self._finish(state, plan, backend, specs, engine)
+        if not backend.persistent:
+            engine = self._engine(plan, [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape)
+                                         for nm in TABLE_NAMES], N)
+            self._learn_new(engine, state, flat, checkpoint=None)
+            self._set_fitted(state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
+                             categories=categories)
             self.kl_data_ = self._kl_data(flat, counts, N)
-        else:
-            # Crash-safe order (docs/reliability.md): lock; old state out; data kept in the store;
-            # "starting"; tables and targets; "running" after every iteration; "complete".
-            storage.check_store_dir(self.store)  # never replace or delete a user's files
-            plan = _with_checksum_bytes(plan, backend)
-            self._meta = {"feature_names": feature_names, "categories": _json_or_none(_jsonable(categories))}
-            self._resumable = False
-            with self._disk_guard(plan, "fitting"), self._writer_lock("fit"):
-                root = Path(self.store)
-                sf = root / STATE_FILE
-                if sf.exists():
-                    sf.unlink()  # an old state must never describe new tables
-                    storage._fsync_path(str(root), directory=True)
-                storage.remove_leftovers(root)
-                _clean_dead_readers(root)
-                self._write_counts(uniq, counts)
-                self._persist(state, plan, backend, status="starting")
-                self._resumable = True
-                engine, specs = self._start_tables(state, plan, backend, flat)
-                self._guarded_run(engine, state, plan, backend, fresh=True)
-                self._finish(state, plan, backend, specs, engine)
-                self.kl_data_ = self._kl_data(flat, counts, N)
-                self._meta["kl_data"] = self.kl_data_
-                self._persist(state, plan, backend, status="complete")
-        self.feature_names_in_ = feature_names
-        self.categories_ = categories
+            return self
+        # Crash-safe order (docs/reliability.md): lock; old state out; data kept in the store;
+        # "starting"; tables and targets; "running" after every iteration; "complete".
+        with fs.writing("fit", "fitting", plan):
+            fs.begin(plan, self._stored_params(), (names, _json_or_none(jsonable_categories(categories))),
+                     uniq, counts, state)
+            self._fit_in_store(fs, plan, state, uniq, counts, flat=flat, fresh=True, names=names,
+                               categories=categories)
         return self
 
-    def _open_engine(self, plan, backend, cards, N, create: bool, reader: bool = False):
-        """Engine over the store's tables: new ones (``create``), the existing ones, or for a
-        ``reader`` of a finished fit the existing ones plus a private scratch table."""
-        L = plan.layout
-        names = TABLE_NAMES
-        if create:
-            if backend != "numpy":
-                Path(self.store).mkdir(parents=True, exist_ok=True)
-            specs = [storage.create_table(backend, self.store, nm, cards, L.chunk_shape) for nm in names]
-        else:
-            specs = [storage.TableSpec(backend, storage.table_path(backend, self.store, nm),
-                                       tuple(cards), L.chunk_shape) for nm in names]
-            if reader:
-                specs[2] = self._reader_scratch(tuple(cards), L.chunk_shape)
-        r0, w = C.penalty_weights(cards, N)
-        n_tasks = max(L.n_a_bands, L.n_b_bands if L.a > 0 else 1)
-        executor = make_executor(self.scheduler, n_tasks)
-        return Engine(L, specs, r0, w, executor), specs
+    def _stored_params(self) -> dict:
+        """The parameters a store keeps to resume with (plain JSON)."""
+        return {k: _plain(v) for k, v in self.get_params().items() if k in self._STORED_PARAMS}
 
-    def _run(self, engine, state, plan, backend, fresh):
+    def _fit_in_store(self, fs: FitStore, plan, state: FitState, uniq, counts, *, flat=None, fresh: bool,
+                      names=None, categories=None) -> None:
+        """Learn with the store's checkpoint: from new tables (``fresh``; ``flat`` is the data, by
+        default the stored counts) or from the store's tables and ``state``; then complete it."""
+        cards, N = tuple(state.cards), state.n_samples
+        if fresh:
+            specs = fs.create_tables(cards, plan.layout.chunk_shape)
+            engine = self._engine(plan, specs, N)
+            with fs.damage_hint():
+                self._learn_new(engine, state, np.repeat(uniq, counts) if flat is None else flat,
+                                checkpoint=fs.checkpoint, ready=lambda: fs.tables_ready(specs, state))
+        else:
+            engine = self._engine(plan, fs.open_tables(cards, plan.layout.chunk_shape), N)
+            if not state.converged and (self.max_iter is None or state.n_iter < self.max_iter):
+                with fs.damage_hint():
+                    self._learn(engine, state, fresh=False, checkpoint=fs.checkpoint)
+        self._set_fitted(state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
+                         categories=categories)
+        self.kl_data_ = self._kl_data(uniq, counts, N) if flat is None else self._kl_data(flat, counts, N)
+        fs.complete(state, self.kl_data_)
+
+    def _engine(self, plan, specs, N: int) -> Engine:
+        """The engine over ``specs`` with the plan's layout and this fit's scheduler."""
+        L = plan.layout
+        r0, w = C.penalty_weights(L.cards, N)
+        executor = make_executor(self.scheduler, max(L.n_a_bands, L.n_b_bands if L.a > 0 else 1))
+        return Engine(L, specs, r0, w, executor)
+
+    def _learn_new(self, engine: Engine, state: FitState, flat, checkpoint, ready=None) -> None:
+        """Targets and uniform duals from the data ``flat``, ``ready()``, then learn."""
+        engine.progress = self._show_progress()
+        engine.compute_targets(flat, state.n_samples)
+        engine.init_duals()
+        if ready is not None:
+            ready()
+        self._learn(engine, state, fresh=True, checkpoint=checkpoint)
+
+    def _learn(self, engine, state, fresh: bool, checkpoint) -> None:
         bar = self._bar("fsll fit")
         engine.progress = bar is not None
-        cb = (lambda s: self._persist(s, plan, backend, status="running")) if backend != "numpy" else None
         try:
             learn(engine, state, LearnOptions(epsilon=self.epsilon, max_iter=self.max_iter,
                                               resync_every=self.resync_every, refine=self.refine),
-                  fresh=fresh, progress=bar, callback=cb)
+                  fresh=fresh, progress=bar, callback=checkpoint)
         finally:
             if bar is not None:
                 bar.close()
-
-    def _persist(self, state: FitState, plan, backend, status: str) -> None:
-        """Replace the store's state file atomically (with a checksum).
-
-        ``starting``: the data file is written, the tables are not yet complete (resume
-        rebuilds them); ``running``: targets complete and durable, ``state`` is the model
-        after ``n_iter`` iterations (resume re-derives the dual table from it);
-        ``complete``: the fit is finished and ``state`` is the final model.
-        """
-        obj = {"format": STATE_FORMAT, "version": MODEL_VERSION, "status": status,
-               "backend": backend, "layout": [plan.layout.a, plan.layout.c],
-               "chunks": list(plan.layout.chunk_shape),
-               "params": {k: _plain(v) for k, v in self.get_params().items()
-                          if k in ("epsilon", "max_iter", "resync_every", "cardinalities", "memory_limit", "refine")},
-               "state": state.to_json()}
-        obj.update(getattr(self, "_meta", None) or {})
-        storage.write_json_atomic(Path(self.store) / STATE_FILE, obj, checksum=True)
-
-    def _finish(self, state, plan, backend, specs, engine):
-        self._state = state
-        self._engine = engine
-        self.plan_ = plan
-        self.cardinalities_ = tuple(state.cards)
-        self.n_features_in_ = len(state.cards)
-        self.n_samples_ = state.n_samples
-        self.theta_ = {state.digits(y): v for y, v in sorted(state.theta.items())}
-        self.log_z_ = state.log_z
-        self.n_bases_ = len(state.theta)
-        self.n_iter_ = state.n_iter
-        self.cost_ = state.cost()
-        self.history_ = state.history
-        self.converged_ = state.converged
 
     @classmethod
     def resume(cls, store, scheduler=None, progress=None, restart: bool = False) -> "FSLL":
@@ -399,222 +280,55 @@ class FSLL:
         parameters), ``complete`` (the finished model is returned; several processes may
         do this at once, each computing probabilities in its own scratch table).
         ``restart=True`` rebuilds every table from the stored data and fits from the start
-        (for a store whose tables are damaged).
+        (for a store whose tables are damaged).  Column names and category labels given
+        to the fit come back with the model.
 
         Raises ``FileNotFoundError`` (nothing to resume), :class:`~fsll_ooc.storage.IntegrityError`
         (a store file is damaged or altered, named in the message) or
         :class:`~fsll_ooc.storage.lock.StoreLockedError` (another process is writing the store).
         """
-        root = Path(store)
-        sf = root / STATE_FILE
-        if not sf.exists():
-            hint = (" (the fit was stopped before it started; run fit() again)"
-                    if (root / COUNTS_FILE).exists() or (root / locking.LOCK_FILE).exists() else "")
-            raise FileNotFoundError(f"{store}: no fit state ({STATE_FILE}) found; nothing to resume{hint}")
-        with locking.StoreLock(root, purpose="read").acquire(shared=True, create=False):
-            obj = cls._read_state(root)
-            if obj["status"] == "complete" and not restart:
-                return cls._open_finished(root, obj, scheduler, progress)
-        m = cls._from_state(root, obj, scheduler, progress)
-        with m._disk_guard(None, "resuming the fit"), m._writer_lock("resume"):
-            obj = cls._read_state(root)  # again, now that no other writer can change it
-            m.set_params(**cls._from_state(root, obj, scheduler, progress).get_params())
-            if obj["status"] == "complete" and not restart:
-                return cls._open_finished(root, obj, scheduler, progress)
-            backend = obj["backend"]
-            state = FitState.from_json(obj["state"])
+        fs = FitStore(store)
+        fs.require_state()
+        with fs.shared():
+            stored = fs.read()
+            if stored.status == "complete" and not restart:
+                return cls._open_finished(fs, stored, scheduler, progress)
+        with fs.writing("resume", "resuming the fit"):
+            stored = fs.read()  # again, now that no other writer can change it
+            m = cls._from_stored(fs, stored, scheduler, progress)
+            if stored.status == "complete" and not restart:
+                return cls._open_finished(fs, stored, scheduler, progress)
+            state = FitState.from_json(stored.state)
             cards, N = tuple(state.cards), state.n_samples
-            plan = _with_checksum_bytes(m._resume_plan(cards, backend), backend)
-            m._disk_plan = plan
-            uniq, counts = m._read_counts(obj, cards, N)
-            storage.remove_leftovers(root)
-            _clean_dead_readers(root)
-            m._meta = {k: obj.get(k) for k in ("counts", "tables", "feature_names", "categories")}
-            m._resumable = True
-            if obj["status"] == "starting" or restart:
-                size = math.prod(cards)
-                state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size))
-                m._persist(state, plan, backend, status="starting")
-                engine, specs = m._start_tables(state, plan, backend, np.repeat(uniq, counts))
-                m._guarded_run(engine, state, plan, backend, fresh=True)
-            else:
-                engine, specs = m._open_engine(plan, backend, cards, N, create=False)
-                m._check_tables(specs, obj)
-                if not state.converged and (m.max_iter is None or state.n_iter < m.max_iter):
-                    m._guarded_run(engine, state, plan, backend, fresh=False)
-            m._finish(state, plan, backend, specs, engine)
-            m.feature_names_in_ = obj.get("feature_names")
-            m.categories_ = obj.get("categories")
-            m.kl_data_ = m._kl_data(uniq, counts, N)
-            m._meta["kl_data"] = m.kl_data_
-            m._persist(state, plan, backend, status="complete")
+            plan = fs.account(m._make_plan(cards, backend_capabilities(stored.backend),
+                                           disk_free=fs.disk_available()))
+            uniq, counts = fs.read_counts(cards, N)
+            fs.reopen(plan, stored)
+            fresh = stored.status == "starting" or restart
+            if fresh:
+                state = FitState(cards, N, C.target_entropy(counts, N, math.prod(cards)), log_z=math.log(math.prod(cards)))
+                fs.restart(state)
+            m._fit_in_store(fs, plan, state, uniq, counts, fresh=fresh, names=stored.feature_names,
+                            categories=stored.categories)
         return m
 
-    # ------------------------------------------------------------------ store internals (crash safety)
-    @staticmethod
-    def _read_state(root: Path) -> dict:
-        """The verified state of the store at ``root``; :class:`IntegrityError` if it cannot be trusted."""
-        sf = root / STATE_FILE
-        obj = storage.read_json(sf, checksum=True)
-        if obj.get("format") != STATE_FORMAT:
-            raise storage.IntegrityError(sf, f"not an fsll-ooc fit state (format {obj.get('format')!r})")
-        if not isinstance(obj.get("version"), int) or obj["version"] > MODEL_VERSION:
-            raise storage.IntegrityError(sf, f"fit state version {obj.get('version')!r} is newer than this "
-                                             f"fsll-ooc understands (<= {MODEL_VERSION}); upgrade fsll-ooc")
-        missing = [k for k in ("status", "backend", "layout", "params", "state", "counts") if k not in obj]
-        if missing or obj["status"] not in _STATUSES or obj["backend"] not in ("memmap", "zarr"):
-            raise storage.IntegrityError(sf, f"fit state is incomplete or unknown (missing {missing}, "
-                                             f"status {obj.get('status')!r}, backend {obj.get('backend')!r})")
-        if obj["status"] != "starting" and not obj.get("tables"):
-            raise storage.IntegrityError(sf, "fit state has no table fingerprints")
-        return obj
-
     @classmethod
-    def _from_state(cls, root: Path, obj: dict, scheduler, progress) -> "FSLL":
-        params = obj["params"]
-        if not isinstance(params, dict) or not all(k in params for k in ("epsilon", "max_iter", "resync_every")):
-            raise storage.IntegrityError(root / STATE_FILE, f"fit state lacks parameters (has {params!r})")
-        kw = {k: v for k, v in params.items() if k in cls._PARAMS}  # every learning parameter of the fit
-        kw.update(store=root, backend=obj["backend"], scheduler=scheduler, layout=tuple(obj["layout"]),
-                  progress=progress)
+    def _from_stored(cls, fs: FitStore, stored: StoredFit, scheduler, progress) -> "FSLL":
+        """An estimator with the stored fit's parameters (every learning parameter of the fit)."""
+        kw = {k: v for k, v in stored.params.items() if k in cls._PARAMS}
+        kw.update(store=fs.root, backend=stored.backend, scheduler=scheduler, layout=stored.layout, progress=progress)
         return cls(**kw)
 
     @classmethod
-    def _open_finished(cls, root: Path, obj: dict, scheduler, progress) -> "FSLL":
+    def _open_finished(cls, fs: FitStore, stored: StoredFit, scheduler, progress) -> "FSLL":
         """A finished fit for reading: nothing in the store is written (a private scratch table is)."""
-        m = cls._from_state(root, obj, scheduler, progress)
-        state = FitState.from_json(obj["state"])
-        backend = obj["backend"]
-        plan = _with_checksum_bytes(m._resume_plan(tuple(state.cards), backend, disk=False), backend)
-        engine, specs = m._open_engine(plan, backend, state.cards, state.n_samples, create=False, reader=True)
-        m._finish(state, plan, backend, specs, engine)
-        m.feature_names_in_ = obj.get("feature_names")
-        m.categories_ = obj.get("categories")
-        m.kl_data_ = obj.get("kl_data")
+        m = cls._from_stored(fs, stored, scheduler, progress)
+        state = FitState.from_json(stored.state)
+        plan = fs.account(m._make_plan(tuple(state.cards), backend_capabilities(stored.backend)))
+        specs = fs.open_tables(state.cards, plan.layout.chunk_shape, reader_owner=m)
+        m._set_fitted(state, plan=plan, engine=m._engine(plan, specs, state.n_samples), cost=state.cost(),
+                      kl_data=stored.kl_data, feature_names=stored.feature_names, categories=stored.categories)
         return m
-
-    def _resume_plan(self, cards, backend, disk: bool = True):
-        """The plan of a stored fit (its layout is fixed): the memory check as for a new fit;
-        the disk check counts the space the store's tables already take as available."""
-        free = None
-        if disk:
-            root = Path(self.store)
-            held = sum(_tree_bytes(Path(storage.table_path(backend, root, nm))) for nm in TABLE_NAMES)
-            free = shutil.disk_usage(root).free + held
-        workers = 2
-        if self.scheduler is not None and hasattr(self.scheduler, "nthreads"):
-            workers = max(1, sum(self.scheduler.nthreads().values()))
-        p = make_plan(cards, memory_limit=self.memory_limit, disk_free=free, workers=workers, out_of_core=True,
-                      layout=self.layout)
-        if not p.feasible:
-            raise PlanError("infeasible fit:\n" + p.report())
-        return p
-
-    @contextlib.contextmanager
-    def _writer_lock(self, purpose: str):
-        """Hold the store's exclusive lock (refused at once if another writer holds it).  On the
-        way out, failed or not, wait for band writes still in flight (a failed pass's other
-        tasks) so that nothing writes the store once the lock is released."""
-        lock = locking.StoreLock(Path(self.store), purpose=purpose).acquire()
-        try:
-            yield lock
-        finally:
-            try:
-                storage.quiesce()
-            finally:
-                lock.release()
-
-    @contextlib.contextmanager
-    def _disk_guard(self, plan, stage: str):
-        """Turn a full disk (ENOSPC/EDQUOT anywhere in the fit) into one clear :class:`DiskFullError`."""
-        try:
-            yield
-        except storage.DiskFullError:
-            raise
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            plan = plan or getattr(self, "_disk_plan", None)
-            root = Path(self.store)
-            try:
-                free = shutil.disk_usage(root if root.exists() else root.parent).free
-            except OSError:
-                free = None
-            from .planner import format_bytes
-
-            need = f"; the fit's tables take {format_bytes(plan.disk_bytes)}" if plan is not None else ""
-            have = f"{format_bytes(free)} free" if free is not None else "free space unknown"
-            if getattr(self, "_resumable", False):
-                todo = f"the store is resumable: free some space, then run FSLL.resume({str(root)!r})"
-            else:
-                todo = "nothing was started: free some space and run fit() again"
-            what = e.strerror or os.strerror(e.errno)
-            where = f" ({what}: {e.filename})" if getattr(e, "filename", None) else f" ({what})"
-            raise storage.DiskFullError(e.errno, f"{root}: disk full while {stage}{where}; {have}{need}; {todo}",
-                                        str(root)) from e
-
-    def _write_counts(self, uniq: np.ndarray, counts: np.ndarray) -> None:
-        data = storage.array_file_bytes(np.stack([np.asarray(uniq, np.int64), np.asarray(counts, np.int64)]))
-        path = Path(self.store) / COUNTS_FILE
-        storage.write_bytes_atomic(path, data)
-        self._meta["counts"] = {"file": COUNTS_FILE, "sha256": storage.file_sha256(path),
-                                "n_unique": int(len(uniq))}
-
-    def _read_counts(self, obj: dict, cards, N: int) -> tuple[np.ndarray, np.ndarray]:
-        info = obj.get("counts") or {}
-        path = Path(self.store) / info.get("file", COUNTS_FILE)
-        if not path.exists():
-            raise storage.IntegrityError(path, "the fit's data file is missing; run fit() again")
-        if storage.file_sha256(path) != info.get("sha256"):
-            raise storage.IntegrityError(path, "the fit's data file does not match its checksum (altered or "
-                                               "damaged); run fit() again")
-        a = storage.read_array_file(path)
-        if a.ndim != 2 or a.shape[0] != 2 or int(a[1].sum()) != N or (a.size and (a[0].min() < 0 or a[0].max() >= math.prod(cards))):
-            raise storage.IntegrityError(path, "the fit's data file does not describe this fit")
-        return a[0], a[1]
-
-    def _start_tables(self, state, plan, backend, flat):
-        """New tables, targets and duals, made durable, then state ``running`` at iteration 0."""
-        engine, specs = self._open_engine(plan, backend, state.cards, state.n_samples, create=True)
-        engine.progress = self._show_progress()
-        engine.compute_targets(flat, state.n_samples)
-        engine.init_duals()
-        for spec in specs[:2]:
-            storage.flush(spec)
-            storage.sync_table(spec)
-        self._meta["tables"] = {nm: storage.table_fingerprint(sp) for nm, sp in zip(TABLE_NAMES, specs)}
-        self._persist(state, plan, backend, status="running")
-        return engine, specs
-
-    def _check_tables(self, specs, obj: dict) -> None:
-        """Every table still is the one the fit created; every chunk of ``dbar`` is present
-        with its exact size (its content is checked when read)."""
-        tables = obj.get("tables") or {}
-        for nm, spec in zip(TABLE_NAMES, specs):
-            try:
-                storage.check_fingerprint(spec, tables.get(nm) or {})
-                if nm == "dbar":
-                    storage.check_table(spec)
-            except storage.IntegrityError as e:
-                raise storage.IntegrityError(e.path, e.problem, _DAMAGED.format(store=self.store)) from None
-
-    def _guarded_run(self, engine, state, plan, backend, fresh):
-        try:
-            self._run(engine, state, plan, backend, fresh=fresh)
-        except storage.IntegrityError as e:
-            raise storage.IntegrityError(e.path, e.problem, _DAMAGED.format(store=self.store)) from None
-
-    def _reader_scratch(self, cards, chunks) -> storage.TableSpec:
-        """A scratch table of our own (zarr: space is taken only when written), removed with the model."""
-        token = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-        root = Path(self.store) / READERS_DIR / token
-        try:
-            spec = storage.create_table("zarr", root, "scratch", cards, chunks)
-        except OSError:  # a read-only store: use the temporary directory
-            root = Path(tempfile.mkdtemp(prefix="fsll-reader-"))
-            spec = storage.create_table("zarr", root, "scratch", cards, chunks)
-        self._reader_dir = weakref.finalize(self, _remove_tree, str(root))
-        return spec
 
     # ------------------------------------------------------------------ using the model
     def _check_fitted(self):
@@ -709,35 +423,26 @@ class FSLL:
             _check_table_fits_memory(self.cardinalities_)
             table = np.zeros(self.cardinalities_)
             table.reshape(-1)[sup] = val
-            try:
-                from .kernels.transform import transform_inplace
+            from .kernels.transform import transform_inplace
 
-                transform_inplace(table, transpose=True)
-                l = table
-            except ImportError:  # pragma: no cover
-                l = basis.transform_t(table)
+            transform_inplace(table, transpose=True)
+            l = table
             l -= l.max()
             p = np.exp(l, out=l)
             return p / p.sum()
         total = eng.density(sup, val, self.log_z_)
-        if eng.ctx.specs[2].backend == "numpy":
-            return eng.ctx.specs[2].array / total
+        spec = eng.ctx.specs[2]
+        arr = storage.open_table(spec)
+        if not backend_capabilities(spec.backend).persistent:
+            return arr / total
         import dask.array as da
 
-        spec = eng.ctx.specs[2]
-        arr = da.from_zarr(spec.path) if spec.backend == "zarr" else da.from_array(
-            storage.open_table(spec), chunks=spec.chunks)
-        return arr / total
+        return da.from_array(arr, chunks=spec.chunks) / total
 
     def sample(self, n_samples: int = 1, random_state=None) -> np.ndarray:
         """Draw ``n_samples`` rows (int64 codes) from ``p_theta``."""
         self._check_fitted()
-        if not isinstance(n_samples, (int, np.integer)) or n_samples < 0:
-            raise ValueError(f"n_samples must be a non-negative int, got {n_samples!r}")
-        need, mem = 16 * int(n_samples) * (1 + len(self.cardinalities_)), _total_memory()
-        if mem is not None and need > mem // 2:
-            raise ValueError(f"{n_samples:,} samples need about {need / 2**30:.1f} GiB, more than half of this "
-                             f"machine's {mem / 2**30:.1f} GiB; draw them in smaller batches")
+        check_n_samples(n_samples, len(self.cardinalities_), total_memory())
         rng = np.random.default_rng(random_state)
         p = self.probabilities()
         if isinstance(p, np.ndarray):
@@ -758,86 +463,54 @@ class FSLL:
         return np.stack(np.unravel_index(flat, self.cardinalities_), axis=1).astype(np.int64)
 
     def set_labels(self, names: Sequence[str] | None, categories: Sequence[Sequence] | None) -> "FSLL":
-        """Attach column names and category labels (used by the CLI and :mod:`fsll_ooc.io`)."""
+        """Attach column names and category labels (used by :mod:`fsll_ooc.io` and the queries)."""
         self._check_fitted()
-        if names is not None and len(names) != len(self.cardinalities_):
-            raise ValueError(f"{len(names)} names for {len(self.cardinalities_)} variables")
-        if categories is not None:
-            if len(categories) != len(self.cardinalities_):
-                raise ValueError(f"{len(categories)} category lists for {len(self.cardinalities_)} variables")
-            for i, (cat, k) in enumerate(zip(categories, self.cardinalities_)):
-                if len(cat) != k:
-                    raise ValueError(f"variable {i} has cardinality {k} but {len(cat)} category labels")
-        self.feature_names_in_ = list(names) if names is not None else None
-        self.categories_ = [list(c) for c in categories] if categories is not None else None
+        self.feature_names_in_, self.categories_ = check_labels(names, categories, self.cardinalities_)
         return self
 
     # ------------------------------------------------------------------ persistence
     def save(self, path) -> None:
         """Write the model as one JSON file (format ``fsll-ooc-model``, versioned), atomically."""
         self._check_fitted()
-        obj = {
-            "format": MODEL_FORMAT, "version": MODEL_VERSION,
-            "cardinalities": list(self.cardinalities_),
-            "theta": [[list(map(int, y)), float(v)] for y, v in self.theta_.items()],
-            "log_z": self.log_z_, "n_samples": self.n_samples_, "n_iter": self.n_iter_, "cost": self.cost_,
-            "kl_data": self.kl_data_, "converged": bool(getattr(self, "converged_", True)),
-            "history": self.history_,
-            "params": {k: v for k, v in self.get_params().items() if k in ("epsilon", "max_iter", "resync_every", "refine")},
-            "feature_names": getattr(self, "feature_names_in_", None),
-            "categories": _jsonable(getattr(self, "categories_", None)),
-        }
-        storage.write_json_atomic(path, obj)
+        model_file.save(path, model_file.ModelFile(
+            self._state, {k: v for k, v in self.get_params().items() if k in self._SAVED_PARAMS},
+            self.cost_, self.kl_data_, self.feature_names_in_, self.categories_))
 
     @classmethod
     def load(cls, path) -> "FSLL":
         """Read a model written by :meth:`save`; unknown formats/versions give a clear error."""
-        try:
-            obj = storage.read_json(path)
-        except FileNotFoundError:
-            raise
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: not an fsll-ooc model file (invalid JSON: {e})") from None
-        if not isinstance(obj, dict) or obj.get("format") != MODEL_FORMAT:
-            raise ValueError(f"{path}: not an fsll-ooc model file (format field is {obj.get('format') if isinstance(obj, dict) else None!r})")
-        if not isinstance(obj.get("version"), int) or obj["version"] > MODEL_VERSION:
-            raise ValueError(f"{path}: model file version {obj.get('version')!r} is newer than this fsll-ooc "
-                             f"understands (<= {MODEL_VERSION}); upgrade fsll-ooc")
-        try:
-            m = cls(**obj.get("params", {}))
-            cards = tuple(int(k) for k in obj["cardinalities"])
-            theta = {tuple(int(v) for v in y): float(t) for y, t in obj["theta"]}
-            for y in theta:
-                if len(y) != len(cards) or any(not 0 <= v < k for v, k in zip(y, cards)):
-                    raise ValueError(f"parameter index {y} does not fit cardinalities {cards}")
-            _check_model_cards(cards)
-            N = int(obj["n_samples"])
-            flat = {int(np.ravel_multi_index(y, cards)): v for y, v in theta.items()}
-            state = FitState(cards, N, 0.0, flat, {}, float(obj["log_z"]), int(obj["n_iter"]),
-                             bool(obj.get("converged", True)), _checked_history(obj.get("history", [])))
-            if not (N >= 1 and math.isfinite(state.log_z) and all(math.isfinite(v) for v in theta.values())):
-                raise ValueError("n_samples, log_z and theta must be finite numbers (n_samples >= 1)")
-        except (KeyError, TypeError, ValueError, OverflowError) as e:
-            raise ValueError(f"{path}: malformed fsll-ooc model file ({type(e).__name__}: {e})") from None
-        m._state = state
-        m._engine = None
-        m.plan_ = None
-        m.cardinalities_ = cards
-        m.n_features_in_ = len(cards)
-        m.n_samples_ = N
-        m.theta_ = theta
-        m.log_z_ = state.log_z
-        m.n_bases_ = len(theta)
-        m.n_iter_ = state.n_iter
-        m.cost_ = obj.get("cost")
-        m.kl_data_ = obj.get("kl_data")
-        m.history_ = state.history
-        m.converged_ = state.converged
-        try:
-            m.set_labels(obj.get("feature_names"), obj.get("categories"))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: malformed fsll-ooc model file (labels: {e})") from None
+        mf = model_file.load(path)
+        m = cls._with_params(mf.params, f"{path}: malformed fsll-ooc model file")
+        m._set_fitted(mf.state, cost=mf.cost, kl_data=mf.kl_data, feature_names=mf.feature_names,
+                      categories=mf.categories)
         return m
+
+    @classmethod
+    def _with_params(cls, params: dict, what: str) -> "FSLL":
+        """An estimator with the parameters ``params`` read from a file (unknown names: ``ValueError``)."""
+        try:
+            return cls(**params)
+        except TypeError as e:
+            raise ValueError(f"{what} ({type(e).__name__}: {e})") from None
+
+    def _set_fitted(self, state: FitState, *, plan=None, engine=None, cost=None, kl_data=None,
+                    feature_names=None, categories=None) -> None:
+        """The one place that sets the fitted attributes (after ``fit``, ``resume`` and ``load``)."""
+        self._state = state
+        self._engine = engine
+        self.plan_ = plan
+        self.cardinalities_ = tuple(state.cards)
+        self.n_features_in_ = len(state.cards)
+        self.n_samples_ = state.n_samples
+        self.theta_ = {state.digits(y): v for y, v in sorted(state.theta.items())}
+        self.log_z_ = state.log_z
+        self.n_bases_ = len(state.theta)
+        self.n_iter_ = state.n_iter
+        self.cost_ = state.cost() if cost is None and engine is not None else cost
+        self.kl_data_ = kl_data
+        self.history_ = state.history
+        self.converged_ = state.converged
+        self.feature_names_in_, self.categories_ = check_labels(feature_names, categories, self.cardinalities_)
 
     # ------------------------------------------------------------------ queries (fsll_ooc.queries)
     def marginal(self, variables, as_frame: bool = False):
@@ -903,79 +576,9 @@ class FSLL:
         return queries.interactions(self, as_frame=as_frame)
 
 
-def _check_cardinalities_param(cards) -> None:
-    """``cardinalities`` must be None or a sequence of integers >= 1 (no silent truncation of 2.5)."""
-    if cards is None:
-        return
-    if isinstance(cards, (str, bytes)) or not hasattr(cards, "__len__") or not hasattr(cards, "__iter__"):
-        raise ValueError(f"cardinalities must be a sequence of integers (one per column), got {cards!r}")
-    for i, k in enumerate(cards):
-        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
-            if isinstance(k, (float, np.floating)) and math.isfinite(k) and float(k).is_integer():
-                continue
-            raise ValueError(f"cardinality of column {i} (X{i}) must be an integer, got {k!r}")
-
-
-def _check_code_range(X):
-    """Refuse codes that cannot be converted to int64 (huge uint64 or float values) before
-    they wrap around silently; returns ``X`` as an array when it was array-like."""
-    if hasattr(X, "columns"):
-        return X
-    try:
-        arr = np.asarray(X)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"X must be a rectangular 2-D array of integer codes (samples x variables): {e}") from None
-    if arr.size == 0 or arr.ndim != 2 or arr.dtype.kind not in "uf":
-        return arr
-    with np.errstate(invalid="ignore"):
-        big = (arr > np.iinfo(np.int64).max) if arr.dtype.kind == "u" else (np.abs(arr) >= 2.0**62)
-    if big.any():
-        r, c = map(int, np.argwhere(big)[0])
-        raise ValueError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is too large to be a category code "
-                         f"(codes are 0..{MAX_CARD - 1} at most)")
-    return arr
-
-
-_DAMAGED = ("the store's tables cannot be trusted; FSLL.resume({store!r}, restart=True) rebuilds them from the "
-            "data kept in the store and fits again")
-
-
-def _with_checksum_bytes(plan, backend):
-    """The plan with the tables' checksum bytes in its disk figure (zarr: 4 bytes per chunk)."""
-    if backend != "zarr":
-        return plan
-    extra = len(TABLE_NAMES) * storage.overhead_bytes(backend, plan.layout.cards, plan.layout.chunk_shape)
-    return dataclasses.replace(plan, disk_bytes=plan.disk_bytes + extra)
-
-
-def _check_model_cards(cards) -> None:
-    """Cardinalities read from a file obey the limits of ``fit`` (a file is not trusted)."""
-    if not cards or any(not 1 <= k <= MAX_CARD for k in cards):
-        raise ValueError(f"cardinalities {list(cards)[:8]} must be 1..{MAX_CARD}, at least one")
-    if math.prod(cards) >= 2**62:
-        raise ValueError(f"the joint table would have {math.prod(cards):.3e} cells; the limit is 2^62")
-
-
-def _checked_history(history) -> list:
-    """A model file's history: a list of dicts whose numbers are numbers (queries and plots use them)."""
-    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
-        raise ValueError("history must be a list of objects")
-    for h in history:
-        for k in ("iter", "cost", "delta", "value", "n_bases"):
-            if h.get(k) is not None and (isinstance(h[k], bool) or not isinstance(h[k], (int, float))):
-                raise ValueError(f"history entry field {k!r} is {h[k]!r}, not a number")
-        for k in ("y", "added"):
-            if h.get(k) is not None:
-                np.asarray(h[k], dtype=np.int64)  # ValueError/TypeError/OverflowError when not integers
-    from .queries import _contributions
-
-    _contributions(history)
-    return history
-
-
 def _check_table_fits_memory(cards) -> None:
     """Building the whole ``p_theta`` table of a loaded model in memory takes about two tables."""
-    need, mem = 16 * math.prod(cards), _total_memory()
+    need, mem = 16 * math.prod(cards), total_memory()
     if mem is not None and need > mem:
         raise ValueError(f"the model's joint table has {math.prod(cards):,} cells; building it in memory needs "
                          f"about {need / 2**30:.1f} GiB, more than this machine's {mem / 2**30:.1f} GiB")
@@ -996,43 +599,3 @@ def _json_or_none(obj):
         return obj
     except (TypeError, ValueError):
         return None
-
-
-def _tree_bytes(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    total = 0
-    for dp, _, fs in os.walk(path):
-        for f in fs:
-            try:
-                total += os.stat(os.path.join(dp, f)).st_blocks * 512
-            except OSError:
-                pass
-    return total
-
-
-def _remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    parent = os.path.dirname(path)
-    if os.path.basename(parent) == READERS_DIR:
-        with contextlib.suppress(OSError):
-            os.rmdir(parent)  # only when empty
-
-
-def _clean_dead_readers(root: Path) -> None:
-    """Remove private scratch tables of readers that died without cleaning up (this host only)."""
-    d = root / READERS_DIR
-    if not d.is_dir():
-        return
-    host = socket.gethostname()
-    for sub in d.iterdir():
-        h, _, rest = sub.name.rpartition("-")  # host-pid-token
-        h, _, pid = h.rpartition("-")
-        if h == host and pid.isdigit() and not locking.pid_alive(int(pid)):
-            shutil.rmtree(sub, ignore_errors=True)
-
-
-def _jsonable(categories):
-    if categories is None:
-        return None
-    return [[c.item() if hasattr(c, "item") else c for c in cat] for cat in categories]

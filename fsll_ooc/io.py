@@ -1,8 +1,8 @@
 """Turn what users have (arrays, data frames, files) into integer codes and labels.
 
-The model works on integer codes: variable ``i`` takes the values ``0 .. k_i-1``
-(see ``DESIGN-NOTES.md``, "Conventions").  This module maps user data onto that
-convention and back, and validates it *before* anything large is allocated:
+The model works on integer codes: variable ``i`` takes the values ``0 .. k_i-1``.
+This module maps user data onto that convention and back, and validates it *before*
+anything large is allocated (the limits live in :mod:`fsll_ooc._validation`):
 
 * :func:`encode` turns a 2-D numpy array, a list of rows or a pandas ``DataFrame``
   into an :class:`Encoded` (codes, variable names, category labels, cardinalities);
@@ -49,6 +49,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._validation import MAX_CATEGORIES, MAX_CELLS, DataError, check_cardinalities
+
 __all__ = [
     "DataError",
     "Encoded",
@@ -62,18 +64,8 @@ __all__ = [
     "check_cardinalities",
 ]
 
-#: Largest number of categories of one variable.
-MAX_CATEGORIES = 2**16
-#: Largest joint table ``prod(k_i)`` accepted (8 TiB of float64).
-MAX_CELLS = 2**40
 #: File types understood by :func:`read_table`.
 SUPPORTED_EXTENSIONS = (".csv", ".npy", ".parquet")
-
-_INT64_MAX = 2**63 - 1
-
-
-class DataError(ValueError):
-    """The data cannot be encoded; the message says which column, row, value and limit."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,36 +167,6 @@ class _Where:
         return s
 
 
-def check_cardinalities(cardinalities: Sequence[int], names: Sequence[str] | None = None) -> tuple:
-    """Validate cardinalities: ints in ``1 .. MAX_CATEGORIES``, joint table within ``MAX_CELLS``.
-
-    Returns them as a tuple of ints.  Raises :class:`DataError` naming the variable or
-    the size of the joint table.  Cheap: nothing is allocated.
-    """
-    ks = []
-    for i, k in enumerate(cardinalities):
-        name = names[i] if names is not None else f"X{i}"
-        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer, float, np.floating)):
-            raise DataError(f"cardinality of variable '{name}' must be an integer, got {k!r}")
-        if k != int(k):
-            raise DataError(f"cardinality of variable '{name}' must be an integer, got {k!r}")
-        k = int(k)
-        if k < 1:
-            raise DataError(f"cardinality of variable '{name}' must be >= 1, got {k}")
-        if k > MAX_CATEGORIES:
-            raise DataError(f"variable '{name}' has {k} categories; "
-                            f"the limit is {MAX_CATEGORIES} (2**16) categories per variable")
-        ks.append(k)
-    if not ks:
-        raise DataError("there are no variables (0 columns)")
-    cells = math.prod(ks)
-    if cells > MAX_CELLS:
-        extra = "; that overflows int64" if cells > _INT64_MAX else ""
-        raise DataError(f"the joint table would have {cells:,} cells (product of the cardinalities "
-                        f"{tuple(ks)}){extra}; the limit is 2**40 = {MAX_CELLS:,} cells")
-    return tuple(ks)
-
-
 def _check_declared(cardinalities, n: int, names: list) -> tuple | None:
     if cardinalities is None:
         return None
@@ -269,7 +231,7 @@ def _check_not_empty(shape) -> None:
 # without allocating anything of size N x n.  Then the joint table size is checked.
 # Phase 2 fills the (N, n) int64 code matrix column by column.
 
-class _Plan:
+class _ColumnCoding:
     __slots__ = ("categories", "fill")
 
     def __init__(self, categories: list, fill):
@@ -278,7 +240,7 @@ class _Plan:
 
 
 def _plan_integers(name: str, values: np.ndarray, k_decl: int | None, where: _Where,
-                   allow_negative: bool) -> _Plan:
+                   allow_negative: bool) -> _ColumnCoding:
     """An integer-valued numeric column (ints, or floats already checked to be integers)."""
     lo, hi = values.min(), values.max()
     lo, hi = int(lo), int(hi)
@@ -293,17 +255,17 @@ def _plan_integers(name: str, values: np.ndarray, k_decl: int | None, where: _Wh
             r = _first(values >= k_decl)
             raise DataError(f"column '{name}': value {_py(values[r])} at {where(r)} is >= the declared "
                             f"cardinality {k_decl} (codes must be 0..{k_decl - 1})")
-        return _Plan(list(range(k_decl)), lambda out: np.copyto(out, values, casting="unsafe"))
+        return _ColumnCoding(list(range(k_decl)), lambda out: np.copyto(out, values, casting="unsafe"))
     if lo >= 0:
         k = hi + 1
         _check_k(name, k, f"values 0..{hi}")
         present = int(np.count_nonzero(np.bincount(values.astype(np.int64, copy=False), minlength=k)))
         _warn_sparse(name, k, present)
-        return _Plan(list(range(k)), lambda out: np.copyto(out, values, casting="unsafe"))
+        return _ColumnCoding(list(range(k)), lambda out: np.copyto(out, values, casting="unsafe"))
     # negative values: the sorted distinct values are the categories
     uniq = np.unique(values)
     _check_k(name, len(uniq), f"{len(uniq)} distinct values")
-    return _Plan([_py(v) for v in uniq], lambda out: np.copyto(out, np.searchsorted(uniq, values)))
+    return _ColumnCoding([_py(v) for v in uniq], lambda out: np.copyto(out, np.searchsorted(uniq, values)))
 
 
 def _check_finite_integral(name: str, values: np.ndarray, where: _Where) -> None:
@@ -323,11 +285,11 @@ def _check_finite_integral(name: str, values: np.ndarray, where: _Where) -> None
                         "float columns must hold whole numbers (or use strings / a Categorical)")
 
 
-def _plan_bool(name: str, values: np.ndarray, k_decl: int | None) -> _Plan:
+def _plan_bool(name: str, values: np.ndarray, k_decl: int | None) -> _ColumnCoding:
     if k_decl is not None and k_decl != 2:
         raise DataError(f"column '{name}' is boolean (categories [False, True]) but cardinality "
                         f"{k_decl} was declared; declare 2")
-    return _Plan([False, True], lambda out: np.copyto(out, values, casting="unsafe"))
+    return _ColumnCoding([False, True], lambda out: np.copyto(out, values, casting="unsafe"))
 
 
 def _factorize(values: np.ndarray):
@@ -340,7 +302,7 @@ def _factorize(values: np.ndarray):
     return codes.reshape(-1), list(uniques)  # pragma: no cover
 
 
-def _plan_labels(name: str, values: np.ndarray, k_decl: int | None, where: _Where) -> _Plan:
+def _plan_labels(name: str, values: np.ndarray, k_decl: int | None, where: _Where) -> _ColumnCoding:
     """A string / object column: the sorted distinct labels are the categories."""
     pd = _pandas()
     if pd is not None:
@@ -367,10 +329,10 @@ def _plan_labels(name: str, values: np.ndarray, k_decl: int | None, where: _Wher
     for c, lab in enumerate(cats):
         pos[lab] = c
     lut = np.array([pos[_py(u)] for u in uniques], dtype=np.int64)
-    return _Plan(cats, lambda out: np.copyto(out, lut[fcodes]))
+    return _ColumnCoding(cats, lambda out: np.copyto(out, lut[fcodes]))
 
 
-def _plan_series(name: str, s, k_decl: int | None, where: _Where) -> _Plan:
+def _plan_series(name: str, s, k_decl: int | None, where: _Where) -> _ColumnCoding:
     pd = _pandas()
     dtype = s.dtype
     api = pd.api.types
@@ -384,7 +346,7 @@ def _plan_series(name: str, s, k_decl: int | None, where: _Where) -> _Plan:
         if k_decl is not None and k_decl != len(cats):
             raise DataError(f"column '{name}' is categorical with {len(cats)} categories "
                             f"({_fmt_labels(cats)}) but cardinality {k_decl} was declared")
-        return _Plan(cats, lambda out: np.copyto(out, codes))
+        return _ColumnCoding(cats, lambda out: np.copyto(out, codes))
     na = np.asarray(s.isna())
     if api.is_bool_dtype(dtype):
         if na.any():
@@ -408,7 +370,7 @@ def _plan_series(name: str, s, k_decl: int | None, where: _Where) -> _Plan:
                     "strings or a pandas Categorical")
 
 
-def _plan_array_column(name: str, col: np.ndarray, k_decl: int | None, where: _Where) -> _Plan:
+def _plan_array_column(name: str, col: np.ndarray, k_decl: int | None, where: _Where) -> _ColumnCoding:
     kind = col.dtype.kind
     if kind == "b":
         return _plan_bool(name, col, k_decl)

@@ -282,7 +282,7 @@ def test_unexpected_failure_exit_1(capsys, data_csv, tmp_path, monkeypatch):
         def __init__(self, **kw):
             pass
 
-        def fit(self, codes):
+        def fit(self, codes, **labels):
             raise RuntimeError("boom")
 
     monkeypatch.setattr(cli, "_model_class", lambda: Broken)
@@ -403,6 +403,36 @@ def test_fit_out_of_core_and_use_the_store(capsys, data_csv, tmp_path):
     assert_usage_error(*run(capsys, "info", tmp_path), "not an fsll-ooc store")
     assert_usage_error(*run(capsys, "fit", data_csv, "-o", tmp_path / "m2.json", "--memory-limit", "x"),
                        "cannot read 'x' as a size")
+
+
+def test_labels_of_a_cli_fit_live_in_its_store(capsys, data_csv, tmp_path, monkeypatch):
+    """A CLI fit stopped midway and resumed in Python keeps its names and labels; a later
+    library fit into the same store does not show them."""
+    from fsll_ooc import FSLL
+    from fsll_ooc.storage.fit_store import FitStore
+
+    store = tmp_path / "s"
+    orig, calls = FitStore.write_state, [0]
+
+    def write_state(self, *a):
+        orig(self, *a)
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt  # as a user's Ctrl-C
+
+    monkeypatch.setattr(FitStore, "write_state", write_state)
+    assert run(capsys, "fit", data_csv, "-o", tmp_path / "m.json", "--store", store, "--quiet")[0] == 130
+    monkeypatch.undo()
+    assert not (tmp_path / "m.json").exists() and not (store / "fsll_cli_labels.json").exists()
+    m = FSLL.resume(store, progress=False)
+    assert m.feature_names_in_ == ["colour", "size", "ok"]
+    assert m.categories_ == [["blue", "green", "red"], [0, 1, 2, 3], [False, True]]
+    rc, out, _ = run(capsys, "info", store, "--json")
+    assert rc == 0 and json.loads(out)["names"] == ["colour", "size", "ok"]
+    FSLL(progress=False, store=store).fit(np.array([[0, 1], [1, 0], [1, 1]] * 20))
+    assert FSLL.resume(store, progress=False).feature_names_in_ is None
+    rc, out, _ = run(capsys, "info", store, "--json")
+    assert rc == 0 and json.loads(out)["names"] == ["X0", "X1"]
 
 
 def test_fit_bad_scheduler_address(capsys, data_csv, tmp_path, monkeypatch):

@@ -447,7 +447,7 @@ def _write_case_files(d, model_json):
     (d / "truncated.json").write_text(text[: len(text) // 2])
     (d / "binary.json").write_bytes(bytes(range(256)))
     obj = json.loads(text)
-    obj.update(cardinalities=[4096] * 4, theta=[], categories=None, feature_names=None)
+    obj.update(cardinalities=[1024] * 4, theta=[], categories=None, feature_names=None)  # 2**40 cells: the limit
     (d / "huge-table.json").write_text(json.dumps(obj))
     obj = json.loads(text)
     obj["cardinalities"] = [2**40, 2, 2]
@@ -466,8 +466,11 @@ def _write_case_files(d, model_json):
     shutil.copytree(d / "store", d / "torn-store")
     tf = d / "torn-store" / "fsll_state.json"
     tf.write_bytes(tf.read_bytes()[:300])
-    shutil.copytree(d / "store", d / "labels-store")
-    (d / "labels-store" / cli.LABELS_FILE).write_text('{"names": 3}')
+    shutil.copytree(d / "store", d / "altered-store")
+    af = d / "altered-store" / "fsll_state.json"
+    af.write_text(af.read_text().replace('"status": "complete"', '"status": "complete" '))
+    shutil.copytree(d / "store", d / "old-labels-store")  # a labels file of an older version: ignored
+    (d / "old-labels-store" / "fsll_cli_labels.json").write_text('{"names": 3}')
 
 
 #: (case, argv with {d} for the case directory, a word the one-line message must contain)
@@ -504,7 +507,7 @@ CLI_CASES = [
     ("info: a directory that is no store", "info {d}/not-a-store", "not-a-store"),
     ("info: store of an unfinished fit", "info {d}/running-store", "not complete"),
     ("info: store with a truncated state file", "info {d}/torn-store", "fsll_state.json"),
-    ("info: store with a damaged labels file", "info {d}/labels-store", cli.LABELS_FILE),
+    ("info: store with an altered state file", "info {d}/altered-store", "fsll_state.json"),
     ("sample: truncated model file", "sample {d}/truncated.json -n 3", "truncated.json"),
     ("sample: table larger than memory", "sample {d}/huge-table.json -n 3", "memory"),
     ("sample: more samples than memory", "sample {d}/m.json -n 1000000000000", "batches"),
@@ -527,6 +530,15 @@ def test_cli_named_hostile_cases(case_dir, case, argv, word):
     assert_one_line_error(rc, err, case)
     assert word in err, (case, err)
     assert sorted(p.name for p in case_dir.iterdir()) == before  # nothing written, nothing half-written
+
+
+def test_store_labels_come_from_its_state(case_dir):
+    """The column names of a CLI fit live in the store's state; an older version's labels file is ignored."""
+    rc, out, err = run_cli("info", case_dir / "old-labels-store", "--json")
+    assert rc == 0, err
+    names = json.loads(out)["names"]
+    rc, out, _ = run_cli("info", case_dir / "s.json", "--json")
+    assert rc == 0 and names == json.loads(out)["names"] and names != [f"X{i}" for i in range(len(names))]
 
 
 def test_cli_named_cases_are_many():

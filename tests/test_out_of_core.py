@@ -125,15 +125,15 @@ def test_resume_after_kill_gives_the_same_model(data, tmp_path, monkeypatch):
     script = textwrap.dedent(f"""
         import os, numpy as np
         from fsll_ooc import FSLL
-        from fsll_ooc import estimator as M
+        from fsll_ooc.storage.fit_store import FitStore
         calls = [0]
-        orig = M.FSLL._persist
+        orig = FitStore.write_state
         def persist(self, *a, **k):
             orig(self, *a, **k)
             calls[0] += 1
             if calls[0] == 9:
                 os.kill(os.getpid(), 9)
-        M.FSLL._persist = persist
+        FitStore.write_state = persist
         FSLL(progress=False, store={str(tmp_path / 's')!r}, layout=(1, 3)).fit(np.load({str(tmp_path / 'X.npy')!r}))
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)

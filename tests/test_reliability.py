@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from fsll_ooc import FSLL, storage
+from fsll_ooc.storage.fit_store import FitStore
 from fsll_ooc.storage import lock as locking
 from fsll_ooc.storage.lock import StoreLock, StoreLockedError
 from fsll_ooc.planner import PlanError
@@ -67,7 +68,7 @@ class Crash(Exception):
 def on_persist(monkeypatch, n: int, action) -> None:
     """Run ``action()`` right after the fit's ``n``-th state write (undo: ``monkeypatch.undo()``)."""
     calls = [0]
-    orig = FSLL._persist
+    orig = FitStore.write_state
 
     def persist(self, *a, **k):
         orig(self, *a, **k)
@@ -75,7 +76,7 @@ def on_persist(monkeypatch, n: int, action) -> None:
         if calls[0] == n:
             action()
 
-    monkeypatch.setattr(FSLL, "_persist", persist)
+    monkeypatch.setattr(FitStore, "write_state", persist)
 
 
 def interrupted_fit(X, store, backend="zarr", after=6, monkeypatch=None):
@@ -515,13 +516,13 @@ def test_disk_full_while_creating_tables_is_clear_and_resumable(X, ref, small_di
 
 def test_disk_full_before_anything_started(X, ref, small_disk, monkeypatch):
     store = small_disk / "z"
-    orig = FSLL._write_counts
+    orig = FitStore.begin
 
-    def write_counts(self, *a):
+    def begin(self, *a):  # the disk fills up just before the data file is written
         fill(small_disk)
         return orig(self, *a)
 
-    monkeypatch.setattr(FSLL, "_write_counts", write_counts)
+    monkeypatch.setattr(FitStore, "begin", begin)
     with pytest.raises(DiskFullError, match="nothing was started"):
         FSLL(progress=False, store=store, layout=LAYOUT).fit(X)
     monkeypatch.undo()

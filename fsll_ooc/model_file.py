@@ -1,0 +1,127 @@
+"""The model file: one versioned JSON document per fitted model (``docs/model-format.md``).
+
+:func:`save` writes it atomically; :func:`load` reads it and trusts nothing in it: the
+format and version, the cardinalities (the limits of :mod:`fsll_ooc._validation`), every
+parameter index, the numbers, the history and the labels are checked, and any problem
+is one ``ValueError`` naming the file.
+
+To add a field: write it in :func:`save`, read and check it in :func:`load` (a file
+written by an older version lacks it: give it a default), carry it in
+:class:`ModelFile`, and describe it in ``docs/model-format.md``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import storage
+from ._validation import MAX_CATEGORIES, MAX_CELLS, check_labels
+from .learn import FitState
+
+__all__ = ["MODEL_FORMAT", "MODEL_VERSION", "ModelFile", "save", "load"]
+
+MODEL_FORMAT = "fsll-ooc-model"
+MODEL_VERSION = 1
+
+
+@dataclass
+class ModelFile:
+    """What a model file holds: the fitted state and what the estimator reports with it."""
+
+    state: FitState
+    params: dict
+    cost: float | None = None
+    kl_data: float | None = None
+    feature_names: list | None = None
+    categories: list | None = None
+
+
+def jsonable_categories(categories) -> list | None:
+    """Category labels as plain JSON values (numpy scalars become Python ones)."""
+    if categories is None:
+        return None
+    return [[c.item() if hasattr(c, "item") else c for c in cat] for cat in categories]
+
+
+def save(path, model: ModelFile) -> None:
+    """Write ``model`` to ``path`` atomically (a temporary file renamed into place)."""
+    st = model.state
+    obj = {
+        "format": MODEL_FORMAT, "version": MODEL_VERSION,
+        "cardinalities": list(st.cards),
+        "theta": [[list(map(int, st.digits(y))), float(v)] for y, v in sorted(st.theta.items())],
+        "log_z": st.log_z, "n_samples": st.n_samples, "n_iter": st.n_iter, "cost": model.cost,
+        "kl_data": model.kl_data, "converged": bool(st.converged),
+        "history": st.history,
+        "params": model.params,
+        "feature_names": model.feature_names,
+        "categories": jsonable_categories(model.categories),
+    }
+    storage.write_json_atomic(path, obj)
+
+
+def load(path) -> ModelFile:
+    """Read and check a model file; unknown formats, newer versions and damage raise ``ValueError``."""
+    try:
+        obj = storage.read_json(path)
+    except FileNotFoundError:
+        raise
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not an fsll-ooc model file (invalid JSON: {e})") from None
+    if not isinstance(obj, dict) or obj.get("format") != MODEL_FORMAT:
+        raise ValueError(f"{path}: not an fsll-ooc model file (format field is "
+                         f"{obj.get('format') if isinstance(obj, dict) else None!r})")
+    if not isinstance(obj.get("version"), int) or obj["version"] > MODEL_VERSION:
+        raise ValueError(f"{path}: model file version {obj.get('version')!r} is newer than this fsll-ooc "
+                         f"understands (<= {MODEL_VERSION}); upgrade fsll-ooc")
+    try:
+        params = obj.get("params", {})
+        if not isinstance(params, dict):
+            raise TypeError(f"params must be an object, got {params!r}")
+        cards = tuple(int(k) for k in obj["cardinalities"])
+        check_cards(cards)
+        theta = {tuple(int(v) for v in y): float(t) for y, t in obj["theta"]}
+        for y in theta:
+            if len(y) != len(cards) or any(not 0 <= v < k for v, k in zip(y, cards)):
+                raise ValueError(f"parameter index {y} does not fit cardinalities {cards}")
+        N = int(obj["n_samples"])
+        flat = {int(np.ravel_multi_index(y, cards)): v for y, v in theta.items()}
+        state = FitState(cards, N, 0.0, flat, {}, float(obj["log_z"]), int(obj["n_iter"]),
+                         bool(obj.get("converged", True)), checked_history(obj.get("history", [])))
+        if not (N >= 1 and math.isfinite(state.log_z) and all(math.isfinite(v) for v in theta.values())):
+            raise ValueError("n_samples, log_z and theta must be finite numbers (n_samples >= 1)")
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"{path}: malformed fsll-ooc model file ({type(e).__name__}: {e})") from None
+    try:
+        names, categories = check_labels(obj.get("feature_names"), obj.get("categories"), cards)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: malformed fsll-ooc model file (labels: {e})") from None
+    return ModelFile(state, params, obj.get("cost"), obj.get("kl_data"), names, categories)
+
+
+def check_cards(cards) -> None:
+    """Cardinalities read from a file obey the limits of ``fit`` (a file is not trusted)."""
+    if not cards or any(not 1 <= k <= MAX_CATEGORIES for k in cards):
+        raise ValueError(f"cardinalities {list(cards)[:8]} must be 1..{MAX_CATEGORIES}, at least one")
+    if math.prod(cards) > MAX_CELLS:
+        raise ValueError(f"the joint table would have {math.prod(cards):.3e} cells; the limit is 2**40")
+
+
+def checked_history(history: Any) -> list:
+    """A file's history: a list of dicts whose numbers are numbers (queries and plots use them)."""
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        raise ValueError("history must be a list of objects")
+    for h in history:
+        for k in ("iter", "cost", "delta", "value", "n_bases"):
+            if h.get(k) is not None and (isinstance(h[k], bool) or not isinstance(h[k], (int, float))):
+                raise ValueError(f"history entry field {k!r} is {h[k]!r}, not a number")
+        for k in ("y", "added"):
+            if h.get(k) is not None:
+                np.asarray(h[k], dtype=np.int64)  # ValueError/TypeError/OverflowError when not integers
+    from .queries import _contributions
+
+    _contributions(history)
+    return history

@@ -1,0 +1,394 @@
+"""The store of an out-of-core fit: one directory, its crash protocol, its readers.
+
+A :class:`FitStore` owns everything a fit keeps on disk and the order in which it is
+written (``docs/reliability.md``):
+
+* the writer lock (exclusive, refused at once) and the readers' shared lock;
+* the disk-full guard: an ``ENOSPC``/``EDQUOT`` anywhere becomes one
+  :class:`~fsll_ooc.storage.DiskFullError` that says what to do;
+* leftovers of killed writers and the scratch directories of dead readers;
+* the counts file (the fit's data as (cell, count) pairs, checksummed in the state);
+* the checksummed state file with status ``starting`` (data kept, tables not yet
+  complete), ``running`` (targets durable; the model after ``n_iter`` iterations)
+  and ``complete`` (the final model);
+* the tables (``dbar``, ``thetabar``, ``scratch``): creation, fingerprints, checks;
+* :meth:`FitStore.checkpoint`, the learner's callback after every iteration;
+* a private scratch table for each reader of a finished fit.
+
+The estimator decides *what* is fitted (parameters, labels, the plan) and hands it over
+as plain values; nothing here knows about the estimator.
+
+>>> import tempfile, numpy as np
+>>> from fsll_ooc.learn import FitState
+>>> from fsll_ooc.planner import plan
+>>> fs = FitStore(tempfile.mkdtemp() + "/s", "zarr")
+>>> p = fs.account(plan((2, 3), out_of_core=True))
+>>> params = {"epsilon": 1e-4, "max_iter": None, "resync_every": 256}
+>>> with fs.writing("fit", "fitting", p):
+...     fs.begin(p, params, None, np.array([0, 4]), np.array([3, 2]), FitState((2, 3), 5, 0.0))
+>>> fs.read().status, fs.read_counts((2, 3), 5)[1].tolist()
+('starting', [3, 2])
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import math
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from .. import storage  # the package's functions (what tests and the kill-point harness replace)
+from . import lock as locking
+from .tables import DiskFullError, IntegrityError, TableSpec
+
+__all__ = ["FitStore", "StoredFit", "STATE_FILE", "COUNTS_FILE", "READERS_DIR", "TABLE_NAMES", "STATUSES",
+           "backend_capabilities"]
+
+STATE_FILE = "fsll_state.json"
+STATE_FORMAT = "fsll-ooc-fit-state"
+STATE_VERSION = 1
+#: The fit's data as (cell, count) pairs, kept in the store so that resume can restart any stage.
+COUNTS_FILE = "fsll_counts.npy"
+#: Private scratch tables of read-only users of a finished store (one directory per reader).
+READERS_DIR = "readers"
+TABLE_NAMES = ("dbar", "thetabar", "scratch")
+STATUSES = ("starting", "running", "complete")
+#: The backend of a reader's private scratch table: takes disk space only where written.
+READER_BACKEND = "zarr"
+
+_DAMAGED = ("the store's tables cannot be trusted; FSLL.resume({store!r}, restart=True) rebuilds them from the "
+            "data kept in the store and fits again")
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendCapabilities:
+    """What the estimator and the store need to know about a table backend."""
+
+    name: str
+    #: tables outlive the process (they need a store directory)
+    persistent: bool
+    #: the plan's disk figure counts the checksums stored with the table's chunks
+    chunk_checksums: bool
+
+
+def backend_capabilities(name: str) -> BackendCapabilities:
+    """The one place a backend's name is turned into what it can do (``ValueError`` if unknown)."""
+    if name not in storage.BACKENDS:
+        raise ValueError(f"backend must be one of {storage.BACKENDS}, got {name!r}")
+    return BackendCapabilities(name, persistent=name != "numpy", chunk_checksums=name == "zarr")
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredFit:
+    """What a verified state file says: the fit's settings, its model so far, its labels."""
+
+    status: str
+    backend: str
+    layout: tuple[int, int]
+    params: dict
+    state: dict  # FitState.to_json()
+    feature_names: list | None
+    categories: list | None
+    kl_data: float | None
+
+
+class FitStore:
+    """The directory ``root`` of an out-of-core fit whose tables use ``backend``.
+
+    Writing happens inside :meth:`writing` (the writer lock and the disk guard):
+    :meth:`begin` (new fit) or :meth:`restart` / :meth:`reopen` (resume), then
+    :meth:`create_tables` + :meth:`tables_ready` or :meth:`open_tables`,
+    :meth:`checkpoint` after every iteration, :meth:`complete` at the end.
+    """
+
+    def __init__(self, root, backend: str | None = None):
+        self.root = Path(root)
+        self.backend = backend
+        self.plan = None  # the plan whose layout the tables have (set by begin/reopen)
+        self.resumable = False  # a state file describes this fit: a failure can be resumed
+        self._params: dict = {}
+        self._meta: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def state_file(self) -> Path:
+        return self.root / STATE_FILE
+
+    def exists(self) -> bool:
+        """Whether the store holds a fit state (there is something to resume)."""
+        return self.state_file.exists()
+
+    def require_state(self) -> None:
+        """``FileNotFoundError`` that says why, when there is no fit state to resume."""
+        if not self.state_file.exists():
+            hint = (" (the fit was stopped before it started; run fit() again)"
+                    if (self.root / COUNTS_FILE).exists() or (self.root / locking.LOCK_FILE).exists() else "")
+            raise FileNotFoundError(f"{self.root}: no fit state ({STATE_FILE}) found; nothing to resume{hint}")
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        """Hold the readers' shared lock (waits briefly for a writer; never creates the store)."""
+        with locking.StoreLock(self.root, purpose="read").acquire(shared=True, create=False):
+            yield
+
+    def read(self) -> StoredFit:
+        """The verified state of the store; :class:`IntegrityError` if it cannot be trusted."""
+        sf = self.state_file
+        obj = storage.read_json(sf, checksum=True)
+        if not isinstance(obj, dict) or obj.get("format") != STATE_FORMAT:
+            fmt = obj.get("format") if isinstance(obj, dict) else None
+            raise IntegrityError(sf, f"not an fsll-ooc fit state (format {fmt!r})")
+        if not isinstance(obj.get("version"), int) or obj["version"] > STATE_VERSION:
+            raise IntegrityError(sf, f"fit state version {obj.get('version')!r} is newer than this "
+                                     f"fsll-ooc understands (<= {STATE_VERSION}); upgrade fsll-ooc")
+        missing = [k for k in ("status", "backend", "layout", "params", "state", "counts") if k not in obj]
+        if missing or obj["status"] not in STATUSES or not _persistent(obj["backend"]):
+            raise IntegrityError(sf, f"fit state is incomplete or unknown (missing {missing}, "
+                                     f"status {obj.get('status')!r}, backend {obj.get('backend')!r})")
+        if obj["status"] != "starting" and not obj.get("tables"):
+            raise IntegrityError(sf, "fit state has no table fingerprints")
+        params = obj["params"]
+        if not isinstance(params, dict) or not all(k in params for k in ("epsilon", "max_iter", "resync_every")):
+            raise IntegrityError(sf, f"fit state lacks parameters (has {params!r})")
+        self.backend = obj["backend"]
+        self._params = params
+        self._meta = {k: obj.get(k) for k in ("counts", "tables", "feature_names", "categories", "kl_data")}
+        return StoredFit(obj["status"], obj["backend"], tuple(obj["layout"]), params, obj["state"],
+                         obj.get("feature_names"), obj.get("categories"), obj.get("kl_data"))
+
+    def read_counts(self, cards, n_samples: int) -> tuple[np.ndarray, np.ndarray]:
+        """The fit's data as (cells, counts), checked against the state's checksum (after :meth:`read`)."""
+        info = self._meta.get("counts") or {}
+        path = self.root / info.get("file", COUNTS_FILE)
+        if not path.exists():
+            raise IntegrityError(path, "the fit's data file is missing; run fit() again")
+        if storage.file_sha256(path) != info.get("sha256"):
+            raise IntegrityError(path, "the fit's data file does not match its checksum (altered or "
+                                       "damaged); run fit() again")
+        a = storage.read_array_file(path)
+        if (a.ndim != 2 or a.shape[0] != 2 or int(a[1].sum()) != n_samples
+                or (a.size and (a[0].min() < 0 or a[0].max() >= math.prod(cards)))):
+            raise IntegrityError(path, "the fit's data file does not describe this fit")
+        return a[0], a[1]
+
+    def disk_available(self) -> int:
+        """Free space for the fit: the file system's free bytes plus what its tables take already."""
+        held = sum(_tree_bytes(Path(storage.table_path(self.backend, self.root, nm))) for nm in TABLE_NAMES)
+        return shutil.disk_usage(self.root).free + held
+
+    def account(self, plan):
+        """``plan`` with the tables' checksum bytes in its disk figure (when the chunks carry them)."""
+        if not backend_capabilities(self.backend).chunk_checksums:
+            return plan
+        extra = len(TABLE_NAMES) * storage.overhead_bytes(self.backend, plan.layout.cards, plan.layout.chunk_shape)
+        return dataclasses.replace(plan, disk_bytes=plan.disk_bytes + extra)
+
+    # ------------------------------------------------------------------ writing
+    def check_new(self) -> None:
+        """Refuse a directory that is not empty and not an fsll-ooc store (a user's files)."""
+        storage.check_store_dir(self.root)
+
+    @contextlib.contextmanager
+    def writing(self, purpose: str, stage: str, plan=None) -> Iterator["FitStore"]:
+        """Hold the writer lock inside the disk guard (``stage`` words the full-disk message).
+
+        The lock is refused at once if another writer holds it.  On the way out, failed or
+        not, band writes still in flight (a failed pass's other tasks) are waited for, so
+        that nothing writes the store once the lock is released.
+        """
+        if plan is not None:
+            self.plan = plan
+        with self._disk_guard(stage):
+            lock = locking.StoreLock(self.root, purpose=purpose).acquire()
+            try:
+                yield self
+            finally:
+                try:
+                    storage.quiesce()
+                finally:
+                    lock.release()
+
+    def begin(self, plan, params: dict, labels: tuple | None, uniq, counts, state) -> None:
+        """A new fit: old state out, leftovers gone, the data kept, status ``starting``."""
+        self.plan, self._params = plan, dict(params)
+        names, categories = labels if labels is not None else (None, None)
+        self._meta = {"feature_names": names, "categories": categories}
+        sf = self.state_file
+        if sf.exists():
+            sf.unlink()  # an old state must never describe new tables
+            storage._fsync_path(str(self.root), directory=True)
+        self._tidy()
+        data = storage.array_file_bytes(np.stack([np.asarray(uniq, np.int64), np.asarray(counts, np.int64)]))
+        path = self.root / COUNTS_FILE
+        storage.write_bytes_atomic(path, data)
+        self._meta["counts"] = {"file": COUNTS_FILE, "sha256": storage.file_sha256(path),
+                                "n_unique": int(len(uniq))}
+        self.write_state(state, "starting")
+        self.resumable = True
+
+    def reopen(self, plan, stored: StoredFit) -> None:
+        """Continue the fit of this store (after :meth:`read` under the writer lock)."""
+        self.plan = plan
+        self._meta = {k: self._meta.get(k) for k in ("counts", "tables", "feature_names", "categories")}
+        self._tidy()
+        self.resumable = True
+
+    def restart(self, state) -> None:
+        """Back to status ``starting`` (tables are rebuilt from the data kept in the store)."""
+        self.write_state(state, "starting")
+
+    def create_tables(self, cards, chunks) -> list[TableSpec]:
+        """New, empty tables ``dbar``, ``thetabar``, ``scratch`` in the store."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return [storage.create_table(self.backend, self.root, nm, cards, chunks) for nm in TABLE_NAMES]
+
+    def tables_ready(self, specs, state) -> None:
+        """Targets and duals written: make them durable, fingerprint the tables, status ``running``."""
+        for spec in specs[:2]:
+            storage.flush(spec)
+            storage.sync_table(spec)
+        self._meta["tables"] = {nm: storage.table_fingerprint(sp) for nm, sp in zip(TABLE_NAMES, specs)}
+        self.write_state(state, "running")
+
+    def checkpoint(self, state) -> None:
+        """The learner's callback after every iteration: ``state`` is the model so far."""
+        self.write_state(state, "running")
+
+    def complete(self, state, kl_data: float | None) -> None:
+        """The fit is finished: ``state`` is the final model."""
+        self._meta["kl_data"] = kl_data
+        self.write_state(state, "complete")
+
+    def open_tables(self, cards, chunks, reader_owner=None) -> list[TableSpec]:
+        """The store's tables, checked: each is still the one the fit created and every
+        chunk of ``dbar`` is present with its exact size (its content is checked when read).
+
+        With ``reader_owner`` (a reader of a finished fit) the scratch table is a private one
+        of this process, removed when ``reader_owner`` is garbage collected.
+        """
+        specs = [TableSpec(self.backend, storage.table_path(self.backend, self.root, nm), tuple(cards), tuple(chunks))
+                 for nm in TABLE_NAMES]
+        if reader_owner is not None:
+            specs[2] = self._reader_scratch(tuple(cards), tuple(chunks), reader_owner)
+            return specs
+        tables = self._meta.get("tables") or {}
+        for nm, spec in zip(TABLE_NAMES, specs):
+            try:
+                storage.check_fingerprint(spec, tables.get(nm) or {})
+                if nm == "dbar":
+                    storage.check_table(spec)
+            except IntegrityError as e:
+                raise IntegrityError(e.path, e.problem, _DAMAGED.format(store=str(self.root))) from None
+        return specs
+
+    @contextlib.contextmanager
+    def damage_hint(self) -> Iterator[None]:
+        """A damaged table found while learning: say how to rebuild the store's tables."""
+        try:
+            yield
+        except IntegrityError as e:
+            raise IntegrityError(e.path, e.problem, _DAMAGED.format(store=str(self.root))) from None
+
+    # ------------------------------------------------------------------ internals
+    def write_state(self, state, status: str) -> None:
+        """Replace the state file atomically, with a checksum."""
+        L = self.plan.layout
+        obj = {"format": STATE_FORMAT, "version": STATE_VERSION, "status": status,
+               "backend": self.backend, "layout": [L.a, L.c], "chunks": list(L.chunk_shape),
+               "params": self._params, "state": state.to_json()}
+        obj.update(self._meta)
+        storage.write_json_atomic(self.state_file, obj, checksum=True)
+
+    def _tidy(self) -> None:
+        storage.remove_leftovers(self.root)
+        _clean_dead_readers(self.root)
+
+    @contextlib.contextmanager
+    def _disk_guard(self, stage: str) -> Iterator[None]:
+        """Turn a full disk (ENOSPC/EDQUOT anywhere in the fit) into one clear :class:`DiskFullError`."""
+        try:
+            yield
+        except DiskFullError:
+            raise
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            root = self.root
+            try:
+                free = shutil.disk_usage(root if root.exists() else root.parent).free
+            except OSError:
+                free = None
+            from ..planner import format_bytes
+
+            need = f"; the fit's tables take {format_bytes(self.plan.disk_bytes)}" if self.plan is not None else ""
+            have = f"{format_bytes(free)} free" if free is not None else "free space unknown"
+            if self.resumable:
+                todo = f"the store is resumable: free some space, then run FSLL.resume({str(root)!r})"
+            else:
+                todo = "nothing was started: free some space and run fit() again"
+            what = e.strerror or os.strerror(e.errno)
+            where = f" ({what}: {e.filename})" if getattr(e, "filename", None) else f" ({what})"
+            raise DiskFullError(e.errno, f"{root}: disk full while {stage}{where}; {have}{need}; {todo}",
+                                str(root)) from e
+
+    def _reader_scratch(self, cards, chunks, owner) -> TableSpec:
+        """A scratch table of our own (space is taken only when written), removed with ``owner``."""
+        token = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        root = self.root / READERS_DIR / token
+        try:
+            spec = storage.create_table(READER_BACKEND, root, "scratch", cards, chunks)
+        except OSError:  # a read-only store: use the temporary directory
+            root = Path(tempfile.mkdtemp(prefix="fsll-reader-"))
+            spec = storage.create_table(READER_BACKEND, root, "scratch", cards, chunks)
+        weakref.finalize(owner, _remove_tree, str(root))
+        return spec
+
+
+def _persistent(name) -> bool:
+    try:
+        return backend_capabilities(name).persistent
+    except (ValueError, TypeError):
+        return False
+
+
+def _tree_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for dp, _, fs in os.walk(path):
+        for f in fs:
+            try:
+                total += os.stat(os.path.join(dp, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    parent = os.path.dirname(path)
+    if os.path.basename(parent) == READERS_DIR:
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)  # only when empty
+
+
+def _clean_dead_readers(root: Path) -> None:
+    """Remove private scratch tables of readers that died without cleaning up (this host only)."""
+    d = root / READERS_DIR
+    if not d.is_dir():
+        return
+    host = socket.gethostname()
+    for sub in d.iterdir():
+        h, _, rest = sub.name.rpartition("-")  # host-pid-token
+        h, _, pid = h.rpartition("-")
+        if h == host and pid.isdigit() and not locking.pid_alive(int(pid)):
+            shutil.rmtree(sub, ignore_errors=True)
