@@ -14,6 +14,7 @@ True
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -82,6 +83,12 @@ class FSLL:
         ``"adjust"`` with ``epsilon="auto"``, off with a numeric epsilon (the paper's
         algorithm).  What it buys in ``KL(p*||p)`` and costs in time is measured in
         ``docs/benchmarks_quality.md``.
+    learn_options : :class:`fsll_ooc.learn.LearnOptions`, optional
+        Every further option of the search (``refine_tol``, ``refine_rounds``, ``joint``,
+        ``joint_candidates``, ``joint_closure``, ``joint_max_new``, ``on_finish``); None:
+        their defaults.  ``epsilon``, ``max_iter``, ``resync_every`` and ``refine`` are
+        set above (an object that sets one of them differently is refused).  Kept in the
+        model file and the store's state, except ``on_finish`` (a resumed fit runs without it).
 
     Attributes (after ``fit``)
     --------------------------
@@ -91,7 +98,8 @@ class FSLL:
     """
 
     def __init__(self, cardinalities=None, epsilon="auto", max_iter=None, store=None, backend=None,
-                 memory_limit=None, scheduler=None, layout=None, resync_every=256, progress=None, refine=None):
+                 memory_limit=None, scheduler=None, layout=None, resync_every=256, progress=None, refine=None,
+                 learn_options=None):
         self.cardinalities = cardinalities
         self.epsilon = epsilon
         self.max_iter = max_iter
@@ -103,15 +111,16 @@ class FSLL:
         self.resync_every = resync_every
         self.progress = progress
         self.refine = refine
+        self.learn_options = learn_options
 
     # ------------------------------------------------------------------ sklearn-style params
     # To add a parameter: an argument of __init__ stored verbatim, its name in _PARAMS, the
     # docstring above and docs/api.md; if it changes what is learned, its name in
     # _SAVED_PARAMS too (then the model file and the store's state keep it and resume uses it).
     _PARAMS = ("cardinalities", "epsilon", "max_iter", "store", "backend", "memory_limit", "scheduler",
-               "layout", "resync_every", "progress", "refine")
+               "layout", "resync_every", "progress", "refine", "learn_options")
     #: What is learned depends on these: the model file reports them, the store keeps them.
-    _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine")
+    _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options")
     #: A store also keeps these, to resume with the same problem and budget.
     _STORED_PARAMS = _SAVED_PARAMS + ("cardinalities", "memory_limit")
 
@@ -135,6 +144,7 @@ class FSLL:
     def _check_params(self) -> BackendCapabilities:
         check_fit_params(self.epsilon, self.max_iter, self.resync_every)
         resolve_refine(self.refine, self.epsilon)  # raises ValueError on a bad value
+        self._options()
         backend = backend_capabilities(self.backend or ("zarr" if self.store is not None else "numpy"))
         if backend.persistent and self.store is None:
             raise ValueError(f"backend {backend.name!r} needs store=PATH")
@@ -259,13 +269,28 @@ class FSLL:
             ready()
         self._learn(engine, state, fresh=True, checkpoint=checkpoint)
 
+    _OWN_OPTIONS = ("epsilon", "max_iter", "resync_every", "refine")
+
+    def _options(self) -> LearnOptions:
+        """The learner's options: ``learn_options`` with this estimator's own four."""
+        base = self.learn_options
+        if base is None:
+            base = LearnOptions()
+        elif not isinstance(base, LearnOptions):
+            raise ValueError(f"learn_options must be a fsll_ooc.learn.LearnOptions or None, got {base!r}")
+        own = {k: getattr(self, k) for k in self._OWN_OPTIONS}
+        default = LearnOptions()
+        for k, v in own.items():
+            if getattr(base, k) != getattr(default, k) and getattr(base, k) != v:
+                raise ValueError(f"learn_options sets {k}={getattr(base, k)!r} but FSLL has {k}={v!r}; "
+                                 f"set {k} on FSLL")
+        return dataclasses.replace(base, **own)
+
     def _learn(self, engine, state, fresh: bool, checkpoint) -> None:
         bar = self._bar("fsll fit")
         engine.progress = bar is not None
         try:
-            learn(engine, state, LearnOptions(epsilon=self.epsilon, max_iter=self.max_iter,
-                                              resync_every=self.resync_every, refine=self.refine),
-                  fresh=fresh, progress=bar, callback=checkpoint)
+            learn(engine, state, self._options(), fresh=fresh, progress=bar, callback=checkpoint)
         finally:
             if bar is not None:
                 bar.close()
@@ -315,7 +340,7 @@ class FSLL:
     @classmethod
     def _from_stored(cls, fs: FitStore, stored: StoredFit, scheduler, progress) -> "FSLL":
         """An estimator with the stored fit's parameters (every learning parameter of the fit)."""
-        kw = {k: v for k, v in stored.params.items() if k in cls._PARAMS}
+        kw = _params_from_json({k: v for k, v in stored.params.items() if k in cls._PARAMS})
         kw.update(store=fs.root, backend=stored.backend, scheduler=scheduler, layout=stored.layout, progress=progress)
         return cls(**kw)
 
@@ -473,7 +498,7 @@ class FSLL:
         """Write the model as one JSON file (format ``fsll-ooc-model``, versioned), atomically."""
         self._check_fitted()
         model_file.save(path, model_file.ModelFile(
-            self._state, {k: v for k, v in self.get_params().items() if k in self._SAVED_PARAMS},
+            self._state, {k: _plain(v) for k, v in self.get_params().items() if k in self._SAVED_PARAMS},
             self.cost_, self.kl_data_, self.feature_names_in_, self.categories_))
 
     @classmethod
@@ -489,8 +514,8 @@ class FSLL:
     def _with_params(cls, params: dict, what: str) -> "FSLL":
         """An estimator with the parameters ``params`` read from a file (unknown names: ``ValueError``)."""
         try:
-            return cls(**params)
-        except TypeError as e:
+            return cls(**_params_from_json(params))
+        except (TypeError, ValueError) as e:
             raise ValueError(f"{what} ({type(e).__name__}: {e})") from None
 
     def _set_fitted(self, state: FitState, *, plan=None, engine=None, cost=None, kl_data=None,
@@ -588,9 +613,17 @@ def _plain(v):
     """A parameter value as plain JSON (numpy scalars and arrays, tuples)."""
     if isinstance(v, np.generic):
         return v.item()
+    if isinstance(v, LearnOptions):
+        return v.to_json()
     if isinstance(v, (np.ndarray, tuple, list)):
         return [_plain(x) for x in v]
     return v
+
+
+def _params_from_json(params: dict) -> dict:
+    """Parameters read from a file: ``learn_options`` back to a :class:`LearnOptions`."""
+    lo = params.get("learn_options")
+    return {**params, "learn_options": LearnOptions.from_json(lo)} if isinstance(lo, dict) else params
 
 
 def _json_or_none(obj):

@@ -47,3 +47,26 @@ def test_damaged_files_are_refused(model, tmp_path, damage, word):
     with pytest.raises(ValueError, match=word) as ei:
         FSLL.load(tmp_path / "bad.json")
     assert "bad.json" in str(ei.value)
+
+
+def test_learn_options_reach_the_learner_and_are_kept(tmp_path):
+    from fsll_ooc.learn import LearnOptions
+
+    rng = np.random.default_rng(4)
+    X = rng.integers(0, 3, (200, 3))
+    seen = []
+    opts = LearnOptions(refine_rounds=3, joint=False, on_finish=lambda eng, st: seen.append(st.n_iter))
+    m = FSLL(progress=False, learn_options=opts).fit(X)
+    assert seen == [m.n_iter_] and m.get_params()["learn_options"] is opts
+    m.save(tmp_path / "m.json")
+    assert json.loads((tmp_path / "m.json").read_text())["params"]["learn_options"]["refine_rounds"] == 3
+    back = FSLL.load(tmp_path / "m.json").get_params()["learn_options"]
+    assert back == LearnOptions(refine_rounds=3, joint=False)  # on_finish is not kept
+    s = FSLL(progress=False, store=tmp_path / "s", learn_options=LearnOptions(joint_max_new=2)).fit(X)
+    assert FSLL.resume(tmp_path / "s", progress=False).learn_options == LearnOptions(joint_max_new=2)
+    ref = FSLL(progress=False, learn_options=LearnOptions(joint_max_new=2)).fit(X)
+    assert set(s.theta_) == set(ref.theta_) and s.cost_ == pytest.approx(ref.cost_, abs=1e-10)
+    with pytest.raises(ValueError, match="learn_options sets epsilon"):
+        FSLL(learn_options=LearnOptions(epsilon=1e-3)).fit(X)
+    with pytest.raises(ValueError, match="learn_options must be"):
+        FSLL(learn_options={"joint": False}).fit(X)
