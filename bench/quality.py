@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
-import functools
 import os
 import sys
 import time
@@ -50,7 +48,7 @@ for p in (ROOT, HERE):
         sys.path.insert(0, p)
 
 from fsll_ooc import FSLL, datasets  # noqa: E402
-from fsll_ooc import estimator as _model  # noqa: E402
+from fsll_ooc.learn import LearnOptions  # noqa: E402
 from reproduce_paper import fit_pgmpy, fix_hash_seed, machine_line  # noqa: E402
 
 FL = ("FL-paper", "FL-auto")
@@ -90,17 +88,6 @@ def load(name, n, seed):
 
 def label(name, n):
     return name if n is None else f"{name} N=1e{int(round(np.log10(n)))}"
-
-
-@contextlib.contextmanager
-def learn_options(**kw):
-    """Ablations only: pass learner options FSLL does not expose (e.g. ``joint=False``)."""
-    orig = _model.learn
-    _model.learn = functools.partial(orig, **kw)
-    try:
-        yield
-    finally:
-        _model.learn = orig
 
 
 def fit_fl(X, p_true, repeats=2, **kw):
@@ -297,10 +284,9 @@ def study_schedule(seeds, quick):
         row = [label(name, n)]
         for _, kw, lkw in variants:
             rs = []
-            with learn_options(**lkw):
-                for s in seeds:
-                    X, p = load(name, n, s)
-                    rs.append(fit_fl(X, p, repeats=1, epsilon="auto", **kw))
+            for s in seeds:
+                X, p = load(name, n, s)
+                rs.append(fit_fl(X, p, repeats=1, epsilon="auto", learn_options=LearnOptions(**lkw), **kw))
             row.append(f"{fmt(mean([r['kl_true'] for r in rs]))} / {mean([r['cost'] for r in rs]):.5f} "
                        f"/ {mean([r['time'] for r in rs]):.2f}")
         lines.append("| " + " | ".join(row) + " |")
