@@ -211,17 +211,6 @@ def _cardinality_list(s: str) -> tuple:
 
 # -------------------------------------------------------------------------- demo
 
-def _kl_data(model, codes: np.ndarray) -> float:
-    """KL(pd || p) in nats: from the model when it stores it, else from the data."""
-    v = _float(getattr(model, "kl_data_", None))
-    if v is not None:
-        return v
-    _, counts = np.unique(codes, axis=0, return_counts=True)
-    pd_ = counts / codes.shape[0]
-    entropy = -float(np.sum(pd_ * np.log(pd_)))
-    return -float(np.mean(model.log_prob(codes))) - entropy
-
-
 def _register_demo(sub) -> None:
     from .datasets import PAPER_DATASETS
     p = sub.add_parser(
@@ -284,7 +273,7 @@ def _cmd_demo(args) -> int:
             "data": name,
             "seed": args.seed,
             "n_samples": int(X.shape[0]),
-            "kl_data": _kl_data(model, X),
+            "kl_data": float(model.kl_data_),
             "kl_true": datasets.kl_divergence(p_true, model.probabilities()),
             "n_bases": int(model.n_bases_),
             "n_iter": int(model.n_iter_),
@@ -392,8 +381,8 @@ def _cmd_fit(args) -> int:
         "cells": math.prod(enc.cardinalities),
         "n_bases": int(model.n_bases_),
         "n_iter": int(model.n_iter_),
-        "cost": _float(getattr(model, "cost_", None)),
-        "kl_data": _float(getattr(model, "kl_data_", None)),
+        "cost": float(model.cost_),
+        "kl_data": float(model.kl_data_),
         "seconds": seconds,
         "store": args.store,
     }
@@ -457,12 +446,12 @@ def _cmd_info(args) -> int:
         "cardinalities": list(ks),
         "categories": cats,
         "cells": math.prod(ks),
-        "n_samples": getattr(model, "n_samples_", None),
-        "n_bases": int(getattr(model, "n_bases_", len(terms))),
-        "n_iter": getattr(model, "n_iter_", None),
-        "converged": getattr(model, "converged_", None),
-        "cost": _float(getattr(model, "cost_", None)),
-        "kl_data": _float(getattr(model, "kl_data_", None)),
+        "n_samples": model.n_samples_,
+        "n_bases": int(model.n_bases_),
+        "n_iter": model.n_iter_,
+        "converged": model.converged_,
+        "cost": _float(model.cost_),  # None when the model file has none
+        "kl_data": _float(model.kl_data_),
         "n_terms": len(terms),
         "terms_by_order": {str(o): c for o, c in sorted(by_order.items())},
         "terms": shown,
@@ -473,9 +462,8 @@ def _cmd_info(args) -> int:
     print(f"FSLL model {args.model}")
     print(f"  variables   {len(ks)}: " + ", ".join(f"{nm} ({k})" for nm, k in zip(names, ks)))
     print(f"  joint table {summary['cells']:,} cells")
-    if summary["n_samples"] is not None:
-        print(f"  fitted on   {summary['n_samples']:,} samples"
-              + ("" if summary["converged"] in (None, True) else " (stopped before convergence)"))
+    print(f"  fitted on   {summary['n_samples']:,} samples"
+          + ("" if summary["converged"] else " (stopped before convergence)"))
     print(f"  bases       {summary['n_bases']}   iterations {summary['n_iter']}   "
           f"cost {_fmt_num(summary['cost'])}   KL(pd||p) {_fmt_num(summary['kl_data'])}")
     if not terms:
@@ -546,7 +534,7 @@ def _register_score(sub) -> None:
 def _cmd_score(args) -> int:
     model = _load_model(args.model)
     names, cats = _labels_of(model)
-    has_names = getattr(model, "feature_names_in_", None) is not None
+    has_names = model.feature_names_in_ is not None
     with _user_input():
         data = read_table(args.data)
         by_name = has_names and hasattr(data, "columns")
