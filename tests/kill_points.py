@@ -7,7 +7,7 @@ injection and kills itself (``SIGKILL``, no clean-up of any kind) at one write:
   ``torn-tmp`` (half of zarr's ``*.partial`` temporary file written), ``torn-final``
   (half of the final chunk file written in place: what a store without atomic rename,
   or a power cut, can leave), ``after`` (right after the write);
-* ``band``   a memmap band write (``fsll_ooc.storage.tables._write_memmap``), modes ``torn``
+* ``band``   a memmap band write (``fsll_ooc.storage.memmap._write_memmap``), modes ``torn``
   (half of the band's bytes written), ``data-no-crc`` (data written, checksums not),
   ``after``;
 * ``file``   a small-file replacement (``fsll_ooc.storage.write_bytes_atomic``: the fit
@@ -109,7 +109,7 @@ def install_faults(faults: Faults) -> None:
     import zarr.storage._local as zl
 
     import fsll_ooc.storage
-    from fsll_ooc.storage import tables as storage
+    from fsll_ooc.storage import files, memmap
 
     orig_put = zl._put
 
@@ -133,7 +133,7 @@ def install_faults(faults: Faults) -> None:
 
     zl._put = _put
 
-    orig_wm = storage._write_memmap
+    orig_wm = memmap._write_memmap
 
     def _write_memmap(spec, arr, key, value):
         mode = faults.event("band", Path(spec.path).stem, MODES["band"])
@@ -151,9 +151,9 @@ def install_faults(faults: Faults) -> None:
         if mode == "after":
             faults.die()
 
-    storage._write_memmap = _write_memmap
+    memmap._write_memmap = _write_memmap
 
-    orig_wb = storage.write_bytes_atomic
+    orig_wb = files.write_bytes_atomic
 
     def write_bytes_atomic(path, data):
         name = Path(path).name
@@ -176,7 +176,7 @@ def install_faults(faults: Faults) -> None:
         if mode == "after":
             faults.die()
 
-    storage.write_bytes_atomic = write_bytes_atomic
+    files.write_bytes_atomic = write_bytes_atomic
     fsll_ooc.storage.write_bytes_atomic = write_bytes_atomic
 
 

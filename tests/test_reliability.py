@@ -307,7 +307,7 @@ def test_json_writes_leave_nothing_on_failure(tmp_path, monkeypatch):
     def boom(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(storage.tables.os, "fsync", boom)
+    monkeypatch.setattr(storage.files.os, "fsync", boom)
     with pytest.raises(OSError):
         storage.write_json_atomic(target, {"x": 1}, checksum=True)
     assert list(tmp_path.iterdir()) == []

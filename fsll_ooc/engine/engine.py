@@ -273,7 +273,7 @@ def task_map(ctx: Context, kind: str, idx: int, src: int, dst: int, ops: tuple) 
     key = band_key(ctx.layout, kind, idx)
     shape, *_ = _geometry(ctx, kind)
     band = storage.read(ctx.specs[src], key)
-    if band.base is not None and ctx.specs[src].backend == "numpy" and src != dst:
+    if band.base is not None and ctx.specs[src].backend_impl.supports_inplace_views and src != dst:
         band = band.copy()
     band = band.reshape(shape)
     total = _apply_ops(ctx, kind, band, ops)
@@ -316,7 +316,7 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
     key = band_key(L, kind, idx)
     shape, j, P, Q, rP, rQ = _geometry(ctx, kind)
     t = storage.read(ctx.specs[TB], key)
-    in_place = ctx.specs[TB].backend == "numpy" and not t.flags.owndata  # a view of the table itself
+    in_place = ctx.specs[TB].backend_impl.supports_inplace_views and not t.flags.owndata  # a view of the table itself
     t = t.reshape(P, Q)
     d = storage.read(ctx.specs[D], key).reshape(P, Q)
     r_const = _r_const(ctx, kind, idx)
@@ -585,11 +585,7 @@ class Engine:
 
 def task_gather(ctx: Context, table: int, flat: np.ndarray) -> np.ndarray:
     """Read the cells ``flat`` (global C-order indices) of ``table``: a gather task."""
-    spec = ctx.specs[table]
-    arr = storage.open_table(spec)
-    if spec.backend == "zarr":
-        return np.asarray(arr.get_coordinate_selection(np.unravel_index(flat, spec.shape)), dtype=np.float64)
-    return np.asarray(arr.reshape(-1)[flat], dtype=np.float64)
+    return storage.gather(ctx.specs[table], flat)
 
 
 def task_top_candidates(ctx: Context, idx: int, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,36 +1,60 @@
-"""Storage: where a fit's tables and files live (numpy arrays, memmap files, Zarr v3 arrays).
+"""Storage: where a fit's tables and files live.
 
-Owns chunked tables with per-chunk checksums, atomic and checksummed small files, and the
-store's writer lock.  Nothing here knows about the model or the learner.
+Tables are stored by *backends*, classes registered by name (``base.TableBackend``,
+``register_backend``): in-memory numpy (``memory``), memmap files with a checksum side
+file (``memmap``), Zarr v3 arrays with the crc32c codec (``zarr_tables``).  The
+functions below dispatch to a table's backend; callers ask a backend's capabilities
+(``spec.backend_impl.persistent``, ...), never its name.  Also here: atomic and
+checksummed small files (``files``), the store directory's checks (``store_dir``), and
+the store's writer lock (``lock``).  Nothing here knows about the model or the learner.
 """
-from . import lock, tables  # noqa: F401
-from .tables import (  # noqa: F401
-    BACKENDS,
-    DiskFullError,
-    IntegrityError,
+from . import base, errors, files, lock, store_dir, tables  # noqa: F401
+# the built-in backends register themselves on import, in this order
+from . import memory, memmap, zarr_tables  # noqa: F401,E402
+from .base import (  # noqa: F401
+    CHECKSUM_BYTES,
+    TableBackend,
     TableSpec,
-    _fsync_path,
-    _write_memmap,
+    backend_names,
+    forget,
+    get_backend,
+    open_table,
+    register_backend,
+    unregister_backend,
+)
+from .errors import DiskFullError, IntegrityError  # noqa: F401
+from .files import (  # noqa: F401
     array_file_bytes,
+    file_sha256,
+    fsync_path,
+    read_array_file,
+    read_json,
+    write_bytes_atomic,
+    write_json_atomic,
+)
+from .store_dir import STORE_MARKERS, check_store_dir, remove_leftovers  # noqa: F401
+from .tables import (  # noqa: F401
+    as_array,
     check_fingerprint,
-    check_store_dir,
     check_table,
     create_table,
-    file_sha256,
     flush,
-    forget,
-    open_table,
+    gather,
     overhead_bytes,
     quiesce,
     read,
-    read_array_file,
-    read_json,
-    remove_leftovers,
     sync_table,
     table_fingerprint,
     table_path,
     verify_table,
     write,
-    write_bytes_atomic,
-    write_json_atomic,
 )
+
+#: Former name of :func:`fsync_path` (kept until every caller uses the public name).
+_fsync_path = fsync_path
+
+
+def __getattr__(name):
+    if name == "BACKENDS":  # the registered names, including backends registered later
+        return backend_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
