@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import TableSpec, forget, get_backend, open_table
+from .errors import DiskFullError, IntegrityError  # noqa: F401 - also importable from here
 
 __all__ = ["create_table", "open_table", "read", "write", "gather", "as_array", "flush", "sync_table",
            "check_table", "verify_table", "table_fingerprint", "check_fingerprint", "table_path",
