@@ -86,16 +86,20 @@ def auto_epsilon(n_samples: int, c: float = AUTO_C) -> float:
     return float(c) / max(int(n_samples), 1)
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_epsilon(epsilon) -> None:
+    if not (epsilon == "auto" if isinstance(epsilon, str) else
+            (_is_number(epsilon) and epsilon > 0 and math.isfinite(epsilon))):
+        raise ValueError(f"epsilon must be a positive number or 'auto', got {epsilon!r}")
+
+
 def resolve_epsilon(epsilon, n_samples: int) -> float:
     """A positive float threshold from ``epsilon`` (a number or ``"auto"``)."""
-    if isinstance(epsilon, str):
-        if epsilon != "auto":
-            raise ValueError(f"epsilon must be a positive number or 'auto', got {epsilon!r}")
-        return auto_epsilon(n_samples)
-    eps = float(epsilon)
-    if not (eps > 0 and math.isfinite(eps)):
-        raise ValueError(f"epsilon must be a positive number or 'auto', got {epsilon!r}")
-    return eps
+    _check_epsilon(epsilon)
+    return auto_epsilon(n_samples) if isinstance(epsilon, str) else float(epsilon)
 
 
 def resolve_refine(refine, epsilon) -> str:
@@ -177,19 +181,12 @@ class LearnOptions:
     on_finish: Callable[[Engine, FitState], None] | None = None
 
     def __post_init__(self):
-        eps = self.epsilon
-        if isinstance(eps, str):
-            if eps != "auto":
-                raise ValueError(f"epsilon must be a positive number or 'auto', got {eps!r}")
-        elif not (isinstance(eps, numbers.Real) and not isinstance(eps, (bool, np.bool_))
-                  and eps > 0 and math.isfinite(eps)):
-            raise ValueError(f"epsilon must be a positive number or 'auto', got {eps!r}")
+        _check_epsilon(self.epsilon)
         if self.max_iter is not None and not (_is_int(self.max_iter) and self.max_iter >= 0):
             raise ValueError(f"max_iter must be a non-negative int or None, got {self.max_iter!r}")
-        resolve_refine(self.refine, eps)  # raises ValueError naming the allowed values
+        resolve_refine(self.refine, self.epsilon)  # raises ValueError naming the allowed values
         tol = self.refine_tol
-        if not (isinstance(tol, numbers.Real) and not isinstance(tol, (bool, np.bool_))
-                and tol >= 0 and math.isfinite(tol)):
+        if not (_is_number(tol) and tol >= 0 and math.isfinite(tol)):
             raise ValueError(f"refine_tol must be a non-negative finite number, got {tol!r}")
         if not isinstance(self.joint, (bool, np.bool_)):
             raise ValueError(f"joint must be True or False, got {self.joint!r}")
