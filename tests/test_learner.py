@@ -250,6 +250,14 @@ def test_learn_options_reach_the_learner():
     assert "refine" in moves and "joint-append" not in moves
     assert all(h["value"] == 1.0 for h in st.history if h["move"] == "refine")  # one Newton round each
     assert seen == [(eng, st)]  # the hook ran once, on the final state
+    # FSLL passes them on: the same search, the hook called once
+    hooked = []
+    m = FSLL(cardinalities=cards, refine="final", progress=False,
+             learn_options=LearnOptions(refine="final", joint=False, refine_rounds=1,
+                                        on_finish=lambda e, s: hooked.append(s))).fit(X)
+    assert [h["move"] for h in m.history_] == [h["move"] for h in st.history]
+    assert m.theta_ == {st.digits(y): v for y, v in st.theta.items()} and m.cost_ == st.cost()
+    assert len(hooked) == 1 and hooked[0].theta == st.theta
     eng, st = _started(X, cards)
     learn(eng, st, LearnOptions(epsilon=1e-4, max_iter=7))
     assert st.n_iter == 7 and not st.converged
