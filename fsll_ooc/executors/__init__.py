@@ -1,3 +1,11 @@
-"""Executors: who runs a pass's band tasks (in the calling thread, dask threads, or dask.distributed)."""
-from .executor import *  # noqa: F401,F403
-from .executor import __all__  # noqa: F401
+"""Executors: who runs a pass's band tasks (in the calling thread, dask threads, or dask.distributed).
+
+``base`` holds the interface and the registry; each scheduler is one module that
+registers itself on import (``serial``, ``dask``).  Import order is registration order,
+which :func:`make_executor` follows.
+"""
+from .base import Executor, executor_kinds, make_executor, register_executor
+from .serial import SerialExecutor
+from .dask import DaskExecutor
+
+__all__ = ["Executor", "SerialExecutor", "DaskExecutor", "make_executor", "register_executor", "executor_kinds"]

@@ -1,0 +1,121 @@
+"""Executors: every scheduler runs the same band tasks to the same bits and reductions."""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import pytest
+
+from fsll_ooc import cost, datasets, storage
+from fsll_ooc.engine import Engine, Step
+from fsll_ooc.executors import DaskExecutor, Executor, SerialExecutor, base, make_executor, register_executor
+from fsll_ooc.planner import Layout
+
+CARDS = (4, 2, 3, 5)
+LAYOUT = (1, 2)  # 4 A-bands, 2 B-bands: steps on variable 0 take an A and a B pass
+
+
+def _square(x, y):
+    return (x * x + y,)
+
+
+def _concat(a, b):  # associative, not commutative: the reduction keeps the band order
+    return a + b
+
+
+def _passes(executor, store):
+    """Targets, initial duals and a few updates + scans on memmap tables; every table and result."""
+    p, _ = datasets.random_bayesnet(CARDS, 2, seed=5)
+    X = datasets.sample_table(p, 300, seed=6)
+    flat = np.ravel_multi_index(tuple(X.T), CARDS)
+    L = Layout(CARDS, *LAYOUT)
+    specs = [storage.create_table("memmap", store, nm, CARDS, L.chunk_shape) for nm in ("dbar", "thetabar", "scratch")]
+    r0, w = cost.penalty_weights(CARDS, len(X))
+    eng = Engine(L, specs, r0, w, executor)
+    eng.compute_targets(flat, len(X))
+    eng.init_duals()
+    results = [eng.update_scan(None, np.zeros(0, np.int64))]
+    for digits, delta in (((1, 0, 0, 0), 0.3), ((0, 1, 2, 0), -0.2), ((3, 0, 0, 4), 0.1)):
+        y = np.ravel_multi_index(digits, CARDS)
+        t = float(eng.gather(np.array([y]))[0])
+        results.append(eng.update_scan(Step(digits, delta, t), np.array([0, y], np.int64)))
+    results.append(eng.top_candidates(5))
+    results.append(eng.resync(np.array([0, 7], np.int64), np.array([0.0, 0.25]), math.log(math.prod(CARDS))))
+    tables = [np.array(storage.open_table(s)) for s in specs]
+    return results, tables
+
+
+def _assert_same(a, b):
+    (ra, ta), (rb, tb) = a, b
+    for x, y in zip(ra, rb):
+        if hasattr(x, "best"):
+            assert (x.best, x.pos, x.t, x.d, x.total) == (y.best, y.pos, y.t, y.d, y.total)
+            np.testing.assert_array_equal(np.sort(x.supp_pos), np.sort(y.supp_pos))
+        elif isinstance(x, tuple):
+            np.testing.assert_array_equal(x[0], y[0])
+            np.testing.assert_array_equal(x[1], y[1])
+        else:
+            assert x == y
+    for x, y in zip(ta, tb):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_make_executor_by_kind():
+    assert isinstance(make_executor(None, 1), SerialExecutor)
+    assert isinstance(make_executor(None, 4), DaskExecutor) and make_executor(None, 4).scheduler == "threads"
+    assert isinstance(make_executor("serial"), SerialExecutor)
+    assert make_executor("synchronous").scheduler == "synchronous"
+    ex = SerialExecutor()
+    assert make_executor(ex) is ex
+    assert base.executor_kinds()[:2] == ("serial", "dask")
+    with pytest.raises(ValueError, match="unknown scheduler 3"):
+        make_executor(3)
+    with pytest.raises(TypeError, match="Executor subclass"):
+        register_executor(int)
+
+
+@pytest.mark.parametrize("scheduler", ["serial", "threads", "synchronous"])
+def test_run_and_reduce_keep_band_order(scheduler):
+    ex = make_executor(scheduler)
+    args = [(i, 1) for i in range(20)]
+    assert ex.run(_square, args) == [(i * i + 1,) for i in range(20)]
+    assert ex.run_reduce(_square, args, _concat) == tuple(i * i + 1 for i in range(20))
+
+
+def test_serial_threads_and_distributed_give_the_same_bands(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    ref = _passes(SerialExecutor(), tmp_path / "serial")
+    _assert_same(ref, _passes(DaskExecutor("threads"), tmp_path / "threads"))
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                                  dashboard_address=None, silence_logs=40) as cluster, \
+            distributed.Client(cluster) as client:
+        ex = make_executor(client)
+        assert ex.distributed and isinstance(ex, DaskExecutor)
+        assert ex.run_reduce(_square, [(i, 0) for i in range(11)], _concat) == tuple(i * i for i in range(11))
+        _assert_same(ref, _passes(ex, tmp_path / "distributed"))
+
+
+def test_a_new_scheduler_is_one_class_and_its_registration(tmp_path, monkeypatch):
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+
+    @register_executor
+    class Reversed(Executor):
+        """Runs the tasks last to first (any order must give the same bands)."""
+
+        kind = "reversed"
+
+        @classmethod
+        def accepts(cls, scheduler):
+            return scheduler == "reversed"
+
+        def run(self, fn, args):
+            return [fn(*a) for a in args[::-1]][::-1]
+
+        def run_reduce(self, fn, args, combine):
+            return functools.reduce(combine, self.run(fn, args))
+
+    assert "reversed" in base.executor_kinds()
+    ex = make_executor("reversed")
+    assert isinstance(ex, Reversed)
+    _assert_same(_passes(SerialExecutor(), tmp_path / "serial"), _passes(ex, tmp_path / "reversed"))
