@@ -84,7 +84,7 @@ def main(argv=None):
     import numba
 
     from fsll_ooc import basis
-    from fsll_ooc.kernels import transform as ft
+    from fsll_ooc.kernels import threadpool, transform as ft, transform_plan
 
     ft.warmup()
     reps = 3 if args.quick else args.reps
@@ -112,7 +112,7 @@ def main(argv=None):
             cold = _cold(shape, fresh)["first"]          # empty cache: compiles
             cached = _cold(shape, fresh)["first"]        # same cache, new process: loads
         rows.append(dict(name=name, shape=shape, size=size, copy=tc, ref=ref, par=tp, ser=ts, cpu_units=cs / cc,
-                         cold=cold, cached=cached, passes=ft.plan(shape).npasses))
+                         cold=cold, cached=cached, passes=transform_plan.plan(shape).npasses))
     model, ncpu, l2, l3 = _cpu_model()
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",) * 3
     fmt = lambda v, d=4: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
@@ -121,7 +121,7 @@ def main(argv=None):
         "",
         f"Machine: {model}, {ncpu} CPU(s), L2 {l2}, L3 {l3}; numpy {np.__version__}, numba "
         f"{numba.__version__}, Python {platform.python_version()}; "
-        f"threads used: {ft._num_threads()}; load average at the end: "
+        f"threads used: {threadpool.num_threads()}; load average at the end: "
         + ", ".join(f"{x:.2f}" if isinstance(x, float) else str(x) for x in load) + ".",
         "",
         "float64, full transform (all axes, forward). Times in seconds, minimum over "
@@ -145,13 +145,13 @@ def main(argv=None):
             f"{r['par'] / r['copy']:.2f} | {r['ser'] / r['copy']:.2f} | {r['cpu_units']:.2f} | {speedup} |")
     lines += [
         "",
-        "Plans (`fast_transform.plan(shape).describe()`: passes over memory, then the sweeps of",
+        "Plans (`kernels.transform_plan.plan(shape).describe()`: passes over memory, then the sweeps of",
         "each pass; `r8d@h` = radix-8 butterflies at stride h with descending stages, `pm` = +-1 axis):",
         "",
         "```",
     ]
     for name, shape in CASES:
-        lines.append(ft.plan(shape).describe())
+        lines.append(transform_plan.plan(shape).describe())
     lines += [
         "```",
         "",

@@ -1,4 +1,4 @@
-"""fast_transform.transform_inplace against the numpy reference (basis.transform) and
+"""kernels.transform.transform_inplace against the numpy reference (basis.transform) and
 against dense sums with basis.local_matrix."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from fsll_ooc import basis
 from fsll_ooc.kernels import transform as ft
+from fsll_ooc.kernels import transform_plan as tp
 
 
 def _close(got, ref, rtol=1e-12):
@@ -37,10 +38,10 @@ def _dense(g, axes, transpose):
 def small_budgets(monkeypatch):
     """Tiny cache budgets: small tables then take several gathered passes, split Walsh
     axes over groups, remainder tiles and oversized +-1 axes; threads on small tables."""
-    monkeypatch.setattr(ft, "_BLOCK_BYTES", 256)
-    monkeypatch.setattr(ft, "_TILE_BYTES", 512)
-    monkeypatch.setattr(ft, "_MIN_ROW_BYTES", 64)
-    monkeypatch.setattr(ft, "_PAD_BYTES", 64)
+    monkeypatch.setattr(tp, "_BLOCK_BYTES", 256)
+    monkeypatch.setattr(tp, "_TILE_BYTES", 512)
+    monkeypatch.setattr(tp, "_MIN_ROW_BYTES", 64)
+    monkeypatch.setattr(tp, "_PAD_BYTES", 64)
     monkeypatch.setattr(ft, "_PAR_MIN_SIZE", 0)
 
 
@@ -98,7 +99,7 @@ def test_multi_pass_paths(small_budgets, transpose):
     for shape in [(3, 5, 6, 2, 4, 2, 2, 2), (2,) * 13, (8, 8, 8, 3), (5, 16, 7, 4), (37, 3, 2, 2),
                   (2, 3, 16, 5, 2), (3, 300, 2)]:
         g = rng.standard_normal(shape)
-        pl = ft.plan(shape, None, transpose)
+        pl = tp.plan(shape, None, transpose)
         assert pl.npasses >= 2, pl.describe()
         for axes in [None, [0, 2], [-1], list(range(1, len(shape)))]:
             ref = basis.transform(g, axes, transpose=transpose)
@@ -191,17 +192,17 @@ def test_rejects_bad_input():
 def test_larger_table_two_passes_threads():
     """A 2^18 binary table (2 MiB: two passes with the default budgets), threaded."""
     g = np.random.default_rng(9).standard_normal((2,) * 18)
-    assert ft.plan(g.shape).npasses == 2
+    assert tp.plan(g.shape).npasses == 2
     assert np.array_equal(_run(g, parallel=True), basis.transform(g))
     mixed = np.random.default_rng(9).standard_normal((3, 5, 6, 2, 4) + (2,) * 10)
     _close(_run(mixed, transpose=True), basis.transform(mixed, transpose=True))
 
 
 def test_plans_for_big_tables():
-    assert ft.plan((2,) * 24).npasses == 2
-    assert ft.plan((2,) * 30).npasses == 3
-    assert ft.plan((2,) * 24, itemsize=4).npasses == 2
-    assert "pass 0" in ft.plan((3, 5, 6, 2, 4) + (2,) * 12).describe()
+    assert tp.plan((2,) * 24).npasses == 2
+    assert tp.plan((2,) * 30).npasses == 3
+    assert tp.plan((2,) * 24, itemsize=4).npasses == 2
+    assert "pass 0" in tp.plan((3, 5, 6, 2, 4) + (2,) * 12).describe()
 
 
 def test_concurrent_callers(small_budgets):

@@ -1,8 +1,8 @@
 """Compiled block kernels: the fused "dual update + candidate scan" of one block.
 
 One learning iteration is one streaming pass per block of the dual table
-``thetabar``: each element is updated by the incremental identity (design notes,
-identity 3)::
+``thetabar``: each element is updated by the incremental identity (docs/design.md,
+"The incremental dual update")::
 
     thetabar'(y) = (cosh(delta) thetabar(y) + sinh(delta) <Phi_y Phi_y'>) / (cosh(delta) + sinh(delta) thetabar(y'))
 
@@ -45,12 +45,14 @@ cells) from an atomic counter as it comes and carries the champion within a bloc
 every row records its champion, and :func:`reduce_rows` picks the winner.  A pair of
 rows is updated by the thread holding the lower row, so no two threads write the
 same cell.  A helper descheduled by the operating system delays the pass by at most
-one block (a static split in halves, as numba's ``prange`` does, waited for the
-whole half: 3-5x slower than one thread on a shared machine).
+one block (a static split in halves, as numba's ``prange`` does, waits for the
+whole half: much slower than one thread on a shared machine; docs/benchmarks.md,
+section 3).
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, types
@@ -60,7 +62,7 @@ from numba.core.extending import intrinsic
 from . import threadpool
 
 __all__ = ["update_scan_xor", "update_scan_perm", "update_scan_explicit", "reduce_rows", "support_moves",
-           "warmup", "SUB", "CHUNK", "BLOCK_CELLS"]
+           "warmup", "PassArgs", "SUB", "CHUNK", "BLOCK_CELLS"]
 
 SUB = 64  # cells per branch-free bound test
 CHUNK = 1024  # cells per gathered partner chunk (8 KiB: stays in L1)
@@ -320,7 +322,37 @@ def _kernel_blocks(t, partner, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb,
 _blocks = njit(cache=True, nogil=True)(_kernel_blocks)
 
 
-def _run(args, P, Q, parallel):
+class PassArgs(NamedTuple):
+    """The arguments of one compiled pass over a ``(P, Q)`` block, named.
+
+    The fields are the leading parameters of the compiled driver, in its order
+    (:func:`_kernel_blocks`; a test keeps them equal): :func:`_run` passes them
+    positionally, so the compiled code is that of plain arguments.
+    """
+
+    t: np.ndarray  # the block of thetabar (P, Q), updated in place
+    partner: np.ndarray  # explicit partner values (P, Q), or ``t`` when the partner is a permutation
+    d: np.ndarray  # the block of dbar (P, Q)
+    rP: np.ndarray  # penalty per row: r_y = r_const + rP[p] + rQ[q]
+    rQ: np.ndarray  # penalty per column
+    r_const: float  # penalty common to the block
+    permP: np.ndarray  # row permutation of an involution partner (empty: a flat XOR)
+    permQ: np.ndarray  # column permutation (empty: a flat XOR)
+    mp: np.int64  # row XOR mask of a flat XOR partner
+    mq: np.int64  # column XOR mask
+    ca: float  # cosh(delta) / (cosh(delta) + sinh(delta) t'): the cell's own weight
+    sb: float  # sinh(delta) / (...): the partner's weight
+    cw: np.int64  # gathered chunk width (0: runs pair with runs; Q for a permutation)
+    unit: np.int64  # cells per gather run (8, 4 or 1)
+    explicit: bool  # the partner is the array ``partner`` (rows by :func:`_explicit_row`)
+    update: bool  # update the cells (False: scan only)
+    threshold: float  # a candidate must beat this cost change
+    skip: np.int64  # flat position never reported (y = 0), or -1
+    row_best: np.ndarray  # out: champion per row
+    row_pos: np.ndarray  # out: its flat position (-1: none)
+
+
+def _run(args: PassArgs, P, Q, parallel):
     """Run a pass on this thread alone (one block of all ``P`` rows: the champion is
     carried from row to row), or, with ``parallel`` and more than one thread allowed
     (:func:`fsll_ooc.kernels.threadpool.num_threads`), on this thread and the helpers: blocks of
@@ -394,8 +426,10 @@ def update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold=0.
     cw, unit = _xor_geometry(Q, mq)
     rb, rp = _rows(P)
     ca, sb = ch * inv_den, sh * inv_den
-    _run((t, t, d, rP, rQ, float(r_const), _NO_PERM, _NO_PERM, np.int64(mp), np.int64(mq), float(ca), float(sb),
-          np.int64(cw), np.int64(unit), False, True, float(threshold), np.int64(skip), rb, rp), P, Q, parallel)
+    _run(PassArgs(t=t, partner=t, d=d, rP=rP, rQ=rQ, r_const=float(r_const), permP=_NO_PERM, permQ=_NO_PERM,
+                  mp=np.int64(mp), mq=np.int64(mq), ca=float(ca), sb=float(sb), cw=np.int64(cw), unit=np.int64(unit),
+                  explicit=False, update=True, threshold=float(threshold), skip=np.int64(skip), row_best=rb,
+                  row_pos=rp), P, Q, parallel)
     return reduce_rows(rb, rp)
 
 
@@ -412,8 +446,10 @@ def update_scan_perm(t, d, rP, rQ, r_const, permP, permQ, ch, sh, inv_den, thres
         return update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold, skip, parallel)
     rb, rp = _rows(P)
     ca, sb = ch * inv_den, sh * inv_den
-    _run((t, t, d, rP, rQ, float(r_const), permP, permQ, np.int64(0), np.int64(0), float(ca), float(sb),
-          np.int64(Q), np.int64(1), False, True, float(threshold), np.int64(skip), rb, rp), P, Q, parallel)
+    _run(PassArgs(t=t, partner=t, d=d, rP=rP, rQ=rQ, r_const=float(r_const), permP=permP, permQ=permQ,
+                  mp=np.int64(0), mq=np.int64(0), ca=float(ca), sb=float(sb), cw=np.int64(Q), unit=np.int64(1),
+                  explicit=False, update=True, threshold=float(threshold), skip=np.int64(skip), row_best=rb,
+                  row_pos=rp), P, Q, parallel)
     return reduce_rows(rb, rp)
 
 
@@ -425,9 +461,10 @@ def update_scan_explicit(t, partner, d, rP, rQ, r_const, ch=1.0, sh=0.0, inv_den
     if partner is None:
         partner = t
     ca, sb = ch * inv_den, sh * inv_den
-    _run((t, partner, d, rP, rQ, float(r_const), _NO_PERM, _NO_PERM, np.int64(0), np.int64(0), float(ca),
-          float(sb), np.int64(0), np.int64(1), True, bool(update), float(threshold), np.int64(skip), rb, rp),
-         P, Q, parallel)
+    _run(PassArgs(t=t, partner=partner, d=d, rP=rP, rQ=rQ, r_const=float(r_const), permP=_NO_PERM, permQ=_NO_PERM,
+                  mp=np.int64(0), mq=np.int64(0), ca=float(ca), sb=float(sb), cw=np.int64(0), unit=np.int64(1),
+                  explicit=True, update=bool(update), threshold=float(threshold), skip=np.int64(skip), row_best=rb,
+                  row_pos=rp), P, Q, parallel)
     return reduce_rows(rb, rp)
 
 

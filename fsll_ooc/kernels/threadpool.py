@@ -73,8 +73,8 @@ def _serve(q: queue.SimpleQueue) -> None:
 def fire(n: int, fn, *args) -> None:
     """Run ``fn(*args)`` on each of ``n - 1`` helper threads, without waiting and without
     a result (the compiled passes count their own progress; see
-    :func:`fsll_ooc.kernels._run`).  Cheaper than :func:`helpers`' ``submit``, which
-    costs about 40 us right after a pass has flushed the caches.  The helpers are daemon
+    :func:`fsll_ooc.kernels.scan._run`).  Cheaper than :func:`helpers`' ``submit`` right
+    after a pass has flushed the caches (docs/benchmarks.md, section 3).  The helpers are daemon
     threads, rebuilt after a fork or when ``n`` changes.
 
     >>> import threading

@@ -9,14 +9,15 @@ passes over memory:
   axes combine).  Up to three consecutive stages whose strides are ``h, 2h, 4h`` (in
   any order) are fused into one radix-8 (or radix-4) sweep that reads and writes each
   element once; the split of the stage sequence into sweeps minimises a measured cost
-  table (:func:`_chunk_stages`).
+  table (:func:`fsll_ooc.kernels.transform_plan._chunk_stages`).
 * The table is cut into *groups* of adjacent axes.  The innermost group is transformed
   block by contiguous block (``_BLOCK_BYTES``), in place.  An outer group is
   transformed in *tiles*: its ``R`` index rows by ``w`` contiguous columns
   (``_TILE_BYTES``, rows of at least ``_MIN_ROW_BYTES``) are gathered into a padded
   L2-resident buffer, transformed there (every stride a multiple of the row pitch, so
   the loops vectorise) and scattered back.  A ``2^24`` binary table takes two passes
-  over memory, ``2^30`` three (:func:`plan` shows the passes).
+  over memory, ``2^30`` three (:func:`fsll_ooc.kernels.transform_plan.plan` shows the
+  passes; this module runs the plan).
 * Inside a block or tile, consecutive sweeps whose butterflies stay within 32 KiB (L1)
   or 256 KiB (L2) sub-blocks run sub-block by sub-block.
 * ``+-1`` axes use the O(k) formulas of ``basis.transform_axis``.
@@ -43,25 +44,16 @@ kernels and the radix-8 sweep at stride 8 constant-stride ones.
 from __future__ import annotations
 
 import itertools
-import operator
-from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 from numba import njit
 
 from . import threadpool
+from .transform_plan import C_PAT, C_SPAN, PMT, R2, R4, R8, axis_index, plan_for
 
-__all__ = ["transform_inplace", "plan", "Plan", "warmup"]
+__all__ = ["transform_inplace", "warmup"]
 
-# Cache budgets (each core has 1.25 MiB of L2): the innermost group is done in
-# contiguous blocks of at most _BLOCK_BYTES, an outer group in gathered tiles of at
-# most _TILE_BYTES whose rows are at least _MIN_ROW_BYTES long (short rows make the
-# gather latency-bound: the prefetchers need long contiguous runs).
-_BLOCK_BYTES = 1 << 20
-_TILE_BYTES = 1 << 18
-_MIN_ROW_BYTES = 2048
-_PAD_BYTES = 64
 # Sub-blocks (bytes) for consecutive program rows acting within them (L1, L2).
 _SUB1_BYTES = 1 << 15
 _SUB2_BYTES = 1 << 18
@@ -72,15 +64,7 @@ _CHUNKS_PER_THREAD = 4
 # How many fibres a +-1 kernel keeps sums for (scratch length).
 _PM_CHUNK = 256
 
-# Program rows: (kind, h, k, o_1 .. o_7, span, pattern), strides/offsets in rows of the
-# group (multiplied by the tile pitch before use).  A radix-r row transforms the fibres
-# x[b + j + o_k], k < r, j < h, of each block of span = r*h elements: butterflies
-# between positions k and k ^ 2^t for t = 0, 1, ..: the offsets o_k put the stages in
-# the reference's order.  pattern: 1 = strides ascending (o_k = k h), 2 = descending
-# (bit-reversed), 0 = other.  A +-1 row: h = stride, k = cardinality.
-_R2, _R4, _R8, _PMF, _PMT = 0, 1, 2, 3, 4
-_C_SPAN, _C_PAT = 10, 11
-_NCOL = 12
+# Program rows and passes: the format of :mod:`fsll_ooc.kernels.transform_plan`.
 
 # ---------------------------------------------------------------------------------
 # Butterfly kernels (generated straight-line code).  The region is x[base:base+n];
@@ -555,7 +539,7 @@ def _pairwise(x, q, n, sq, sn, sv):
 @njit(cache=True, nogil=True)
 def _pm_c(x, base, n, k, tr):
     """+-1 basis on fibres of ``k`` consecutive elements (the table's last axis).  The
-    common small k are written out (loops of 2-6 iterations per fibre cost ~3x more)."""
+    common small k are written out (loops of 2-6 iterations per fibre cost several times more)."""
     one = np.uint64(1)
     eight = np.uint64(8)
     lim = np.uint64(128)
@@ -1057,7 +1041,7 @@ def _run_pass(x, passes, progs, ps, t0, t1):
         if pitch != cur:
             for i in range(p.shape[0]):
                 p[i, 1] = prog[i, 1] * pitch
-                for c in range(3, _C_SPAN + 1):
+                for c in range(3, C_SPAN + 1):
                     p[i, c] = prog[i, c] * pitch  # offsets and span
             cur = pitch
         if gather:
@@ -1081,65 +1065,65 @@ def _run_pass(x, passes, progs, ps, t0, t1):
         i0 = 0
         while i0 < nrows:
             i1 = i0 + 1
-            s0 = p[i0, _C_SPAN]
+            s0 = p[i0, C_SPAN]
             if s0 > sub2:
                 s0 = n
             else:
-                while i1 < nrows and p[i1, _C_SPAN] <= sub2:
-                    s0 = max(s0, p[i1, _C_SPAN])
+                while i1 < nrows and p[i1, C_SPAN] <= sub2:
+                    s0 = max(s0, p[i1, C_SPAN])
                     i1 += 1
                 s0 = _grow(s0, n, sub2)
             for b0 in range(base, base + n, s0):
                 k = i0
                 while k < i1:
                     kend = k + 1
-                    s1 = p[k, _C_SPAN]
+                    s1 = p[k, C_SPAN]
                     if s1 > sub1:
                         s1 = s0
                     else:
-                        while kend < i1 and p[kend, _C_SPAN] <= sub1:
-                            s1 = max(s1, p[kend, _C_SPAN])
+                        while kend < i1 and p[kend, C_SPAN] <= sub1:
+                            s1 = max(s1, p[kend, C_SPAN])
                             kend += 1
                         s1 = _grow(s1, s0, sub1)
                     for b1 in range(b0, b0 + s0, s1):
                         for i in range(k, kend):
                             kind = p[i, 0]
                             h = p[i, 1]
-                            if kind == _R8:
+                            if kind == R8:
                                 if h < eight:
                                     _r8s(y, b1, s1, p, i)
-                                elif h == eight and p[i, _C_PAT] == one:
+                                elif h == eight and p[i, C_PAT] == one:
                                     _r8a_h8(y, b1, s1, p, i)
-                                elif h == eight and p[i, _C_PAT] == two:
+                                elif h == eight and p[i, C_PAT] == two:
                                     _r8d_h8(y, b1, s1, p, i)
                                 else:
                                     _r8(y, b1, s1, p, i)
-                            elif kind == _R4:
+                            elif kind == R4:
                                 if h < eight:
                                     _r4s(y, b1, s1, p, i)
                                 else:
                                     _r4(y, b1, s1, p, i)
-                            elif kind == _R2:
+                            elif kind == R2:
                                 if h < eight:
                                     _r2s(y, b1, s1, p, i)
                                 else:
                                     _r2(y, b1, s1, p, i)
                             elif h == one:
-                                _pm_c(y, b1, s1, p[i, 2], kind == _PMT)
+                                _pm_c(y, b1, s1, p[i, 2], kind == PMT)
                             elif h < four:
-                                _pm_f(y, b1, s1, p[i, 2], h, kind == _PMT)
+                                _pm_f(y, b1, s1, p[i, 2], h, kind == PMT)
                             elif h < eight:
-                                _pm_s(y, b1, s1, p[i, 2], h, kind == _PMT, s)
+                                _pm_s(y, b1, s1, p[i, 2], h, kind == PMT, s)
                             elif p[i, 2] == np.uint64(3):
-                                _pm3s(y, b1, s1, p, i, kind == _PMT)
+                                _pm3s(y, b1, s1, p, i, kind == PMT)
                             elif p[i, 2] == np.uint64(5):
-                                _pm5s(y, b1, s1, p, i, kind == _PMT)
+                                _pm5s(y, b1, s1, p, i, kind == PMT)
                             elif p[i, 2] == np.uint64(6):
-                                _pm6s(y, b1, s1, p, i, kind == _PMT)
+                                _pm6s(y, b1, s1, p, i, kind == PMT)
                             elif p[i, 2] == np.uint64(7):
-                                _pm7s(y, b1, s1, p, i, kind == _PMT)
+                                _pm7s(y, b1, s1, p, i, kind == PMT)
                             else:
-                                _pm_s(y, b1, s1, p[i, 2], h, kind == _PMT, s)
+                                _pm_s(y, b1, s1, p[i, 2], h, kind == PMT, s)
                     k = kend
             i0 = i1
         if gather:
@@ -1155,247 +1139,6 @@ def _transform_serial(x, passes, progs):
         _run_pass(x, passes, progs, ps, np.uint64(0), passes[ps, 6])
 
 
-# ---------------------------------------------------------------------------------
-# Planning (pure Python, cached)
-# ---------------------------------------------------------------------------------
-
-class Plan:
-    """How :func:`transform_inplace` transforms one table: a list of passes over
-    memory, each with a program (see :meth:`describe`)."""
-
-    def __init__(self, shape, axes, transpose, itemsize, passes, progs, info):
-        self.shape = shape
-        self.axes = axes
-        self.transpose = transpose
-        self.itemsize = itemsize
-        self.passes = passes  # uint64 (npass, 9): R, C, w, gather, p0, p1, ntiles, pad, blocks/tile
-        self.progs = progs    # uint64 (nrows, _NCOL): kind, h, k, o_1 .. o_7, span, pattern
-        self.info = info      # per pass: dict(R, C, w, gather, tiles, rows)
-
-    @property
-    def npasses(self) -> int:
-        return len(self.info)
-
-    def describe(self) -> str:
-        names = {_R2: "r2", _R4: "r4", _R8: "r8", _PMF: "pm", _PMT: "pmT"}
-        lines = [f"shape={self.shape} axes={self.axes} transpose={self.transpose} "
-                 f"itemsize={self.itemsize}: {self.npasses} pass(es)"]
-        for k, d in enumerate(self.info):
-            ks = " ".join(f"{names[r[0]]}{'' if r[0] >= _PMF or r[0] == _R2 else '.ad*'[r[_C_PAT]]}@{r[1]}"
-                          + (f"(k={r[2]})" if r[0] >= _PMF else "") for r in d["rows"])
-            lines.append(f"  pass {k}: {'gather' if d['gather'] else 'in place'} R={d['R']} "
-                         f"C={d['C']} w={d['w']} tiles={d['tiles']}: {ks}")
-        return "\n".join(lines)
-
-
-def _units(shape, axes):
-    """Outer -> inner ``[size, kind]``: "N" untouched, "W" Walsh, "P" +-1 (size 1 dropped)."""
-    units = []
-    for i, k in enumerate(shape):
-        if k == 1:
-            continue
-        kind = "N" if i not in axes else ("W" if k & (k - 1) == 0 else "P")
-        if kind == "N" and units and units[-1][1] == "N":
-            units[-1][0] *= k
-        else:
-            units.append([k, kind])
-    return units
-
-
-def _groups(units, block, tile, wmin):
-    """Cut the units into groups, innermost first: list of (members outer->inner, C, R)
-    with C the extent inside the group and R the group's extent (its rows).  The first
-    group fits ``block`` elements; later ones ``tile`` elements with rows of at least
-    ``min(C, wmin)``."""
-    units = [list(u) for u in units]
-    groups = []
-    i = len(units) - 1
-    C = 1
-    while i >= 0:
-        d, kind = units[i]
-        if kind == "N":
-            C *= d
-            i -= 1
-            continue
-        cap = max(1, (block if C == 1 else tile) // min(C, wmin))
-        members = []
-        R = 1
-        while i >= 0:
-            d, kind = units[i]
-            if R * d <= cap:
-                members.append((d, kind))
-                R *= d
-                i -= 1
-                continue
-            if kind == "W" and 2 * R <= cap:
-                b = (cap // R).bit_length() - 1  # split the axis: its low 2^b fit
-                members.append((1 << b, "W"))
-                R <<= b
-                units[i][0] = d >> b
-                break
-            if not members:  # one +-1 axis larger than the block: alone
-                members.append((d, kind))
-                R *= d
-                i -= 1
-            break
-        while members[-1][1] == "N":  # untouched axes at the outer edge stay outside
-            d, _ = members.pop()
-            R //= d
-            i += 1
-        members.reverse()
-        groups.append((members, C, R))
-        C *= R
-    return groups
-
-
-def _program(members, transpose, unit):
-    """Program rows for one group, in the reference's order of operations.  ``unit``:
-    elements per group row when the program runs (tile pitch, or C in place)."""
-    strides = []
-    s = 1
-    for d, _ in reversed(members):
-        strides.append(s)
-        s *= d
-    strides.reverse()
-    steps = []  # ("W", h) or ("P", k, h)
-    for (d, kind), st in zip(members, strides):
-        if kind == "W":
-            steps += [("W", st << b) for b in range(d.bit_length() - 1)]
-        elif kind == "P":
-            steps.append(("P", d, st))
-    rows = []
-    i = 0
-    while i < len(steps):
-        if steps[i][0] == "P":
-            k, h = steps[i][1], steps[i][2]
-            row = [0] * _NCOL
-            row[0], row[1], row[2], row[_C_SPAN] = (_PMT if transpose else _PMF), h, k, h * k
-            rows.append(tuple(row))
-            i += 1
-            continue
-        j = i
-        while j < len(steps) and steps[j][0] == "W":
-            j += 1
-        rows += _chunk_stages([st[1] for st in steps[i:j]], unit)
-        i = j
-    return rows
-
-
-def _radix_cost(m, h, pattern):
-    """Cycles per element of one radix-2^m sweep at stride h (elements), as measured on
-    an L2-resident block (Xeon, AVX-512 machine; only the ranking matters)."""
-    if m == 1:
-        return 3.0 if h < 4 else (0.9 if h < 8 else 0.5)
-    if m == 2:
-        return 1.1 if h < 16 else (0.7 if h < 32 else (0.58 if h < 64 else 0.53))
-    if h < 8:
-        return 1.45
-    if h == 8 and pattern:
-        return 0.51  # the constant-stride kernels
-    return 1.04 if h < 32 else (0.8 if h < 64 else (0.66 if h < 128 else 0.57))
-
-
-def _pattern(seq):
-    """1: strides ascending (h0, 2 h0, ..), 2: descending, 0: other order."""
-    h0 = min(seq)
-    up = [h0 << t for t in range(len(seq))]
-    return 1 if seq == up else (2 if seq == up[::-1] else 0)
-
-
-def _chunk_stages(hs, unit):
-    """Fuse a sequence of butterfly stages (strides ``hs`` in rows, in the order they must
-    run) into radix-2/4/8/16 rows.  A row takes consecutive stages whose strides are
-    ``h0 * 2^j`` (j < m, any order): offsets o_k = sum_t bit_t(k) * hs[t] make the
-    kernel's t-th stage the t-th of the sequence, so the order (and rounding) is kept.
-    The split minimises ``_radix_cost`` (dynamic programming)."""
-    L = len(hs)
-    best = [0.0] * (L + 1)
-    choice = [0] * (L + 1)
-    for a in range(L - 1, -1, -1):
-        best[a] = float("inf")
-        for m in range(1, 4):
-            if a + m > L:
-                break
-            seq = hs[a:a + m]
-            h0 = min(seq)
-            if sorted(seq) != [h0 << t for t in range(m)]:
-                continue
-            c = _radix_cost(m, h0 * unit, _pattern(seq)) + best[a + m]
-            if c < best[a] - 1e-12:
-                best[a], choice[a] = c, m
-    rows = []
-    a = 0
-    while a < L:
-        m = choice[a]
-        seq = hs[a:a + m]
-        h0 = min(seq)
-        offs = [sum(seq[t] for t in range(m) if k >> t & 1) for k in range(1 << m)]
-        row = [0] * _NCOL
-        row[0], row[1] = {1: _R2, 2: _R4, 3: _R8}[m], h0
-        row[3:3 + len(offs) - 1] = offs[1:]
-        row[_C_SPAN], row[_C_PAT] = h0 << m, _pattern(seq)
-        rows.append(tuple(row))
-        a += m
-    return rows
-
-
-@lru_cache(maxsize=256)
-def _plan_cached(shape, axes, itemsize, budgets, transpose):
-    block_bytes, tile_bytes, row_bytes, pad_bytes = budgets
-    pad = pad_bytes // itemsize
-    block = max(16, block_bytes // itemsize)
-    tile = max(16, tile_bytes // itemsize)
-    wmin = max(1, row_bytes // itemsize)
-    units = _units(shape, set(axes))
-    groups = _groups(units, block, tile, wmin) if units else []
-    total = 1
-    for k in shape:
-        total *= k
-    passes, progs, info = [], [], []
-    for members, C, R in reversed(groups):  # outer groups first: the reference's order
-        if all(kind == "N" for _, kind in members):
-            continue
-        O = total // (R * C)
-        m = 1
-        if R * C <= block or C < 8:
-            # in place; a tile takes several consecutive blocks when they are small
-            gather, w = 0, C
-            m = max(1, min(O, block // (R * C)))
-            tiles = -(-O // m)
-        else:
-            gather, w = 1, min(C, wmin)
-            while 2 * w * R <= tile and 2 * w <= C:
-                w *= 2
-            tiles = O * (-(-C // w))
-        rows = _program(members, transpose, w + pad if gather else C)
-        p0 = len(progs)
-        progs += rows
-        passes.append((R, C, w, gather, p0, len(progs), tiles, pad if gather else 0, m))
-        info.append(dict(R=R, C=C, w=w, gather=gather, tiles=tiles, rows=rows))
-    passes_a = np.array(passes, dtype=np.uint64).reshape(-1, 9)
-    progs_a = np.array(progs, dtype=np.uint64).reshape(-1, _NCOL)
-    passes_a.setflags(write=False)
-    progs_a.setflags(write=False)
-    return Plan(shape, axes, transpose, itemsize, passes_a, progs_a, info)
-
-
-def _budgets():
-    return (_BLOCK_BYTES, _TILE_BYTES, _MIN_ROW_BYTES, _PAD_BYTES)
-
-
-def _axis_index(ax, ndim):
-    ax = operator.index(ax)
-    if not -ndim <= ax < ndim:
-        raise np.exceptions.AxisError(ax, ndim)
-    return ax % ndim
-
-
-def plan(shape, axes=None, transpose: bool = False, itemsize: int = 8) -> Plan:
-    """The plan :func:`transform_inplace` follows for a table of ``shape``."""
-    shape = tuple(int(k) for k in shape)
-    ax = range(len(shape)) if axes is None else axes
-    ax = tuple(sorted({_axis_index(a, len(shape)) for a in ax}))
-    return _plan_cached(shape, ax, int(itemsize), _budgets(), bool(transpose))
 
 
 # ---------------------------------------------------------------------------------
@@ -1460,7 +1203,7 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
     if not a.flags.writeable:
         raise ValueError("transform_inplace needs a writeable array")
     ndim = a.ndim
-    ax_list = list(range(ndim)) if axes is None else [_axis_index(ax, ndim) for ax in axes]
+    ax_list = list(range(ndim)) if axes is None else [axis_index(ax, ndim) for ax in axes]
     if a.size == 0 or not ax_list:
         return
     if a.dtype not in (np.float64, np.float32) or not a.dtype.isnative:
@@ -1474,7 +1217,7 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
     n = threadpool.num_threads() if parallel and a.size >= _PAR_MIN_SIZE else 1
     for r in range(max(counts.values())):  # one round per multiplicity of an axis
         axs = tuple(sorted(ax for ax, c in counts.items() if c > r))
-        pl = _plan_cached(tuple(a.shape), axs, a.itemsize, _budgets(), bool(transpose))
+        pl = plan_for(tuple(a.shape), axs, a.itemsize, bool(transpose))
         if pl.passes.shape[0] == 0:
             continue
         if n > 1:
@@ -1485,9 +1228,9 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
 
 def warmup(dtypes=(np.float64, np.float32)) -> None:
     """Compile (or load from numba's on-disk cache) the kernels for ``dtypes`` on tiny
-    tables, so that compilation stays out of timed regions.  Compiling takes ~10 s of
+    tables, so that compilation stays out of timed regions.  Compiling takes seconds of
     CPU per dtype the first time (numba's cache is keyed on this file); loading the
-    cached kernels ~0.1-0.5 s."""
+    cached kernels is much faster (docs/benchmarks.md, "JIT compile")."""
     for dt in dtypes:
         t = np.ones((2, 3, 4), dtype=dt)
         transform_inplace(t, parallel=False)
