@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-import fsll_ooc.engine.engine as engine
+from fsll_ooc.engine import Table, bands, tasks
 from fsll_ooc import kernels
 from fsll_ooc.kernels import threadpool
 
@@ -241,8 +241,8 @@ def test_engine_xor_mask_equals_digit_permutation(seed):
         return
     flips = [(ax, int(rng.integers(1, shape[ax]))) for ax in rng.choice(walsh, size=rng.integers(1, len(walsh) + 1),
                                                                        replace=False)]
-    perm = engine._xor_perm(shape, flips)
-    m = engine._xor_mask(shape, flips)
+    perm = bands.xor_perm(shape, flips)
+    m = bands.xor_mask(shape, flips)
     inner_pow2 = all(all(k & (k - 1) == 0 for k in shape[ax:]) for ax, _ in flips)
     if inner_pow2:
         assert m is not None and np.array_equal(perm, np.arange(perm.size) ^ m)
@@ -257,10 +257,10 @@ def test_uniform_duals_equal_the_outer_product(cards):
 
     X = np.random.default_rng(0).integers(0, 2, size=(50, len(cards)))
     m = FSLL(cardinalities=cards, epsilon=1e-4, max_iter=0, progress=False).fit(X)
-    got = np.array(storage.open_table(m._engine.ctx.specs[engine.TB]))
+    got = np.array(storage.open_table(m._engine.ctx.spec(Table.THETABAR)))
     want = np.full((), 1.0)
     for k in cards:
-        want = np.multiply.outer(want, engine.uniform_dual_vector(k))
+        want = np.multiply.outer(want, tasks.uniform_dual_vector(k))
     assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))
 
 
@@ -303,3 +303,11 @@ def test_support_moves_ties_and_empty():
     best, i, mv = kernels.support_moves(ys, t, d, th, r)
     assert (i, mv) == (1, 1) and best == pytest.approx(-1.0)  # lowest y among equal changes
     assert kernels.support_moves(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0))[1] == -1
+
+
+def test_pass_args_name_the_compiled_drivers_parameters():
+    """The named kernel arguments are the leading parameters of the compiled pass driver, in order."""
+    import inspect
+
+    params = list(inspect.signature(kernels.scan._kernel_blocks).parameters)
+    assert list(kernels.PassArgs._fields) + ["rows", "ctr", "wait"] == params

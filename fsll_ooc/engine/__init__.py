@@ -1,3 +1,10 @@
-"""The engine: turns the learner's whole-table requests into band tasks over the planned layout."""
-from .engine import *  # noqa: F401,F403
-from .engine import __all__  # noqa: F401
+"""The engine: turns the learner's whole-table requests into band tasks over the planned layout.
+
+``engine`` holds the :class:`Engine` (the passes the learner asks for; build one with
+:meth:`Engine.create`), ``tasks`` the band tasks and their picklable ``Context``,
+``bands`` the band geometry.
+"""
+from .engine import PARALLEL_SCAN_MIN_CELLS, Engine
+from .tasks import Context, ScanResult, Step, Table
+
+__all__ = ["Engine", "ScanResult", "Step", "Table", "Context", "PARALLEL_SCAN_MIN_CELLS"]

@@ -1,0 +1,305 @@
+"""Band tasks: the work of one band in one pass, and the small picklable :class:`Context`
+they run in.
+
+Every task is a module-level function ``task_*(ctx, ...)`` (dask pickles it by name)
+that reads and writes whole bands of the tables through :mod:`fsll_ooc.storage` and
+returns a :class:`ScanResult` (or a few arrays), which the engine reduces with
+:func:`combine`.  The tables are named by :class:`Table`.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .. import basis, kernels, storage
+from ..kernels.transform import transform_inplace
+from ..planner import Layout
+from .bands import band_geometry, band_key, band_vars, fixed_digits, local_to_global, xor_mask, xor_perm
+
+__all__ = ["Table", "Context", "ScanResult", "Step", "combine", "uniform_dual_vector", "task_fill",
+           "task_uniform_duals", "task_map", "task_update_scan", "task_partner", "task_gather",
+           "task_top_candidates"]
+
+
+class Table(enum.IntEnum):
+    """The tables of a fit (all of shape ``cards``, C order), by their index in ``Context.specs``.
+
+    * ``DBAR``: targets ``<Phi_y>_q`` of the smoothed empirical distribution (fixed);
+    * ``THETABAR``: duals ``<Phi_y>_{p_theta}`` (updated every iteration);
+    * ``SCRATCH``: intermediate of two-pass updates, exact re-derivations and output.
+    """
+
+    DBAR = 0
+    THETABAR = 1
+    SCRATCH = 2
+
+
+# ----------------------------------------------------------------------------- results
+
+@dataclass
+class ScanResult:
+    """Best append candidate of some bands, and the current duals/targets at the support."""
+
+    best: float = math.inf
+    pos: int = -1
+    t: float = 0.0
+    d: float = 0.0
+    supp_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    supp_t: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    supp_d: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    total: float = 0.0  # sums reduced by some passes (normalisers)
+
+
+def combine(a: ScanResult, b: ScanResult) -> ScanResult:
+    """Merge two partial results; ties go to the lower flat position (dense argmin order)."""
+    if b.pos >= 0 and (a.pos < 0 or b.best < a.best or (b.best == a.best and b.pos < a.pos)):
+        best, pos, t, d = b.best, b.pos, b.t, b.d
+    else:
+        best, pos, t, d = a.best, a.pos, a.t, a.d
+    return ScanResult(best, pos, t, d,
+                      np.concatenate([a.supp_pos, b.supp_pos]),
+                      np.concatenate([a.supp_t, b.supp_t]),
+                      np.concatenate([a.supp_d, b.supp_d]),
+                      a.total + b.total)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A change of one parameter: ``theta_y += delta`` where ``thetabar_y`` was ``t``."""
+
+    digits: tuple[int, ...]
+    delta: float
+    t: float
+
+    @property
+    def axes(self) -> tuple[int, ...]:
+        return tuple(i for i, v in enumerate(self.digits) if v != 0)
+
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a band task needs; small and picklable (sent to dask workers)."""
+
+    layout: Layout
+    specs: tuple  # TableSpecs indexed by Table
+    r0: float
+    w: tuple[float, ...]
+    threads: bool = False  # may a task's transforms use several threads (bands run one at a time)?
+
+    @property
+    def cards(self) -> tuple[int, ...]:
+        return self.layout.cards
+
+    def spec(self, table: Table):
+        """The :class:`fsll_ooc.storage.TableSpec` of ``table``."""
+        return self.specs[table]
+
+    def geometry(self, kind: str):
+        """The :class:`~fsll_ooc.engine.bands.BandGeometry` of this context's bands of ``kind``."""
+        L = self.layout
+        return band_geometry(L.cards, L.a, L.c, kind, self.w)
+
+
+def _r_const(ctx: Context, kind: str, idx: int) -> float:
+    return ctx.r0 + sum(ctx.w[v] for v, x in fixed_digits(ctx.layout, kind, idx).items() if x != 0)
+
+
+def _transform_band(band: np.ndarray, positions: Sequence[int], transpose: bool, parallel: bool = False) -> None:
+    """In-place transform of the n-D band array along band axes ``positions``; ``parallel``:
+    on several threads (only when no other band task runs at the same time)."""
+    if positions:
+        transform_inplace(band, axes=tuple(positions), transpose=transpose, parallel=parallel)
+
+
+def _positions(ctx: Context, kind: str, vars_: Sequence[int]) -> list[int]:
+    bv = band_vars(ctx.layout, kind)
+    return [bv.index(v) for v in vars_]
+
+
+# ----------------------------------------------------------------------------- band tasks
+
+def task_fill(ctx: Context, kind: str, idx: int, table: Table, local: np.ndarray, values: np.ndarray,
+              ops: tuple, ) -> ScanResult:
+    """Build a band from sparse ``(local, values)`` and apply ``ops``; write it to ``table``.
+
+    ``ops`` is a sequence of ``("T", vars, transpose)``, ``("exp", shift)``,
+    ``("normalize",)`` (one band only) and ``("sum",)``.
+    """
+    shape = ctx.geometry(kind).shape
+    band = np.zeros(shape)
+    if len(local):
+        np.add.at(band.reshape(-1), local, values)
+    total = _apply_ops(ctx, kind, band, ops)
+    storage.write(ctx.spec(table), band_key(ctx.layout, kind, idx), band)
+    return ScanResult(total=total)
+
+
+def uniform_dual_vector(k: int) -> np.ndarray:
+    """``T`` of the uniform distribution on ``k`` values."""
+    v = np.zeros(k)
+    v[0] = 1.0
+    if not basis.is_walsh(k):
+        v[1:] = 2.0 / k - 1.0
+    return v
+
+
+def task_uniform_duals(ctx: Context, kind: str, idx: int) -> ScanResult:
+    """Write the duals of the uniform distribution into this band of ``thetabar``."""
+    shape = ctx.geometry(kind).shape
+    scale = 1.0
+    for v, x in fixed_digits(ctx.layout, kind, idx).items():
+        scale *= uniform_dual_vector(ctx.cards[v])[x]
+    vars_ = band_vars(ctx.layout, kind)
+    if all(basis.is_walsh(ctx.cards[v]) for v in vars_):
+        # every factor is e_0: the same numbers as the outer product, zeros signed like it
+        band = np.zeros(shape) if math.copysign(1.0, scale) > 0 else np.full(shape, -0.0)
+        band.reshape(-1)[0] = scale
+    else:
+        band = np.full((), scale)
+        for v in vars_:
+            band = np.multiply.outer(band, uniform_dual_vector(ctx.cards[v]))
+    storage.write(ctx.spec(Table.THETABAR), band_key(ctx.layout, kind, idx), np.ascontiguousarray(band))
+    return ScanResult()
+
+
+def task_map(ctx: Context, kind: str, idx: int, src: Table, dst: Table, ops: tuple) -> ScanResult:
+    """Read a band of ``src``, apply ``ops``, write it to ``dst``."""
+    key = band_key(ctx.layout, kind, idx)
+    shape = ctx.geometry(kind).shape
+    band = storage.read(ctx.spec(src), key)
+    if band.base is not None and ctx.spec(src).backend == "numpy" and src != dst:
+        band = band.copy()
+    band = band.reshape(shape)
+    total = _apply_ops(ctx, kind, band, ops)
+    storage.write(ctx.spec(dst), key, band)
+    return ScanResult(total=total)
+
+
+def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple) -> float:
+    total = 0.0
+    for op in ops:
+        if op[0] == "T":
+            _transform_band(band, _positions(ctx, kind, op[1]), op[2], ctx.threads)
+        elif op[0] == "exp":
+            band -= op[1]
+            np.exp(band, out=band)
+        elif op[0] == "sum":
+            total = float(band.sum())
+        elif op[0] == "normalize":
+            s = float(band.sum())
+            total = s
+            band /= s
+        elif op[0] == "scale":
+            band *= op[1]
+        elif op[0] == "add":
+            band += op[1]
+        elif op[0] == "partner":
+            for v, b in op[1]:
+                ax = _positions(ctx, kind, [v])[0]
+                band[...] = basis.apply_product(band, ax, b)
+        else:  # pragma: no cover
+            raise ValueError(f"unknown op {op!r}")
+    return total
+
+
+def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partner_src: Table,
+                     partner_vars: tuple, supp_local: np.ndarray, supp_global: np.ndarray,
+                     parallel: bool) -> ScanResult:
+    """Fused dual update (if ``step``) and candidate scan of one band."""
+    L = ctx.layout
+    key = band_key(L, kind, idx)
+    shape, j, P, Q, rP, rQ = ctx.geometry(kind)
+    t = storage.read(ctx.spec(Table.THETABAR), key)
+    in_place = ctx.spec(Table.THETABAR).backend == "numpy" and not t.flags.owndata  # a view of the table itself
+    t = t.reshape(P, Q)
+    d = storage.read(ctx.spec(Table.DBAR), key).reshape(P, Q)
+    r_const = _r_const(ctx, kind, idx)
+    skip = 0 if idx == 0 else -1  # y = 0 is the first cell of band 0 of either kind
+    if step is None:
+        best, pos = kernels.update_scan_explicit(t, None, d, rP, rQ, r_const, update=False, skip=skip,
+                                                 parallel=parallel)
+    else:
+        ch, sh = math.cosh(step.delta), math.sinh(step.delta)
+        inv_den = 1.0 / (ch + sh * step.t)
+        bv = band_vars(L, kind)
+        walsh = all(basis.is_walsh(L.cards[v]) for v in partner_vars)
+        if partner_src == Table.THETABAR and walsh:
+            flipsP = [(bv.index(v), step.digits[v]) for v in partner_vars if bv.index(v) < j]
+            flipsQ = [(bv.index(v) - j, step.digits[v]) for v in partner_vars if bv.index(v) >= j]
+            mp, mq = xor_mask(shape[:j], flipsP), xor_mask(shape[j:], flipsQ)
+            if mp is not None and mq is not None:
+                best, pos = kernels.update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den,
+                                                    skip=skip, parallel=parallel)
+            else:
+                best, pos = kernels.update_scan_perm(t, d, rP, rQ, r_const, xor_perm(shape[:j], flipsP),
+                                                     xor_perm(shape[j:], flipsQ), ch, sh, inv_den,
+                                                     skip=skip, parallel=parallel)
+        else:
+            src = t if partner_src == Table.THETABAR else storage.read(ctx.spec(partner_src), key)
+            part = src.reshape(shape)
+            for v in partner_vars:
+                part = basis.apply_product(part, bv.index(v), step.digits[v])
+            part = np.ascontiguousarray(part).reshape(P, Q)
+            best, pos = kernels.update_scan_explicit(t, part, d, rP, rQ, r_const, ch, sh, inv_den,
+                                                     update=True, skip=skip, parallel=parallel)
+        if not in_place:
+            storage.write(ctx.spec(Table.THETABAR), key, t.reshape(shape))
+    tf, df = t.reshape(-1), d.reshape(-1)
+    out = ScanResult(supp_pos=supp_global, supp_t=tf[supp_local].copy(), supp_d=df[supp_local].copy())
+    if pos >= 0:
+        out.best, out.t, out.d = float(best), float(tf[pos]), float(df[pos])
+        out.pos = int(local_to_global(L, kind, idx, pos))
+    return out
+
+
+def task_partner(ctx: Context, kind: str, idx: int, step: Step, vars_: tuple) -> ScanResult:
+    """First half of a two-pass update: ``scratch = M(vars_) thetabar`` on this band."""
+    key = band_key(ctx.layout, kind, idx)
+    shape = ctx.geometry(kind).shape
+    band = storage.read(ctx.spec(Table.THETABAR), key).reshape(shape)
+    bv = band_vars(ctx.layout, kind)
+    for v in vars_:
+        band = basis.apply_product(band, bv.index(v), step.digits[v])
+    storage.write(ctx.spec(Table.SCRATCH), key, np.ascontiguousarray(band))
+    return ScanResult()
+
+
+def task_gather(ctx: Context, table: Table, flat: np.ndarray) -> np.ndarray:
+    """Read the cells ``flat`` (global C-order indices) of ``table``: a gather task."""
+    spec = ctx.spec(table)
+    arr = storage.open_table(spec)
+    if spec.backend == "zarr":
+        return np.asarray(arr.get_coordinate_selection(np.unravel_index(flat, spec.shape)), dtype=np.float64)
+    return np.asarray(arr.reshape(-1)[flat], dtype=np.float64)
+
+
+def task_top_candidates(ctx: Context, idx: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best cells of A-band ``idx`` by ``r - (t - d)^2 / (2 (1 - t^2))``: (global flat, score)."""
+    L = ctx.layout
+    key = band_key(L, "A", idx)
+    shape, j, P, Q, rP, rQ = ctx.geometry("A")
+    t = storage.read(ctx.spec(Table.THETABAR), key).reshape(P, Q)
+    d = storage.read(ctx.spec(Table.DBAR), key).reshape(P, Q)
+    score = t - d
+    del d  # at most three band buffers live (the planner's TASK_FACTOR is four)
+    np.square(score, out=score)
+    den = t * t  # not in place: in core ``t`` is a view of the dual table
+    del t
+    np.subtract(1.0, den, out=den)
+    np.maximum(den, 1e-300, out=den)
+    score /= den
+    del den
+    score *= -0.5
+    score += rQ[None, :]
+    score += (_r_const(ctx, "A", idx) + rP)[:, None]
+    score = score.reshape(-1)
+    if idx == 0:
+        score[0] = np.inf
+    k = min(k, score.size)
+    local = np.argpartition(score, k - 1)[:k] if k < score.size else np.arange(score.size)
+    return local_to_global(L, "A", idx, local), score[local].copy()
