@@ -140,11 +140,7 @@ def iteration_rows(sizes, reps: int = 3):
     lines = [f"| \\|X\\| | copy of one table (ms) | s / iteration (median of 30, best of {reps} fits) | copy units | "
              "full transform (ms) | transform copy units |",
              "|---|---|---|---|---|---|"]
-    try:
-        from fsll_ooc.kernels.transform import transform_inplace
-    except ImportError:  # pragma: no cover
-        transform_inplace = None
-    from fsll_ooc import basis
+    from fsll_ooc.kernels.transform import transform_inplace
 
     for lg in sizes:
         n = int(lg)
@@ -166,10 +162,7 @@ def iteration_rows(sizes, reps: int = 3):
         ts = []
         for _ in range(3):
             s = time.perf_counter()
-            if transform_inplace is not None:
-                transform_inplace(t)
-            else:
-                basis.transform(t)
+            transform_inplace(t)
             ts.append(time.perf_counter() - s)
         tr = min(ts)
         lines.append(f"| 2^{n} | {cp * 1e3:.2f} | {it * 1e3:.2f} ms | {it / cp:.1f} | {tr * 1e3:.1f} | {tr / cp:.1f} |")

@@ -1,0 +1,82 @@
+"""Interleaved A/B speed comparison of two source trees of fsll-ooc, in one run.
+
+Usage: python bench/ab.py REF_TREE NEW_TREE [--rounds 5]
+
+Each round runs one fresh interpreter per tree (A, B, then B, A: alternating, so a
+change in the machine's load hits both alike) with ``PYTHONPATH`` set to the tree;
+each measures, after loading the kernels: warm fits of Ising5x4S and BN20-54L (best of
+3, epsilon 1e-4), the median seconds per iteration of 30 iterations on a 2^20 binary
+table (the fused update + scan), and a full transform of a 2^20 table (best of 3).
+The best of all rounds is reported per tree, with the ratio new / ref.  Run it under
+``nice`` on a shared machine and report ``uptime`` with the result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+CHILD = r"""
+import json, time
+import numpy as np
+from fsll_ooc import FSLL, datasets
+from fsll_ooc.kernels.transform import transform_inplace
+
+out = {}
+for name in ("Ising5x4S", "BN20-54L"):
+    X, _ = datasets.paper_dataset(name, seed=0)
+    FSLL(epsilon=1e-4, progress=False, max_iter=2).fit(X)  # load the kernels
+    ts = []
+    for _ in range(3):
+        t = time.perf_counter()
+        FSLL(epsilon=1e-4, progress=False).fit(X)
+        ts.append(time.perf_counter() - t)
+    out[name + " fit (s)"] = min(ts)
+n = 20
+rng = np.random.default_rng(n)
+X = rng.integers(0, 2, size=(20000, n))
+for j in range(1, n):
+    flip = rng.random(20000) < 0.2
+    X[:, j] = np.where(flip, X[:, j], X[:, j - 1] ^ X[:, (j * 7) % j])
+m = FSLL(epsilon=1e-4, progress=False, max_iter=30, resync_every=10**9).fit(X)
+out["2^20 iteration (ms)"] = 1e3 * float(np.median(np.diff([h["time"] for h in m.history_[1:]])))
+a = np.random.default_rng(1).random((2,) * n)
+ts = []
+for _ in range(3):
+    t = time.perf_counter()
+    transform_inplace(a)
+    ts.append(time.perf_counter() - t)
+out["2^20 transform (ms)"] = 1e3 * min(ts)
+print(json.dumps(out))
+"""
+
+
+def run(tree: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    r = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=tree, capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ref")
+    ap.add_argument("new")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+    best = {"ref": {}, "new": {}}
+    for r in range(args.rounds):
+        order = ("ref", "new") if r % 2 == 0 else ("new", "ref")
+        for which in order:
+            res = run(getattr(args, which))
+            print(f"round {r} {which}: {res}  load {os.getloadavg()[0]:.1f}", flush=True)
+            for k, v in res.items():
+                best[which][k] = min(v, best[which].get(k, float("inf")))
+    print(f"\n| measure | ref (best of {args.rounds}) | new (best of {args.rounds}) | new / ref |\n|---|---|---|---|")
+    for k in best["ref"]:
+        print(f"| {k} | {best['ref'][k]:.4g} | {best['new'][k]:.4g} | {best['new'][k] / best['ref'][k]:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
