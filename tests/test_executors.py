@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from fsll_ooc import cost, datasets, storage
-from fsll_ooc.engine import Engine, Step
+from fsll_ooc import datasets, storage
+from fsll_ooc.engine import Engine, Step, Table
 from fsll_ooc.executors import DaskExecutor, Executor, SerialExecutor, base, make_executor, register_executor
 from fsll_ooc.planner import Layout
 
@@ -30,11 +30,8 @@ def _passes(executor, store):
     X = datasets.sample_table(p, 300, seed=6)
     flat = np.ravel_multi_index(tuple(X.T), CARDS)
     L = Layout(CARDS, *LAYOUT)
-    specs = [storage.create_table("memmap", store, nm, CARDS, L.chunk_shape) for nm in ("dbar", "thetabar", "scratch")]
-    r0, w = cost.penalty_weights(CARDS, len(X))
-    eng = Engine(L, specs, r0, w, executor)
-    eng.compute_targets(flat, len(X))
-    eng.init_duals()
+    specs = [storage.create_table("memmap", store, t.name.lower(), CARDS, L.chunk_shape) for t in Table]
+    eng = Engine.create(L, specs, len(X), executor, sample_flat=flat)
     results = [eng.update_scan(None, np.zeros(0, np.int64))]
     for digits, delta in (((1, 0, 0, 0), 0.3), ((0, 1, 2, 0), -0.2), ((3, 0, 0, 4), 0.1)):
         y = np.ravel_multi_index(digits, CARDS)
