@@ -19,10 +19,12 @@ import subprocess
 import sys
 
 CHILD = r"""
-import json, time
+import json, sys, time
 import numpy as np
 from fsll_ooc import FSLL, datasets
 from fsll_ooc.kernels.transform import transform_inplace
+sys.path.insert(0, BENCH)
+from perf import structured_binary
 
 out = {}
 for name in ("Ising5x4S", "BN20-54L"):
@@ -35,11 +37,7 @@ for name in ("Ising5x4S", "BN20-54L"):
         ts.append(time.perf_counter() - t)
     out[name + " fit (s)"] = min(ts)
 n = 20
-rng = np.random.default_rng(n)
-X = rng.integers(0, 2, size=(20000, n))
-for j in range(1, n):
-    flip = rng.random(20000) < 0.2
-    X[:, j] = np.where(flip, X[:, j], X[:, j - 1] ^ X[:, (j * 7) % j])
+X = structured_binary(n)  # the data of bench/perf.py's iteration rows
 m = FSLL(epsilon=1e-4, progress=False, max_iter=30, resync_every=10**9).fit(X)
 out["2^20 iteration (ms)"] = 1e3 * float(np.median(np.diff([h["time"] for h in m.history_[1:]])))
 a = np.random.default_rng(1).random((2,) * n)
@@ -55,7 +53,8 @@ print(json.dumps(out))
 
 def run(tree: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-    r = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=tree, capture_output=True, text=True, check=True)
+    code = CHILD.replace("BENCH", repr(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 

@@ -136,6 +136,17 @@ def busy_rows(reps: int = 3):
     return lines
 
 
+def structured_binary(n: int, rows: int = 20000) -> np.ndarray:
+    """``rows`` samples of ``n`` binary variables with structure, so that iterations pick
+    terms of several orders (seeded by ``n``)."""
+    rng = np.random.default_rng(n)
+    X = rng.integers(0, 2, size=(rows, n))
+    for j in range(1, n):
+        flip = rng.random(rows) < 0.2
+        X[:, j] = np.where(flip, X[:, j], X[:, j - 1] ^ X[:, (j * 7) % j])
+    return X
+
+
 def iteration_rows(sizes, reps: int = 3):
     lines = [f"| \\|X\\| | copy of one table (ms) | s / iteration (median of 30, best of {reps} fits) | copy units | "
              "full transform (ms) | transform copy units |",
@@ -146,12 +157,7 @@ def iteration_rows(sizes, reps: int = 3):
         n = int(lg)
         size = 2**n
         cp = copy_seconds(size)
-        rng = np.random.default_rng(n)
-        # data with structure so that iterations pick terms of several orders
-        X = rng.integers(0, 2, size=(20000, n))
-        for j in range(1, n):
-            flip = rng.random(20000) < 0.2
-            X[:, j] = np.where(flip, X[:, j], X[:, j - 1] ^ X[:, (j * 7) % j])
+        X = structured_binary(n)
         its = []
         for _ in range(reps):  # the best of the per-fit medians
             m = FSLL(epsilon=1e-4, progress=False, max_iter=30, resync_every=10**9).fit(X)
