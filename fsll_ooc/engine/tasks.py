@@ -127,8 +127,7 @@ def task_fill(ctx: Context, kind: str, idx: int, table: Table, local: np.ndarray
               ops: tuple, ) -> ScanResult:
     """Build a band from sparse ``(local, values)`` and apply ``ops``; write it to ``table``.
 
-    ``ops`` is a sequence of ``("T", vars, transpose)``, ``("exp", shift)``,
-    ``("normalize",)`` (one band only) and ``("sum",)``.
+    ``ops``: see :func:`_apply_ops`.
     """
     shape = ctx.geometry(kind).shape
     band = np.zeros(shape)
@@ -181,6 +180,12 @@ def task_map(ctx: Context, kind: str, idx: int, src: Table, dst: Table, ops: tup
 
 
 def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple) -> float:
+    """Apply ``ops`` to ``band`` in place, in order; returns the last sum taken (0.0 if none).
+
+    ``("T", vars, transpose)``: the transform (``T^T`` with ``transpose``) along ``vars``;
+    ``("exp", shift)``: ``exp(band - shift)``; ``("sum",)``: the sum; ``("normalize",)``:
+    divide by the sum (one band only); ``("scale", c)``, ``("add", c)``: times / plus ``c``.
+    """
     total = 0.0
     for op in ops:
         if op[0] == "T":
@@ -198,10 +203,6 @@ def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple) -> float:
             band *= op[1]
         elif op[0] == "add":
             band += op[1]
-        elif op[0] == "partner":
-            for v, b in op[1]:
-                ax = _positions(ctx, kind, [v])[0]
-                band[...] = basis.apply_product(band, ax, b)
         else:  # pragma: no cover
             raise ValueError(f"unknown op {op!r}")
     return total
