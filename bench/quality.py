@@ -49,6 +49,7 @@ for p in (ROOT, HERE):
         sys.path.insert(0, p)
 
 from fsll_ooc import FSLL, basis, datasets  # noqa: E402
+from fsll_ooc.engine import Table  # noqa: E402
 from fsll_ooc.learn import LearnOptions, corrective, learn  # noqa: E402
 from reproduce_paper import fit_pgmpy, fix_hash_seed, machine_line  # noqa: E402
 
@@ -379,7 +380,7 @@ def study_oracle(seeds):
                 score("auto", st)
                 ys = true_span(name, s)
                 st.theta = {int(y): 0.0 for y in ys}
-                st.dbar = {int(y): float(v) for y, v in zip(ys, eng.gather(ys, table=0))}
+                st.dbar = {int(y): float(v) for y, v in zip(ys, eng.gather(ys, table=Table.DBAR))}
                 st.log_z = eng.resync(ys, np.zeros(len(ys)), float(np.log(np.prod(p.shape))))
                 corrective.refine(eng, st, tol=1e-12, max_rounds=60)
                 score("span", st)

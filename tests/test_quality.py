@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fsll_ooc import FSLL, basis, datasets
+from fsll_ooc.engine import Table
 from fsll_ooc.learn import corrective
 from fsll_ooc.learn import AUTO_C, auto_epsilon, resolve_epsilon, resolve_refine
 
@@ -138,7 +139,7 @@ def test_refine_reaches_the_support_optimum_and_never_raises_cost():
     p = oracle.model(theta, Phi)
     S = np.array(sorted(st.theta))
     np.testing.assert_allclose(Phi[S] @ p, Phi[S] @ q, atol=1e-6)  # gradient thetabar - dbar = 0
-    np.testing.assert_allclose(eng.ctx.specs[1].array.reshape(-1), Phi @ p, atol=1e-12)  # exact duals
+    np.testing.assert_allclose(eng.ctx.spec(Table.THETABAR).array.reshape(-1), Phi @ p, atol=1e-12)  # exact duals
     assert st.log_z == pytest.approx(np.log(np.exp(Phi.T @ theta).sum()), abs=1e-12)
     again = corrective.refine(eng, st, tol=1e-14, max_rounds=5)  # at the optimum: nothing to do
     assert again.delta >= -1e-12
@@ -149,8 +150,8 @@ def test_top_candidates_match_dense_scores():
     X, _ = _data(cards, 500, 8)
     m = FSLL(cardinalities=cards, epsilon=1e-3, progress=False).fit(X)
     eng = m._engine
-    t = eng.ctx.specs[1].array.reshape(-1)
-    d = eng.ctx.specs[0].array.reshape(-1)
+    t = eng.ctx.spec(Table.THETABAR).array.reshape(-1)
+    d = eng.ctx.spec(Table.DBAR).array.reshape(-1)
     r = oracle.r_vec(cards, 500)
     score = r - (t - d) ** 2 / (2 * (1 - t * t))
     score[0] = np.inf
@@ -201,7 +202,7 @@ def test_joint_selection_from_closure_candidates_lowers_the_exact_cost():
         theta[y] = v
     exact = oracle.cost(theta, oracle.target(X, cards), Phi, oracle.r_vec(cards, n))
     assert exact == pytest.approx(st.cost(), abs=1e-10) and exact <= before - eps
-    np.testing.assert_allclose(eng.ctx.specs[1].array.reshape(-1), Phi @ oracle.model(theta, Phi), atol=1e-12)
+    np.testing.assert_allclose(eng.ctx.spec(Table.THETABAR).array.reshape(-1), Phi @ oracle.model(theta, Phi), atol=1e-12)
 
 
 def test_joint_selection_bounds_the_candidate_support_pairs(monkeypatch):

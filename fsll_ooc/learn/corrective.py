@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import basis
+from ..engine import Table
 
 __all__ = ["pair_products", "moment_matrix", "RefineResult", "refine"]
 
@@ -395,7 +396,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     n1, n2, n3 = len(prod.flat), len(cs_flat), len(cc.flat)
     uniq, inv = np.unique(np.concatenate([prod.flat, cs_flat, cc.flat, support, flat_c]), return_inverse=True)
     cell = engine.gather(uniq)[inv]
-    d_c = engine.gather(flat_c, table=0)
+    d_c = engine.gather(flat_c, table=Table.DBAR)
     o = n1 + n2 + n3
     tb_s, tb_c = cell[o:o + m], cell[o + m:]
     d_s = np.array([state.dbar[int(y)] for y in support])
