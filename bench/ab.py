@@ -25,7 +25,7 @@ import numpy as np
 from fsll_ooc import FSLL, datasets
 from fsll_ooc.kernels.transform import transform_inplace
 sys.path.insert(0, BENCH)
-from perf import structured_binary
+from ab import structured_binary
 
 out = {}
 for name in ("Ising5x4S", "BN20-54L"):
@@ -40,7 +40,7 @@ for name in ("Ising5x4S", "BN20-54L"):
     out[name + " fit (s)"] = min(ts)
     out[name + " fit, CPU of all threads (s)"] = min(cs)
 n = 20
-X = structured_binary(n)  # the data of bench/perf.py's iteration rows
+X = structured_binary(n)  # the data of bench/perf.py's iteration rows too
 m = FSLL(epsilon=1e-4, progress=False, max_iter=30, resync_every=10**9).fit(X)
 out["2^20 iteration (ms)"] = 1e3 * float(np.median(np.diff([h["time"] for h in m.history_[1:]])))
 a = np.random.default_rng(1).random((2,) * n)
@@ -52,6 +52,19 @@ for _ in range(3):
 out["2^20 transform (ms)"] = 1e3 * min(ts)
 print(json.dumps(out))
 """
+
+
+def structured_binary(n: int, rows: int = 20000) -> np.ndarray:
+    """``rows`` samples of ``n`` binary variables with structure, so that iterations pick
+    terms of several orders (seeded by ``n``)."""
+    import numpy as np
+
+    rng = np.random.default_rng(n)
+    X = rng.integers(0, 2, size=(rows, n))
+    for j in range(1, n):
+        flip = rng.random(rows) < 0.2
+        X[:, j] = np.where(flip, X[:, j], X[:, j - 1] ^ X[:, (j * 7) % j])
+    return X
 
 
 def run(tree: str) -> dict:

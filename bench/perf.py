@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
+from ab import structured_binary  # noqa: E402
 from paper_table import PAPER, machine  # noqa: E402
 
 from fsll_ooc import FSLL, datasets  # noqa: E402
@@ -134,17 +135,6 @@ def busy_rows(reps: int = 3):
         hog.kill()
         hog.wait()
     return lines
-
-
-def structured_binary(n: int, rows: int = 20000) -> np.ndarray:
-    """``rows`` samples of ``n`` binary variables with structure, so that iterations pick
-    terms of several orders (seeded by ``n``)."""
-    rng = np.random.default_rng(n)
-    X = rng.integers(0, 2, size=(rows, n))
-    for j in range(1, n):
-        flip = rng.random(rows) < 0.2
-        X[:, j] = np.where(flip, X[:, j], X[:, j - 1] ^ X[:, (j * 7) % j])
-    return X
 
 
 def iteration_rows(sizes, reps: int = 3):
