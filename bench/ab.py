@@ -7,7 +7,8 @@ change in the machine's load hits both alike) with ``PYTHONPATH`` set to the tre
 each measures, after loading the kernels: warm fits of Ising5x4S and BN20-54L (best of
 3, epsilon 1e-4; wall clock and the CPU time of all threads, which a busy machine
 inflates less), the median seconds per iteration of 30 iterations on a 2^20 binary
-table (the fused update + scan), and a full transform of a 2^20 table (best of 3).
+table (the fused update + scan), a full transform of a 2^20 table (best of 3), and the
+CPU time of one update + scan pass of a 2^10 table (the Python around a pass).
 The best of all rounds is reported per tree, with the ratio new / ref.  Run it under
 ``nice`` on a shared machine and report ``uptime`` with the result.
 """
@@ -50,6 +51,19 @@ for _ in range(3):
     transform_inplace(a)
     ts.append(time.perf_counter() - t)
 out["2^20 transform (ms)"] = 1e3 * min(ts)
+# the Python around one pass: update + scan of a 2^10 table (kernel time ~ nothing), CPU time
+from fsll_ooc.engine import Step
+eng = FSLL(epsilon=1e-4, progress=False, max_iter=2).fit(structured_binary(10))._engine
+digits = (1,) + (0,) * 9
+step = Step(digits, 0.0, float(eng.gather(np.array([512]))[0]))  # delta 0: the table stays as it is
+none = np.zeros(0, np.int64)
+best = float("inf")
+for _ in range(5):
+    c = time.process_time()
+    for _ in range(400):
+        eng.update_scan(step, none)
+    best = min(best, (time.process_time() - c) / 400)
+out["2^10 pass, CPU (us)"] = 1e6 * best
 print(json.dumps(out))
 """
 
