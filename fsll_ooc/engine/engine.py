@@ -21,8 +21,8 @@ from .. import cost, storage
 from ..executors import Executor, make_executor
 from ..planner import Layout
 from .bands import global_to_band, n_bands
-from .tasks import (Context, ScanResult, Step, Table, combine, task_fill, task_gather, task_map, task_partner,
-                    task_top_candidates, task_uniform_duals, task_update_scan)
+from .tasks import (DBAR, SCRATCH, THETABAR, Context, ScanResult, Step, Table, combine, task_fill, task_gather,
+                    task_map, task_partner, task_top_candidates, task_uniform_duals, task_update_scan)
 
 __all__ = ["Engine", "ScanResult", "Step", "Table", "PARALLEL_SCAN_MIN_CELLS"]
 
@@ -138,11 +138,11 @@ class Engine:
 
         def arg(i):
             loc, _, val = groups.get(i, (empty[0], None, empty[1]))
-            return (self.ctx, "A", i, Table.DBAR, loc, val, ops_a)
+            return (self.ctx, "A", i, DBAR, loc, val, ops_a)
 
         self._run("A", task_fill, arg)
         if L.a > 0:
-            self._run("B", task_map, lambda i: (self.ctx, "B", i, Table.DBAR, Table.DBAR, (("T", tuple(range(L.a)), False),)))
+            self._run("B", task_map, lambda i: (self.ctx, "B", i, DBAR, DBAR, (("T", tuple(range(L.a)), False),)))
 
     def init_duals(self) -> None:
         """``thetabar`` of ``theta = 0`` (the uniform distribution): a product of per-variable
@@ -159,9 +159,9 @@ class Engine:
         if passes == ("A", "B"):
             first = tuple(v for v in step.axes if v >= L.a)
             self._run("A", task_partner, lambda i: (self.ctx, "A", i, step, first), reduce=False)
-            kind, src, pv = "B", Table.SCRATCH, tuple(v for v in step.axes if v < L.a)
+            kind, src, pv = "B", SCRATCH, tuple(v for v in step.axes if v < L.a)
         else:
-            kind, src, pv = passes[0], Table.THETABAR, (step.axes if step is not None else ())
+            kind, src, pv = passes[0], THETABAR, (step.axes if step is not None else ())
         groups = self._group(kind, support)
         par = self._parallel(kind)
         empty = np.zeros(0, np.int64)
@@ -177,16 +177,16 @@ class Engine:
 
         ``log_z`` is the running estimate, used only to keep ``exp`` in range.
         """
-        total = self._density(support, theta, log_z, Table.SCRATCH, forward=True)
+        total = self._density(support, theta, log_z, SCRATCH, forward=True)
         L = self.layout
         if L.a > 0:
-            self._run("A", task_map, lambda i: (self.ctx, "A", i, Table.SCRATCH, Table.THETABAR,
+            self._run("A", task_map, lambda i: (self.ctx, "A", i, SCRATCH, THETABAR,
                                                 (("T", L.a_axes, False), ("scale", 1.0 / total))))
         return log_z + math.log(total)
 
     def density(self, support: np.ndarray, theta: np.ndarray, log_z: float) -> float:
         """Write ``exp(l_theta - log_z)`` into the scratch table; returns its sum."""
-        return self._density(support, theta, log_z, Table.SCRATCH, forward=False)
+        return self._density(support, theta, log_z, SCRATCH, forward=False)
 
     def _density(self, support, theta, log_z, dst, forward: bool) -> float:
         L = self.layout
@@ -197,7 +197,7 @@ class Engine:
         if L.a == 0:
             ops = (("T", L.a_axes, True), ("exp", log_z))
             ops += (("normalize",), ("T", L.a_axes, False)) if forward else (("sum",),)
-            res = self._run("A", task_fill, lambda i: (self.ctx, "A", i, Table.THETABAR if forward else dst,
+            res = self._run("A", task_fill, lambda i: (self.ctx, "A", i, THETABAR if forward else dst,
                                                        groups.get(i, empty)[0], groups.get(i, empty)[2], ops))
             return res.total
         self._run("A", task_fill, lambda i: (self.ctx, "A", i, dst, groups.get(i, empty)[0],
@@ -210,7 +210,7 @@ class Engine:
         return res.total
 
     # -- fully corrective step (fsll_ooc.learn.corrective): gathers and a top-k candidate pass ------
-    def gather(self, flat: np.ndarray, table: Table = Table.THETABAR) -> np.ndarray:
+    def gather(self, flat: np.ndarray, table: Table = THETABAR) -> np.ndarray:
         """Values of ``table`` (default ``thetabar``) at global flat indices ``flat``.
 
         One task per A-band that holds some of them; each reads only those cells

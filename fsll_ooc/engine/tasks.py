@@ -20,8 +20,8 @@ from ..kernels.transform import transform_inplace
 from ..planner import Layout
 from .bands import band_geometry, band_key, band_vars, fixed_digits, local_to_global, xor_mask, xor_perm
 
-__all__ = ["Table", "Context", "ScanResult", "Step", "combine", "uniform_dual_vector", "task_fill",
-           "task_uniform_duals", "task_map", "task_update_scan", "task_partner", "task_gather",
+__all__ = ["Table", "DBAR", "THETABAR", "SCRATCH", "Context", "ScanResult", "Step", "combine", "uniform_dual_vector",
+           "task_fill", "task_uniform_duals", "task_map", "task_update_scan", "task_partner", "task_gather",
            "task_top_candidates"]
 
 
@@ -36,6 +36,10 @@ class Table(enum.IntEnum):
     DBAR = 0
     THETABAR = 1
     SCRATCH = 2
+
+
+#: The members as module constants: a global lookup costs less than ``Table.X`` in per-pass code.
+DBAR, THETABAR, SCRATCH = Table.DBAR, Table.THETABAR, Table.SCRATCH
 
 
 # ----------------------------------------------------------------------------- results
@@ -134,7 +138,7 @@ def task_fill(ctx: Context, kind: str, idx: int, table: Table, local: np.ndarray
     if len(local):
         np.add.at(band.reshape(-1), local, values)
     total = _apply_ops(ctx, kind, band, ops)
-    storage.write(ctx.spec(table), band_key(ctx.layout, kind, idx), band)
+    storage.write(ctx.specs[table], band_key(ctx.layout, kind, idx), band)
     return ScanResult(total=total)
 
 
@@ -162,7 +166,7 @@ def task_uniform_duals(ctx: Context, kind: str, idx: int) -> ScanResult:
         band = np.full((), scale)
         for v in vars_:
             band = np.multiply.outer(band, uniform_dual_vector(ctx.cards[v]))
-    storage.write(ctx.spec(Table.THETABAR), band_key(ctx.layout, kind, idx), np.ascontiguousarray(band))
+    storage.write(ctx.specs[THETABAR], band_key(ctx.layout, kind, idx), np.ascontiguousarray(band))
     return ScanResult()
 
 
@@ -170,12 +174,12 @@ def task_map(ctx: Context, kind: str, idx: int, src: Table, dst: Table, ops: tup
     """Read a band of ``src``, apply ``ops``, write it to ``dst``."""
     key = band_key(ctx.layout, kind, idx)
     shape = ctx.geometry(kind).shape
-    band = storage.read(ctx.spec(src), key)
-    if band.base is not None and ctx.spec(src).backend == "numpy" and src != dst:
+    band = storage.read(ctx.specs[src], key)
+    if band.base is not None and ctx.specs[src].backend == "numpy" and src != dst:
         band = band.copy()
     band = band.reshape(shape)
     total = _apply_ops(ctx, kind, band, ops)
-    storage.write(ctx.spec(dst), key, band)
+    storage.write(ctx.specs[dst], key, band)
     return ScanResult(total=total)
 
 
@@ -215,10 +219,10 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
     L = ctx.layout
     key = band_key(L, kind, idx)
     shape, j, P, Q, rP, rQ = ctx.geometry(kind)
-    t = storage.read(ctx.spec(Table.THETABAR), key)
-    in_place = ctx.spec(Table.THETABAR).backend == "numpy" and not t.flags.owndata  # a view of the table itself
+    t = storage.read(ctx.specs[THETABAR], key)
+    in_place = ctx.specs[THETABAR].backend == "numpy" and not t.flags.owndata  # a view of the table itself
     t = t.reshape(P, Q)
-    d = storage.read(ctx.spec(Table.DBAR), key).reshape(P, Q)
+    d = storage.read(ctx.specs[DBAR], key).reshape(P, Q)
     r_const = _r_const(ctx, kind, idx)
     skip = 0 if idx == 0 else -1  # y = 0 is the first cell of band 0 of either kind
     if step is None:
@@ -229,7 +233,7 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
         inv_den = 1.0 / (ch + sh * step.t)
         bv = band_vars(L, kind)
         walsh = all(basis.is_walsh(L.cards[v]) for v in partner_vars)
-        if partner_src == Table.THETABAR and walsh:
+        if partner_src == THETABAR and walsh:
             flipsP = [(bv.index(v), step.digits[v]) for v in partner_vars if bv.index(v) < j]
             flipsQ = [(bv.index(v) - j, step.digits[v]) for v in partner_vars if bv.index(v) >= j]
             mp, mq = xor_mask(shape[:j], flipsP), xor_mask(shape[j:], flipsQ)
@@ -241,7 +245,7 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
                                                      xor_perm(shape[j:], flipsQ), ch, sh, inv_den,
                                                      skip=skip, parallel=parallel)
         else:
-            src = t if partner_src == Table.THETABAR else storage.read(ctx.spec(partner_src), key)
+            src = t if partner_src == THETABAR else storage.read(ctx.specs[partner_src], key)
             part = src.reshape(shape)
             for v in partner_vars:
                 part = basis.apply_product(part, bv.index(v), step.digits[v])
@@ -249,7 +253,7 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
             best, pos = kernels.update_scan_explicit(t, part, d, rP, rQ, r_const, ch, sh, inv_den,
                                                      update=True, skip=skip, parallel=parallel)
         if not in_place:
-            storage.write(ctx.spec(Table.THETABAR), key, t.reshape(shape))
+            storage.write(ctx.specs[THETABAR], key, t.reshape(shape))
     tf, df = t.reshape(-1), d.reshape(-1)
     out = ScanResult(supp_pos=supp_global, supp_t=tf[supp_local].copy(), supp_d=df[supp_local].copy())
     if pos >= 0:
@@ -262,17 +266,17 @@ def task_partner(ctx: Context, kind: str, idx: int, step: Step, vars_: tuple) ->
     """First half of a two-pass update: ``scratch = M(vars_) thetabar`` on this band."""
     key = band_key(ctx.layout, kind, idx)
     shape = ctx.geometry(kind).shape
-    band = storage.read(ctx.spec(Table.THETABAR), key).reshape(shape)
+    band = storage.read(ctx.specs[THETABAR], key).reshape(shape)
     bv = band_vars(ctx.layout, kind)
     for v in vars_:
         band = basis.apply_product(band, bv.index(v), step.digits[v])
-    storage.write(ctx.spec(Table.SCRATCH), key, np.ascontiguousarray(band))
+    storage.write(ctx.specs[SCRATCH], key, np.ascontiguousarray(band))
     return ScanResult()
 
 
 def task_gather(ctx: Context, table: Table, flat: np.ndarray) -> np.ndarray:
     """Read the cells ``flat`` (global C-order indices) of ``table``: a gather task."""
-    spec = ctx.spec(table)
+    spec = ctx.specs[table]
     arr = storage.open_table(spec)
     if spec.backend == "zarr":
         return np.asarray(arr.get_coordinate_selection(np.unravel_index(flat, spec.shape)), dtype=np.float64)
@@ -284,8 +288,8 @@ def task_top_candidates(ctx: Context, idx: int, k: int) -> tuple[np.ndarray, np.
     L = ctx.layout
     key = band_key(L, "A", idx)
     shape, j, P, Q, rP, rQ = ctx.geometry("A")
-    t = storage.read(ctx.spec(Table.THETABAR), key).reshape(P, Q)
-    d = storage.read(ctx.spec(Table.DBAR), key).reshape(P, Q)
+    t = storage.read(ctx.specs[THETABAR], key).reshape(P, Q)
+    d = storage.read(ctx.specs[DBAR], key).reshape(P, Q)
     score = t - d
     del d  # at most three band buffers live (the planner's TASK_FACTOR is four)
     np.square(score, out=score)
