@@ -94,6 +94,7 @@ class Context:
     r0: float
     w: tuple[float, ...]
     threads: bool = False  # may a task's transforms use several threads (bands run one at a time)?
+    _geometry: dict = field(default_factory=dict, compare=False, repr=False)  # kind -> BandGeometry
 
     @property
     def cards(self) -> tuple[int, ...]:
@@ -105,8 +106,11 @@ class Context:
 
     def geometry(self, kind: str):
         """The :class:`~fsll_ooc.engine.bands.BandGeometry` of this context's bands of ``kind``."""
-        L = self.layout
-        return band_geometry(L.cards, L.a, L.c, kind, self.w)
+        g = self._geometry.get(kind)
+        if g is None:  # once per context and kind: hashing cards and w on every task costs more
+            L = self.layout
+            g = self._geometry[kind] = band_geometry(L.cards, L.a, L.c, kind, self.w)
+        return g
 
 
 def _r_const(ctx: Context, kind: str, idx: int) -> float:
