@@ -24,8 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from . import basis, cost as C, storage
-from .engine import Engine
-from .executors import make_executor
+from .engine import Engine, Table
 from .learn import FitState, LearnOptions, learn, resolve_refine
 from .planner import plan as make_plan, PlanError
 from . import model_file
@@ -255,10 +254,7 @@ class FSLL:
 
     def _engine(self, plan, specs, N: int) -> Engine:
         """The engine over ``specs`` with the plan's layout and this fit's scheduler."""
-        L = plan.layout
-        r0, w = C.penalty_weights(L.cards, N)
-        executor = make_executor(self.scheduler, max(L.n_a_bands, L.n_b_bands if L.a > 0 else 1))
-        return Engine(L, specs, r0, w, executor)
+        return Engine.create(plan, specs, N, self.scheduler)
 
     def _learn_new(self, engine: Engine, state: FitState, flat, checkpoint, ready=None) -> None:
         """Targets and uniform duals from the data ``flat``, ``ready()``, then learn."""
@@ -456,7 +452,7 @@ class FSLL:
             p = np.exp(l, out=l)
             return p / p.sum()
         total = eng.density(sup, val, self.log_z_)
-        spec = eng.ctx.specs[2]
+        spec = eng.ctx.spec(Table.SCRATCH)
         arr = storage.open_table(spec)
         if not backend_capabilities(spec.backend).persistent:
             return arr / total
