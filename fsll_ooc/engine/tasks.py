@@ -179,7 +179,7 @@ def task_map(ctx: Context, kind: str, idx: int, src: Table, dst: Table, ops: tup
     key = band_key(ctx.layout, kind, idx)
     shape = ctx.geometry(kind).shape
     band = storage.read(ctx.specs[src], key)
-    if band.base is not None and ctx.specs[src].backend == "numpy" and src != dst:
+    if band.base is not None and ctx.specs[src].backend_impl.supports_inplace_views and src != dst:
         band = band.copy()
     band = band.reshape(shape)
     total = _apply_ops(ctx, kind, band, ops)
@@ -224,7 +224,7 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
     key = band_key(L, kind, idx)
     shape, j, P, Q, rP, rQ = ctx.geometry(kind)
     t = storage.read(ctx.specs[THETABAR], key)
-    in_place = ctx.specs[THETABAR].backend == "numpy" and not t.flags.owndata  # a view of the table itself
+    in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata  # a view of the table
     t = t.reshape(P, Q)
     d = storage.read(ctx.specs[DBAR], key).reshape(P, Q)
     r_const = _r_const(ctx, kind, idx)
@@ -280,11 +280,7 @@ def task_partner(ctx: Context, kind: str, idx: int, step: Step, vars_: tuple) ->
 
 def task_gather(ctx: Context, table: Table, flat: np.ndarray) -> np.ndarray:
     """Read the cells ``flat`` (global C-order indices) of ``table``: a gather task."""
-    spec = ctx.specs[table]
-    arr = storage.open_table(spec)
-    if spec.backend == "zarr":
-        return np.asarray(arr.get_coordinate_selection(np.unravel_index(flat, spec.shape)), dtype=np.float64)
-    return np.asarray(arr.reshape(-1)[flat], dtype=np.float64)
+    return storage.gather(ctx.specs[table], flat)
 
 
 def task_top_candidates(ctx: Context, idx: int, k: int) -> tuple[np.ndarray, np.ndarray]:
