@@ -94,7 +94,7 @@ class Context:
     r0: float
     w: tuple[float, ...]
     threads: bool = False  # may a task's transforms use several threads (bands run one at a time)?
-    _geometry: dict = field(default_factory=dict, compare=False, repr=False)  # kind -> BandGeometry
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)  # geometry and band facts, once each
 
     @property
     def cards(self) -> tuple[int, ...]:
@@ -106,11 +106,19 @@ class Context:
 
     def geometry(self, kind: str):
         """The :class:`~fsll_ooc.engine.bands.BandGeometry` of this context's bands of ``kind``."""
-        g = self._geometry.get(kind)
+        g = self._cache.get(kind)
         if g is None:  # once per context and kind: hashing cards and w on every task costs more
             L = self.layout
-            g = self._geometry[kind] = band_geometry(L.cards, L.a, L.c, kind, self.w)
+            g = self._cache[kind] = band_geometry(L.cards, L.a, L.c, kind, self.w)
         return g
+
+    def band(self, kind: str, idx: int) -> tuple[tuple, float]:
+        """``(key, r_const)`` of band ``idx`` of ``kind``: its index expression in the table and
+        the part of the penalty its fixed digits contribute (with ``r0``); once per context."""
+        b = self._cache.get((kind, idx))
+        if b is None:
+            b = self._cache[(kind, idx)] = (band_key(self.layout, kind, idx), _r_const(self, kind, idx))
+        return b
 
 
 def _r_const(ctx: Context, kind: str, idx: int) -> float:
@@ -221,13 +229,12 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
                      parallel: bool) -> ScanResult:
     """Fused dual update (if ``step``) and candidate scan of one band."""
     L = ctx.layout
-    key = band_key(L, kind, idx)
+    key, r_const = ctx.band(kind, idx)
     shape, j, P, Q, rP, rQ = ctx.geometry(kind)
     t = storage.read(ctx.specs[THETABAR], key)
     in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata  # a view of the table
     t = t.reshape(P, Q)
     d = storage.read(ctx.specs[DBAR], key).reshape(P, Q)
-    r_const = _r_const(ctx, kind, idx)
     skip = 0 if idx == 0 else -1  # y = 0 is the first cell of band 0 of either kind
     if step is None:
         best, pos = kernels.update_scan_explicit(t, None, d, rP, rQ, r_const, update=False, skip=skip,
