@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from ab import structured_binary  # noqa: E402
+from ab import best_seconds, structured_binary  # noqa: E402
 from paper_table import PAPER, machine  # noqa: E402
 
 from fsll_ooc import FSLL, datasets  # noqa: E402
@@ -155,12 +155,7 @@ def iteration_rows(sizes, reps: int = 3):
             its.append(float(np.median(times)) if len(times) else float("nan"))
         it = min(its)
         t = np.random.default_rng(1).random((2,) * n)
-        ts = []
-        for _ in range(3):
-            s = time.perf_counter()
-            transform_inplace(t)
-            ts.append(time.perf_counter() - s)
-        tr = min(ts)
+        tr = best_seconds(lambda: transform_inplace(t))
         lines.append(f"| 2^{n} | {cp * 1e3:.2f} | {it * 1e3:.2f} ms | {it / cp:.1f} | {tr * 1e3:.1f} | {tr / cp:.1f} |")
         print(lines[-1], flush=True)
     return lines
