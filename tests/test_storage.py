@@ -117,6 +117,15 @@ def values(shape=SHAPE, seed=0):
     return np.random.default_rng(seed).random(shape)
 
 
+def written(backend, tmp_path, seed=0):
+    """A new table of ``backend`` holding ``values(seed=seed)``, flushed; and those values."""
+    spec = make(backend, tmp_path)
+    want = values(seed=seed)
+    storage.write(spec, (Ellipsis,), want)
+    storage.flush(spec)
+    return spec, want
+
+
 # ============================================================================ registry
 
 def test_registry_lists_the_builtin_backends_in_order_and_refuses_unknown_names():
@@ -217,10 +226,7 @@ def test_inplace_views_only_where_the_backend_says_so(backend, tmp_path):
 
 @pytest.mark.parametrize("backend", ALL)
 def test_flushed_and_synced_tables_reopen_with_their_content(backend, tmp_path):
-    spec = make(backend, tmp_path)
-    want = values(seed=1)
-    storage.write(spec, (Ellipsis,), want)
-    storage.flush(spec)
+    spec, want = written(backend, tmp_path, seed=1)
     storage.sync_table(spec)
     storage.check_table(spec)
     storage.verify_table(spec)
@@ -264,10 +270,7 @@ def _damage_chunk(spec, coords) -> str:
 
 @pytest.mark.parametrize("backend", [b for b in BUILTIN if storage.get_backend(b).checksummed])
 def test_a_damaged_chunk_is_refused_and_named(backend, tmp_path):
-    spec = make(backend, tmp_path)
-    want = values(seed=2)
-    storage.write(spec, (Ellipsis,), want)
-    storage.flush(spec)
+    spec, want = written(backend, tmp_path, seed=2)
     storage.forget(spec)
     f = _damage_chunk(spec, (1, 0, 0))
     storage.forget(spec)
@@ -285,8 +288,7 @@ def test_a_damaged_chunk_is_refused_and_named(backend, tmp_path):
 
 @pytest.mark.parametrize("backend", [b for b in BUILTIN if storage.get_backend(b).persistent])
 def test_a_truncated_or_missing_table_is_refused_and_named(backend, tmp_path):
-    spec = make(backend, tmp_path)
-    storage.write(spec, (Ellipsis,), values())
+    spec, _ = written(backend, tmp_path)
     fp = storage.table_fingerprint(spec)
     victim = Path(spec.path) if spec.backend == "memmap" else next(p for p in Path(spec.path).rglob("*")
                                                                      if p.is_file() and p.name != "zarr.json")
@@ -308,8 +310,7 @@ def test_a_truncated_or_missing_table_is_refused_and_named(backend, tmp_path):
 
 @pytest.mark.parametrize("backend", ALL)
 def test_overhead_bytes_are_the_checksums_on_disk(backend, tmp_path):
-    spec = make(backend, tmp_path)
-    storage.write(spec, (Ellipsis,), values())
+    spec, _ = written(backend, tmp_path)
     impl = spec.backend_impl
     extra = storage.overhead_bytes(backend, SHAPE, CHUNKS)
     assert extra == (storage.CHECKSUM_BYTES * spec.n_chunks if impl.checksummed else 0)
