@@ -151,7 +151,19 @@ def test_register_backend_checks_what_it_is_given():
 
     with pytest.raises(ValueError, match="needs a name"):
         storage.register_backend(Nameless)
-    assert "" not in storage.backend_names()
+
+    class Unfinished(TableBackend):  # no read or write
+        name = "unfinished"
+
+        def create(self, spec):
+            return spec
+
+        def open(self, spec):
+            return None
+
+    with pytest.raises(TypeError, match="abstract"):
+        storage.register_backend(Unfinished)
+    assert not {"", "unfinished"} & set(storage.backend_names())
 
 
 def test_capabilities_of_the_builtin_backends():
