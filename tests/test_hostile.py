@@ -142,7 +142,7 @@ def hostile_data(draw, kind):
     elif kind == "cards-overflow":  # the product overflows int64
         cards = [2**16] * max(n, 4) if n >= 4 else [2**40] * n
         X = np.zeros((N, len(cards)), dtype=int)
-    elif kind == "cards-huge-table":  # fits int64, not memory
+    elif kind == "cards-huge-table":  # fits int64, above the 2**40-cell limit
         cards = [2**12] * 4
         X = np.zeros((N, 4), dtype=int)
     elif kind == "too-many-categories":
