@@ -32,7 +32,7 @@ from ._machine import free_disk, total_memory
 from ._validation import (check_cardinalities_param, check_code_range, check_fit_params, check_labels,
                           check_n_samples, validate_data)
 from .model_file import MODEL_FORMAT, MODEL_VERSION, jsonable_categories
-from .storage.fit_store import TABLE_NAMES, BackendCapabilities, FitStore, StoredFit, backend_capabilities
+from .storage.fit_store import TABLE_NAMES, FitStore, StoredFit
 
 __all__ = ["FSLL", "MODEL_FORMAT", "MODEL_VERSION", "validate_data"]
 
@@ -140,11 +140,11 @@ class FSLL:
         return "FSLL(" + ", ".join(f"{k}={v!r}" for k, v in diff.items()) + ")"
 
     # ------------------------------------------------------------------ fitting
-    def _check_params(self) -> BackendCapabilities:
+    def _check_params(self) -> storage.TableBackend:
         check_fit_params(self.epsilon, self.max_iter, self.resync_every)
         resolve_refine(self.refine, self.epsilon)  # raises ValueError on a bad value
         self._options()
-        backend = backend_capabilities(self.backend or ("zarr" if self.store is not None else "numpy"))
+        backend = storage.get_backend(self.backend or ("zarr" if self.store is not None else "numpy"))
         if backend.persistent and self.store is None:
             raise ValueError(f"backend {backend.name!r} needs store=PATH")
         return backend
@@ -154,7 +154,7 @@ class FSLL:
             return max(1, sum(self.scheduler.nthreads().values()))
         return default
 
-    def _make_plan(self, cards, backend: BackendCapabilities, disk_free=None, memory=None):
+    def _make_plan(self, cards, backend: storage.TableBackend, disk_free=None, memory=None):
         """The chunk plan of a fit: in core within the machine's memory, out of core within the
         store's free disk (``disk_free``) and ``memory_limit``; ``PlanError`` if it cannot fit."""
         ooc = backend.persistent
@@ -321,7 +321,7 @@ class FSLL:
                 return cls._open_finished(fs, stored, scheduler, progress)
             state = FitState.from_json(stored.state)
             cards, N = tuple(state.cards), state.n_samples
-            plan = fs.account(m._make_plan(cards, backend_capabilities(stored.backend),
+            plan = fs.account(m._make_plan(cards, storage.get_backend(stored.backend),
                                            disk_free=fs.disk_available()))
             uniq, counts = fs.read_counts(cards, N)
             fs.reopen(plan, stored)
@@ -345,7 +345,7 @@ class FSLL:
         """A finished fit for reading: nothing in the store is written (a private scratch table is)."""
         m = cls._from_stored(fs, stored, scheduler, progress)
         state = FitState.from_json(stored.state)
-        plan = fs.account(m._make_plan(tuple(state.cards), backend_capabilities(stored.backend)))
+        plan = fs.account(m._make_plan(tuple(state.cards), storage.get_backend(stored.backend)))
         specs = fs.open_tables(state.cards, plan.layout.chunk_shape, reader_owner=m)
         m._set_fitted(state, plan=plan, engine=m._engine(plan, specs, state.n_samples), cost=state.cost(),
                       kl_data=stored.kl_data, feature_names=stored.feature_names, categories=stored.categories)
@@ -452,13 +452,7 @@ class FSLL:
             p = np.exp(l, out=l)
             return p / p.sum()
         total = eng.density(sup, val, self.log_z_)
-        spec = eng.ctx.spec(Table.SCRATCH)
-        arr = storage.open_table(spec)
-        if not backend_capabilities(spec.backend).persistent:
-            return arr / total
-        import dask.array as da
-
-        return da.from_array(arr, chunks=spec.chunks) / total
+        return storage.as_array(eng.ctx.spec(Table.SCRATCH)) / total
 
     def sample(self, n_samples: int = 1, random_state=None) -> np.ndarray:
         """Draw ``n_samples`` rows (int64 codes) from ``p_theta``."""

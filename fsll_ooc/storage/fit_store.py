@@ -50,8 +50,7 @@ from .. import storage  # the package's functions (what tests and the kill-point
 from . import lock as locking
 from .tables import DiskFullError, IntegrityError, TableSpec
 
-__all__ = ["FitStore", "StoredFit", "STATE_FILE", "COUNTS_FILE", "READERS_DIR", "TABLE_NAMES", "STATUSES",
-           "backend_capabilities"]
+__all__ = ["FitStore", "StoredFit", "STATE_FILE", "COUNTS_FILE", "READERS_DIR", "TABLE_NAMES", "STATUSES"]
 
 STATE_FILE = "fsll_state.json"
 STATE_FORMAT = "fsll-ooc-fit-state"
@@ -67,24 +66,6 @@ READER_BACKEND = "zarr"
 
 _DAMAGED = ("the store's tables cannot be trusted; FSLL.resume({store!r}, restart=True) rebuilds them from the "
             "data kept in the store and fits again")
-
-
-@dataclasses.dataclass(frozen=True)
-class BackendCapabilities:
-    """What the estimator and the store need to know about a table backend."""
-
-    name: str
-    #: tables outlive the process (they need a store directory)
-    persistent: bool
-    #: the plan's disk figure counts the checksums stored with the table's chunks
-    chunk_checksums: bool
-
-
-def backend_capabilities(name: str) -> BackendCapabilities:
-    """The one place a backend's name is turned into what it can do (``ValueError`` if unknown)."""
-    if name not in storage.BACKENDS:
-        raise ValueError(f"backend must be one of {storage.BACKENDS}, got {name!r}")
-    return BackendCapabilities(name, persistent=name != "numpy", chunk_checksums=name == "zarr")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,15 +163,16 @@ class FitStore:
 
     def disk_available(self) -> int:
         """Free space for the fit: the file system's free bytes plus what its tables take already."""
-        held = sum(_tree_bytes(Path(storage.table_path(self.backend, self.root, nm))) for nm in TABLE_NAMES)
+        held = 0
+        for nm in TABLE_NAMES:  # a table's file or directory and its side files (e.g. checksums)
+            table = Path(storage.table_path(self.backend, self.root, nm))
+            held += sum(_tree_bytes(p) for p in table.parent.glob(table.name + "*"))
         return shutil.disk_usage(self.root).free + held
 
     def account(self, plan):
-        """``plan`` with the tables' checksum bytes in its disk figure (when the chunks carry them)."""
-        if not backend_capabilities(self.backend).chunk_checksums:
-            return plan
+        """``plan`` with the tables' checksum bytes in its disk figure."""
         extra = len(TABLE_NAMES) * storage.overhead_bytes(self.backend, plan.layout.cards, plan.layout.chunk_shape)
-        return dataclasses.replace(plan, disk_bytes=plan.disk_bytes + extra)
+        return dataclasses.replace(plan, disk_bytes=plan.disk_bytes + extra) if extra else plan
 
     # ------------------------------------------------------------------ writing
     def check_new(self) -> None:
@@ -225,7 +207,7 @@ class FitStore:
         sf = self.state_file
         if sf.exists():
             sf.unlink()  # an old state must never describe new tables
-            storage._fsync_path(str(self.root), directory=True)
+            storage.fsync_path(str(self.root), directory=True)
         self._tidy()
         data = storage.array_file_bytes(np.stack([np.asarray(uniq, np.int64), np.asarray(counts, np.int64)]))
         path = self.root / COUNTS_FILE
@@ -355,8 +337,8 @@ class FitStore:
 
 def _persistent(name) -> bool:
     try:
-        return backend_capabilities(name).persistent
-    except (ValueError, TypeError):
+        return storage.get_backend(name).persistent
+    except ValueError:
         return False
 
 
