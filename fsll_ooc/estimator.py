@@ -212,8 +212,8 @@ class FSLL:
         state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size))
         if not backend.persistent:
             engine = self._engine(plan, [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape)
-                                         for nm in TABLE_NAMES], N)
-            self._learn_new(engine, state, flat, checkpoint=None)
+                                         for nm in TABLE_NAMES], N, sample_flat=flat)
+            self._learn(engine, state, fresh=True, checkpoint=None)
             self._set_fitted(state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
                              categories=categories)
             self.kl_data_ = self._kl_data(flat, counts, N)
@@ -238,10 +238,10 @@ class FSLL:
         cards, N = tuple(state.cards), state.n_samples
         if fresh:
             specs = fs.create_tables(cards, plan.layout.chunk_shape)
-            engine = self._engine(plan, specs, N)
             with fs.damage_hint():
-                self._learn_new(engine, state, np.repeat(uniq, counts) if flat is None else flat,
-                                checkpoint=fs.checkpoint, ready=lambda: fs.tables_ready(specs, state))
+                engine = self._engine(plan, specs, N, sample_flat=np.repeat(uniq, counts) if flat is None else flat)
+                fs.tables_ready(specs, state)
+                self._learn(engine, state, fresh=True, checkpoint=fs.checkpoint)
         else:
             engine = self._engine(plan, fs.open_tables(cards, plan.layout.chunk_shape), N)
             if not state.converged and (self.max_iter is None or state.n_iter < self.max_iter):
@@ -252,18 +252,11 @@ class FSLL:
         self.kl_data_ = self._kl_data(uniq, counts, N) if flat is None else self._kl_data(flat, counts, N)
         fs.complete(state, self.kl_data_)
 
-    def _engine(self, plan, specs, N: int) -> Engine:
-        """The engine over ``specs`` with the plan's layout and this fit's scheduler."""
-        return Engine.create(plan, specs, N, self.scheduler)
-
-    def _learn_new(self, engine: Engine, state: FitState, flat, checkpoint, ready=None) -> None:
-        """Targets and uniform duals from the data ``flat``, ``ready()``, then learn."""
-        engine.progress = self._show_progress()
-        engine.compute_targets(flat, state.n_samples)
-        engine.init_duals()
-        if ready is not None:
-            ready()
-        self._learn(engine, state, fresh=True, checkpoint=checkpoint)
+    def _engine(self, plan, specs, N: int, sample_flat=None) -> Engine:
+        """The engine over ``specs`` with the plan's layout and this fit's scheduler; with
+        ``sample_flat`` (the data of a new fit) it computes the targets and uniform duals."""
+        return Engine.create(plan, specs, N, self.scheduler, sample_flat=sample_flat,
+                             progress=sample_flat is not None and self._show_progress())
 
     _OWN_OPTIONS = ("epsilon", "max_iter", "resync_every", "refine")
 
