@@ -61,8 +61,11 @@ def check_cardinalities(cardinalities: Sequence[int], names: Sequence[str] | Non
     cells = math.prod(ks)
     if cells > MAX_CELLS:
         extra = "; that overflows int64" if cells > _INT64_MAX else ""
-        raise DataError(f"the joint table would have {cells:,} cells (product of the cardinalities "
-                        f"{tuple(ks)}){extra}; the limit is 2**40 = {MAX_CELLS:,} cells")
+        shown = str(tuple(ks)) if len(ks) <= 12 else f"of {len(ks)} variables ({', '.join(map(str, ks[:8]))}, ...)"
+        exc = DataError(f"the joint table would have {cells:,} cells (product of the cardinalities "
+                        f"{shown}){extra}; the limit is 2**40 = {MAX_CELLS:,} cells")
+        exc.cardinalities, exc.names = tuple(ks), None if names is None else list(names)  # for advice
+        raise exc
     return tuple(ks)
 
 
@@ -79,7 +82,7 @@ def check_cardinalities_param(cards) -> None:
             raise DataError(f"cardinality of column {i} (X{i}) must be an integer, got {k!r}")
 
 
-def check_code_range(X):
+def check_code_range(X, names=None):
     """Refuse codes that cannot be converted to int64 (huge uint64 or float values) before
     they wrap around silently; returns ``X`` as an array when it was array-like."""
     if hasattr(X, "columns"):
@@ -94,16 +97,18 @@ def check_code_range(X):
         big = (arr > np.iinfo(np.int64).max) if arr.dtype.kind == "u" else (np.abs(arr) >= 2.0**62)
     if big.any():
         r, c = map(int, np.argwhere(big)[0])
-        raise DataError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is too large to be a category code "
+        raise DataError(f"column {c} ({_var(c, names)}): value {arr[r, c]} in row {r} is too large to be a category code "
                         f"(codes are 0..{MAX_CATEGORIES - 1} at most)")
     return arr
 
 
-def validate_data(X: Any, cardinalities: Sequence[int] | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
+def validate_data(X: Any, cardinalities: Sequence[int] | None = None,
+                  names: Sequence[str] | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
     """Check ``X`` and return ``(codes as int64 (N, n), cardinalities)``.
 
-    Raises :class:`DataError` (a ``ValueError``) naming the offending column, row, value
-    or limit; nothing large is allocated before the checks pass.
+    Raises :class:`DataError` (a ``ValueError``) naming the offending column (by its
+    name in ``names`` when given, else ``X0, X1, ...``), row, value or limit; nothing
+    large is allocated before the checks pass.
 
     >>> validate_data([[0, 1], [1, 2]])[1]
     (2, 3)
@@ -124,22 +129,22 @@ def validate_data(X: Any, cardinalities: Sequence[int] | None = None) -> tuple[n
         raise DataError("X has no variables (0 columns)")
     if arr.dtype == bool:
         arr = arr.astype(np.int64)
-    check_code_range(arr)  # before any cast to int64 can wrap a huge code onto another cell
+    check_code_range(arr, names)  # before any cast to int64 can wrap a huge code onto another cell
     if arr.dtype.kind == "f":
         bad = ~np.isfinite(arr)
         if bad.any():
             r, c = map(int, np.argwhere(bad)[0])
-            raise DataError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is not a finite number")
+            raise DataError(f"column {c} ({_var(c, names)}): value {arr[r, c]} in row {r} is not a finite number")
         frac = arr != np.round(arr)
         if frac.any():
             r, c = map(int, np.argwhere(frac)[0])
-            raise DataError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is not an integer category code")
+            raise DataError(f"column {c} ({_var(c, names)}): value {arr[r, c]} in row {r} is not an integer category code")
     elif arr.dtype.kind not in "iu":
         raise DataError(f"X must hold integer category codes, got dtype {arr.dtype}; "
                         "encode strings first (fsll_ooc.io.encode or pass a pandas DataFrame)")
     if (arr < 0).any():
         r, c = map(int, np.argwhere(arr < 0)[0])
-        raise DataError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is negative; codes are 0..k-1")
+        raise DataError(f"column {c} ({_var(c, names)}): value {arr[r, c]} in row {r} is negative; codes are 0..k-1")
     arr = arr.astype(np.int64)
     n = arr.shape[1]
     if cardinalities is None:
@@ -152,10 +157,15 @@ def validate_data(X: Any, cardinalities: Sequence[int] | None = None) -> tuple[n
         over = arr >= np.array(cards)
         if over.any():
             r, c = map(int, np.argwhere(over)[0])
-            raise DataError(f"column {c} (X{c}): value {arr[r, c]} in row {r} is outside 0..{cards[c] - 1} "
+            raise DataError(f"column {c} ({_var(c, names)}): value {arr[r, c]} in row {r} is outside 0..{cards[c] - 1} "
                             f"(cardinality {cards[c]})")
     return arr, cards
 
+
+
+def _var(c: int, names) -> str:
+    """How a message names column ``c``: its name in ``names``, else ``X{c}``."""
+    return repr(str(names[c])) if names is not None and c < len(names) else f"X{c}"
 
 def check_labels(names, categories, cards) -> tuple[list | None, list | None]:
     """Column names (one per variable) and category labels (``k_i`` per variable), as lists."""

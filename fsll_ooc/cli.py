@@ -3,8 +3,9 @@
 Commands (each has ``--help``):
 
 * ``demo``   fit the paper's dataset(s) and print the paper-style result row(s);
-* ``fit``    read a ``.csv``/``.npy``/``.parquet`` file, fit a model (in core, or out of
-  core with ``--store``), save it;
+* ``fit``    read a text (``.csv``/``.tsv``/``.txt``), ``.npy`` or ``.parquet`` file, fit a
+  model (in core, or out of core with ``--store``), save it;
+* ``resume`` continue an interrupted out-of-core fit from its store;
 * ``info``   summary of a saved model and its terms sorted by their share of the cost
   reduction (:func:`fsll_ooc.queries.interactions`);
 * ``sample`` draw samples from a saved model, as CSV with the original labels;
@@ -20,8 +21,14 @@ Exit codes: 0 success; 2 bad input or usage, or a refusal that says what to do: 
 or model file that is damaged or altered (the message names the file), a store locked
 by another writer, a full disk, a budget the fit cannot meet (printed as one line
 ``fsll-ooc: error: ...`` on stderr, no traceback); 1 unexpected failure (one line,
-``--debug`` shows the traceback); 3 ``plan`` found the problem infeasible.  Progress
-bars go to stderr, and only when stderr is a terminal and ``--quiet`` is not given.
+``--debug`` shows the traceback); 3 ``plan`` found the problem infeasible; 130 / 143
+stopped by Ctrl-C / SIGTERM (one line, with the resume command when a store holds the
+fit).  Progress bars go to stderr, and only when stderr is a terminal and ``--quiet``
+is not given; warnings are one line ``fsll-ooc: warning: ...``.
+
+No command replaces a file it did not write: ``fit`` replaces a model file (recognised
+by its format header) and ``plot`` its PNGs (their ``Software: fsll-ooc`` text chunk);
+anything else needs ``--force``, and a command's input is never its output.
 
 Adding a command: write ``_register_<name>(subparsers)`` that adds a sub-parser and
 sets ``func=`` to a function ``(args) -> int``, and append it to ``_REGISTRARS``.
@@ -35,14 +42,18 @@ import contextlib
 import json
 import math
 import os
+import re
+import signal
 import sys
 import time
 import traceback
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
 
 from . import __version__
+from ._machine import free_disk, total_memory
 from .io import DataError, decode, encode, encode_with, read_table
 from .queries import labels as _labels_of
 from .queries import describe_factor as _describe_factor, factor_text as _factor_text  # noqa: F401 (term text)
@@ -52,6 +63,10 @@ PROG = "fsll-ooc"
 EXIT_INFEASIBLE = 3
 
 # ----------------------------------------------------------------- error plumbing
+
+#: ``(store, model path)`` of the out-of-core fit running now: an interrupted one says how to resume.
+_RESUME_STORE: tuple | None = None
+
 
 class UsageError(Exception):
     """Bad command line; reported as one line, exit code 2."""
@@ -138,7 +153,7 @@ def _load_model(path: str):
             status = store.read().status
             if status != "complete":
                 raise DataError(f"the fit in store '{path}' is not complete (status {status!r}); "
-                                "finish it with FSLL.resume(store) in Python")
+                                f"finish it with: {PROG} resume {path}")
             return _model_class().resume(path, progress=False)
     with _user_input():
         return _model_class().load(path)
@@ -153,6 +168,37 @@ def _check_writable(path: str, what: str) -> None:
         raise DataError(f"cannot write the {what} to '{path}': directory '{parent}' does not exist")
     if not os.access(parent, os.W_OK):
         raise DataError(f"cannot write the {what} to '{path}': directory '{parent}' is not writable")
+
+
+#: How a file this command line wrote starts: a model file (its format header) and the
+#: PNGs of ``plot`` (a text chunk naming fsll-ooc).  Such files may be replaced without --force.
+_MODEL_HEAD = re.compile(rb'^\s*\{\s*"format"\s*:\s*"fsll-ooc-model"')
+_PNG_MARK = b"fsll-ooc"
+
+
+def _written_by_us(path: str, kind: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return False
+    if kind == "model":
+        return bool(_MODEL_HEAD.match(head))
+    if kind == "png":
+        return head.startswith(b"\x89PNG") and _PNG_MARK in head
+    return False
+
+
+def _check_output(path: str, what: str, force: bool, kind: str | None = None, inputs: Sequence[str] = ()) -> None:
+    """Refuse to replace a file the user has (``--force`` allows it); a file of ``kind``
+    that fsll-ooc wrote may be replaced.  An input of the same command is never replaced."""
+    _check_writable(path, what)
+    for src in inputs:
+        if src is not None and os.path.exists(src) and os.path.exists(path) and os.path.samefile(src, path):
+            raise DataError(f"'{path}' is the input data; write the {what} to another file")
+    if os.path.lexists(path) and not force and not (kind is not None and _written_by_us(path, kind)):
+        raise DataError(f"'{path}' exists and was not written by {PROG}; choose another file, or pass "
+                        f"--force to replace it")
 
 
 # ---------------------------------------------------------------- argument types
@@ -206,6 +252,49 @@ def _cardinality_list(s: str) -> tuple:
     return ks
 
 
+def _add_read_options(p, drop: bool = True) -> None:
+    """The options that say how to read a text data file (and which columns to leave out)."""
+    g = p.add_argument_group("reading text files (.csv, .tsv, .txt)")
+    g.add_argument("--sep", metavar="CHAR", type=_separator,
+                   help="the delimiter, e.g. ';' or '\\t' (default: sniffed among , ; tab |; tab for .tsv)")
+    g.add_argument("--no-header", action="store_true",
+                   help="the first line is data; columns are named X0, X1, ...")
+    g.add_argument("--na-values", metavar="S1,S2", type=lambda v: [x for x in v.split(",")],
+                   help="more strings that mark a missing cell, e.g. '?' (missing cells are errors)")
+    g.add_argument("--keep-na", action="store_true",
+                   help="read NA, None, null, NaN, ... as labels, not as missing cells (an empty field "
+                        "is still missing)")
+    if drop:
+        g.add_argument("--drop", metavar="NAME", action="append", default=[],
+                       help="leave this column out (repeat, or NAME1,NAME2)")
+
+
+def _separator(s: str) -> str:
+    s = {"\\t": "\t", "tab": "\t", "TAB": "\t", "space": " "}.get(s, s)
+    if len(s) != 1:
+        raise argparse.ArgumentTypeError(f"expected one character (or '\\t' for a tab), got {s!r}")
+    return s
+
+
+def _read_data(args, path: str):
+    """``read_table`` with the command's reading options, ``--drop`` applied."""
+    data = read_table(path, sep=getattr(args, "sep", None), header=not getattr(args, "no_header", False),
+                      na_values=getattr(args, "na_values", None), keep_na=getattr(args, "keep_na", False))
+    drop = [c.strip() for d in getattr(args, "drop", None) or [] for c in d.split(",") if c.strip()]
+    if drop:
+        if not hasattr(data, "columns"):
+            raise DataError("--drop needs named columns (a .csv, .tsv, .txt or .parquet file)")
+        names = [str(c) for c in data.columns]
+        unknown = [c for c in drop if c not in names]
+        if unknown:
+            raise DataError(f"--drop: no column {', '.join(repr(c) for c in unknown)} in {path} "
+                            f"(columns: {', '.join(names[:12])}{', ...' if len(names) > 12 else ''})")
+        data = data.drop(columns=drop)
+        if data.shape[1] == 0:
+            raise DataError("--drop leaves no column to fit")
+    return data
+
+
 # -------------------------------------------------------------------------- demo
 
 def _register_demo(sub) -> None:
@@ -235,7 +324,7 @@ def _load_kernels() -> None:
     from . import kernels
     from .kernels import transform as fast_transform
     kernels.warmup()
-    fast_transform.warmup((np.float64,))
+    fast_transform.warmup((np.float64,), cards=(2,))  # the paper's datasets are binary
 
 
 _DEMO_HEADER = ("data", "N", "KL(pd||p)", "KL(p*||p)", "#basis", "iterations", "seconds")
@@ -300,12 +389,15 @@ def _cmd_demo(args) -> int:
 def _register_fit(sub) -> None:
     p = sub.add_parser(
         "fit", help="fit a model to a data file and save it",
-        description="Read DATA (.csv with a header row, .npy or .parquet; one column per "
-                    "variable, one row per sample), encode its categories, fit an FSLL model "
-                    "and save it to MODEL. CSV/Parquet columns: integers >= 0 are codes "
-                    "0..max, other values are labels (sorted).")
-    p.add_argument("data", metavar="DATA", help="input file (.csv, .npy or .parquet)")
-    p.add_argument("--out", "-o", required=True, metavar="MODEL", help="where to save the model")
+        description="Read DATA (text: .csv, .tsv or .txt with a header row, delimiter sniffed; "
+                    ".npy or .parquet; one column per variable, one row per sample), encode its "
+                    "categories, fit an FSLL model and save it to MODEL. Text/Parquet columns: "
+                    "integers >= 0 are codes 0..max, other values are labels (sorted). An "
+                    "interrupted --store fit is continued with 'fsll-ooc resume STORE'.")
+    p.add_argument("data", metavar="DATA", help="input file (.csv, .tsv, .txt, .npy or .parquet)")
+    p.add_argument("--out", "-o", required=True, metavar="MODEL",
+                   help="where to save the model (an existing file is replaced only if fsll-ooc wrote it, "
+                        "or with --force)")
     p.add_argument("--cardinalities", type=_cardinality_list, metavar="K1,K2,...",
                    help="declared number of categories per column, e.g. 2,3,4 (integer columns "
                         "are then codes 0..k-1; unseen codes are kept)")
@@ -324,9 +416,13 @@ def _register_fit(sub) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="run the chunk passes on a dask.distributed cluster, e.g. tcp://host:8786 "
                         "(every worker must see the --store directory)")
+    p.add_argument("--force", action="store_true",
+                   help="replace MODEL even if fsll-ooc did not write it; with --store, start the fit of "
+                        "an interrupted store again instead of refusing")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar (the summary is still printed)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_read_options(p)
     p.set_defaults(func=_cmd_fit)
 
 
@@ -343,16 +439,21 @@ def _connect(address: str):
 def _cmd_fit(args) -> int:
     from .planner import PlanError, parse_bytes
 
-    _check_writable(args.out, "model")
+    _check_output(args.out, "model", args.force, kind="model", inputs=[args.data])
     if args.store is not None and os.path.isfile(args.store):
         raise DataError(f"--store must be a directory, but '{args.store}' is a file")
+    if args.store is not None and not args.force:
+        _refuse_interrupted_store(args.store, args.out)
     FSLL = _model_class()
     with _user_input():
         memory = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
-        data = read_table(args.data)
-        enc = encode(data, cardinalities=args.cardinalities)
+        data = _read_data(args, args.data)
+        enc = _encode_or_advise(data, args.cardinalities, args.store)
         del data
+        _check_budget(enc.cardinalities, enc.names, memory, args.store)
     client = _connect(args.scheduler) if args.scheduler else None
+    global _RESUME_STORE
+    _RESUME_STORE = (args.store, args.out) if args.store is not None else None
     try:
         with _user_input():
             model = FSLL(cardinalities=enc.cardinalities, epsilon=args.epsilon, max_iter=args.max_iter,
@@ -367,6 +468,7 @@ def _cmd_fit(args) -> int:
     finally:
         if client is not None:
             client.close()
+    _RESUME_STORE = None
     model.save(args.out)
     summary = {
         "data": args.data,
@@ -394,6 +496,91 @@ def _cmd_fit(args) -> int:
           f"time {seconds:.2f} s")
     print(f"  saved to {args.out}" + (f" (tables in store {args.store})" if args.store else ""))
     return 0
+
+
+def _check_budget(cards, names, memory: int | None, store: str | None) -> None:
+    """Refusals before the fit, in the command line's words: a memory limit below what the
+    process itself needs, or a joint table too large for this machine (which size would fit)."""
+    from .planner import BASE_OVERHEAD, TABLES, format_bytes
+
+    if memory is not None and memory <= BASE_OVERHEAD:
+        raise DataError(f"--memory-limit {format_bytes(memory)} is below the {format_bytes(BASE_OVERHEAD)} reserve the "
+                        f"process keeps for itself (Python, numpy, the compiled kernels) before any table; give "
+                        f"at least 1GiB (e.g. --memory-limit 2GiB)")
+    cells = math.prod(cards)
+    machine = total_memory()
+    if store is None and machine is not None and not _fits_in_memory(machine)(cards):
+        raise DataError(f"{len(cards)} variables make a joint table of {cells:,} cells, whose tables need "
+                        f"{format_bytes((TABLES + 1) * 8 * cells)}, more than this machine's "
+                        f"{format_bytes(machine)} of memory; in memory, {_practical(cards, names, _fits_in_memory(machine))}; "
+                        f"or fit out of core with --store DIR (check the disk it needs with "
+                        f"'{PROG} plan --data FILE')")
+
+
+def _encode_or_advise(data, cardinalities=None, store: str | None = None):
+    """``encode``; a joint table beyond every limit gets the practical size here and ``--drop``
+    (in memory without a store; within the format's limit and the free disk with one)."""
+    try:
+        return encode(data, cardinalities=cardinalities)
+    except DataError as exc:
+        cards = getattr(exc, "cardinalities", None)
+        if cards is None:
+            raise
+        from .io import MAX_CELLS
+        from .planner import TABLES
+
+        if store is None:
+            fits, where = _fits_in_memory(total_memory() or 2**30), "in memory"
+        else:
+            disk = free_disk(store)
+            fits, where = (lambda ks: math.prod(ks) <= min(MAX_CELLS, disk // (TABLES * 8))), "on this disk"
+        raise DataError(f"{len(cards)} variables are too many: {exc}; {where}, "
+                        f"{_practical(cards, exc.names, fits)}") from None
+
+
+def _practical(cards, names, fits) -> str:
+    """Which size is practical here, and how to get there: leave out the variables with the
+    most categories first until ``fits(cards)`` (a planner check) holds."""
+    order = sorted(range(len(cards)), key=lambda j: (-cards[j], -j))
+    keep, drop = list(range(len(cards))), []
+    for j in order:
+        if len(keep) <= 1 or fits(tuple(cards[i] for i in keep)):
+            break
+        keep.remove(j)
+        drop.append(str(names[j]) if names is not None else f"X{j}")
+    if not drop:
+        return "fewer variables would fit"
+    cells = math.prod(cards[i] for i in keep)
+    shown = ",".join(drop[:6]) + (",..." if len(drop) > 6 else "")
+    return (f"{len(keep)} of these {len(cards)} variables ({cells:,} cells) would fit; leave the others out, "
+            f"e.g. --drop {shown}")
+
+
+def _fits_in_memory(memory: int):
+    from .planner import BASE_OVERHEAD, TABLES
+
+    return lambda cards: BASE_OVERHEAD + (TABLES + 1) * 8 * math.prod(cards) <= memory
+
+
+def _store_status(store: str):
+    """The verified state of the fit in ``store`` (None: no fsll-ooc fit there)."""
+    from .storage.fit_store import FitStore
+
+    fs = FitStore(store)
+    if not fs.exists():
+        return None
+    with _user_input():
+        return fs.read()
+
+
+def _refuse_interrupted_store(store: str, out: str) -> None:
+    stored = _store_status(store)
+    if stored is None or stored.status == "complete":
+        return
+    it = stored.state.get("n_iter") if isinstance(stored.state, dict) else None
+    at = f" (stopped after iteration {it})" if isinstance(it, int) else ""
+    raise DataError(f"store '{store}' holds an interrupted fit{at}; continue it with: {PROG} resume {store} "
+                    f"-o {out} (or pass --force to delete it and fit again)")
 
 
 def _fmt_num(x, spec: str = ".4f") -> str:
@@ -463,6 +650,9 @@ def _cmd_info(args) -> int:
           + ("" if summary["converged"] else " (stopped before convergence)"))
     print(f"  bases       {summary['n_bases']}   iterations {summary['n_iter']}   "
           f"cost {_fmt_num(summary['cost'])}   KL(pd||p) {_fmt_num(summary['kl_data'])}")
+    if summary["cost"] is not None:
+        print("              cost: the MDL cost the fit minimised (KL(pd||p) + the parameters' code length,")
+        print(f"              nats per sample; lower is better); for a log-likelihood use '{PROG} score'")
     if not terms:
         print("  no terms: the model is the uniform distribution")
         return 0
@@ -473,6 +663,68 @@ def _cmd_info(args) -> int:
     for r, t in enumerate(shown, 1):
         share = "n/a" if t["share"] is None else f"{100 * t['share']:.1f}%"
         print(f"  {r:>4}  {share:>6}  {t['theta']:>+9.4f}  {t['order']:>5}  {t['term']}")
+    return 0
+
+
+# ------------------------------------------------------------------------ resume
+
+def _register_resume(sub) -> None:
+    p = sub.add_parser(
+        "resume", help="continue an interrupted out-of-core fit from its store",
+        description="Continue the fit kept in STORE (a 'fit --store' that was interrupted: Ctrl-C, a "
+                    "kill, a full disk) from its last iteration, to the same model an uninterrupted fit "
+                    "gives, and save it. On a finished store it only saves the model.")
+    p.add_argument("store", metavar="STORE", help="the --store directory of the interrupted fit")
+    p.add_argument("--out", "-o", metavar="MODEL",
+                   help="save the model here too (an existing file is replaced only if fsll-ooc wrote it, "
+                        "or with --force); the finished store itself can serve as MODEL")
+    p.add_argument("--restart", action="store_true",
+                   help="rebuild the tables from the data kept in the store and fit again (for a store "
+                        "whose tables were damaged)")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="run the passes on a dask.distributed cluster")
+    p.add_argument("--force", action="store_true", help="replace MODEL even if fsll-ooc did not write it")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_cmd_resume)
+
+
+def _cmd_resume(args) -> int:
+    from .planner import PlanError
+
+    if not os.path.isdir(args.store):
+        raise DataError(f"no store directory '{args.store}'")
+    if _store_status(args.store) is None:
+        raise DataError(f"'{args.store}' is not an fsll-ooc store (no fit state in it)")
+    if args.out is not None:
+        _check_output(args.out, "model", args.force, kind="model")
+    global _RESUME_STORE
+    _RESUME_STORE = (args.store, args.out)
+    client = _connect(args.scheduler) if args.scheduler else None
+    t0 = time.perf_counter()
+    try:
+        with _user_input():
+            model = _model_class().resume(args.store, scheduler=client, progress=_show_progress(args),
+                                          restart=args.restart)
+    except PlanError as exc:
+        raise DataError(str(exc)) from exc
+    finally:
+        if client is not None:
+            client.close()
+    seconds = time.perf_counter() - t0
+    _RESUME_STORE = None
+    if args.out is not None:
+        model.save(args.out)
+    summary = {"store": args.store, "model": args.out, "n_bases": int(model.n_bases_),
+               "n_iter": int(model.n_iter_), "cost": _float(getattr(model, "cost_", None)),
+               "kl_data": _float(getattr(model, "kl_data_", None)), "seconds": seconds}
+    if args.json:
+        _print_json(summary)
+        return 0
+    print(f"finished the fit in store {args.store}")
+    print(f"  bases {summary['n_bases']}   iterations {summary['n_iter']}   cost {_fmt_num(summary['cost'])}   "
+          f"KL(pd||p) {_fmt_num(summary['kl_data'])}   time {seconds:.2f} s")
+    if args.out is not None:
+        print(f"  saved to {args.out}")
     return 0
 
 
@@ -487,7 +739,9 @@ def _register_sample(sub) -> None:
     p.add_argument("-n", "--n-samples", dest="n", type=_positive_int, required=True, metavar="N",
                    help="number of samples")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh entropy)")
-    p.add_argument("--out", "-o", metavar="FILE.csv", help="write here instead of stdout")
+    p.add_argument("--out", "-o", metavar="FILE.csv",
+                   help="write here instead of stdout (an existing file only with --force)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--json", action="store_true",
                    help="write the samples to stdout as a JSON list of records instead of CSV")
     p.set_defaults(func=_cmd_sample)
@@ -500,10 +754,10 @@ def _cmd_sample(args) -> int:
     if args.out is not None and not args.out.lower().endswith(".csv"):
         raise DataError(f"--out must name a .csv file, got '{args.out}'")
     if args.out is not None:
-        _check_writable(args.out, "samples")
+        _check_output(args.out, "samples", args.force, inputs=[args.model])
     names, cats = _labels_of(model)
     with _user_input():  # e.g. more samples, or a larger table, than memory holds
-        codes = model.sample(args.n, random_state=args.seed)
+        codes = model.sample(args.n, random_state=args.seed, as_frame=False)
     df = decode(codes, cats, names)
     if args.json:
         _print_json([{nm: cats[j][int(c)] for j, (nm, c) in enumerate(zip(names, row))} for row in codes])
@@ -525,6 +779,7 @@ def _register_score(sub) -> None:
     p.add_argument("model", metavar="MODEL", help="a model saved by 'fsll-ooc fit'")
     p.add_argument("data", metavar="DATA", help="data file (.csv, .npy or .parquet)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_read_options(p, drop=False)
     p.set_defaults(func=_cmd_score)
 
 
@@ -533,7 +788,7 @@ def _cmd_score(args) -> int:
     names, cats = _labels_of(model)
     has_names = model.feature_names_in_ is not None
     with _user_input():
-        data = read_table(args.data)
+        data = _read_data(args, args.data)
         by_name = has_names and hasattr(data, "columns")
         codes = encode_with(cats, data, names=names if by_name else None)
     logp = np.asarray(model.log_prob(codes), dtype=np.float64)
@@ -576,6 +831,8 @@ def _register_plot(sub) -> None:
     p.add_argument("--top", type=_nonneg_int, default=40, metavar="K",
                    help="draw the K strongest edges/hyperedges; 0 draws all (default: %(default)s)")
     p.add_argument("--dpi", type=_positive_int, default=120, help="resolution (default: %(default)s)")
+    p.add_argument("--force", action="store_true",
+                   help="replace existing PNG files even if fsll-ooc did not write them")
     p.add_argument("--json", action="store_true", help="print the written paths as JSON")
     p.set_defaults(func=_cmd_plot)
 
@@ -587,6 +844,10 @@ def _cmd_plot(args) -> int:
     if os.path.isfile(args.out_dir):
         raise DataError(f"--out-dir '{args.out_dir}' is a file, not a directory")
     prefix = args.prefix or os.path.splitext(os.path.basename(os.path.normpath(args.model)))[0] or "model"
+    for suffix in ("cost", "interactions"):
+        target = os.path.join(args.out_dir, f"{prefix}-{suffix}.png")
+        if os.path.isdir(args.out_dir):
+            _check_output(target, "picture", args.force, kind="png", inputs=[args.model])
     paths = save_plots(model, args.out_dir, prefix, dpi=args.dpi, weight=args.weight,
                        top=None if args.top == 0 else args.top)
     if args.json:
@@ -625,23 +886,33 @@ def _register_plan(sub) -> None:
     p.add_argument("--out-of-core", action="store_true",
                    help="plan an out-of-core fit even if the tables fit in memory")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    _add_read_options(p)
     p.set_defaults(func=_cmd_plan)
 
 
 def _cmd_plan(args) -> int:
-    from ._machine import free_disk, total_memory
     from .planner import parse_bytes, parse_cards, plan
 
+    names = None
     with _user_input():
         if args.cards is not None:
             cards = parse_cards(args.cards)
         else:
-            cards = tuple(encode(read_table(args.data)).cardinalities)
+            data = _read_data(args, args.data)
+            names = [str(c) for c in data.columns] if hasattr(data, "columns") else None
+            cards = tuple(_encode_or_advise(data).cardinalities)
         memory = parse_bytes(args.memory) if args.memory is not None else total_memory()
         disk = parse_bytes(args.disk) if args.disk is not None else (
             free_disk(args.store) if args.store is not None else None)
         p = plan(cards, dtype=args.dtype, memory_limit=memory, disk_free=disk, workers=args.workers,
                  out_of_core=True if args.out_of_core else None)
+    advice = None
+    if not p.feasible:
+        def fits(ks):
+            return plan(ks, dtype=args.dtype, memory_limit=memory, disk_free=disk, workers=args.workers,
+                        out_of_core=True if args.out_of_core else None).feasible
+
+        advice = f"! within this budget, {_practical(cards, names, fits)} (fit and plan --data take --drop)"
     if args.json:
         L = p.layout
         _print_json({
@@ -652,9 +923,11 @@ def _cmd_plan(args) -> int:
             "memory_limit": p.memory_limit, "disk_free": p.disk_free, "task_bytes": p.task_bytes,
             "peak_memory": p.peak_memory, "disk_bytes": p.disk_bytes,
             "bytes_per_iteration": p.bytes_per_iteration,
-            "bytes_per_iteration_worst": p.bytes_per_iteration_worst, "report": p.report()})
+            "bytes_per_iteration_worst": p.bytes_per_iteration_worst, "report": p.report(), "advice": advice})
     else:
         print(p.report())
+        if advice:
+            print(f"  {advice}")
     return 0 if p.feasible else EXIT_INFEASIBLE
 
 
@@ -666,8 +939,8 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
 # -------------------------------------------------------------------------- main
 
 #: One function per command; each adds its sub-parser.  Append new ones here.
-_REGISTRARS = [_register_demo, _register_fit, _register_info, _register_sample, _register_score,
-               _register_plot, _register_plan]
+_REGISTRARS = [_register_demo, _register_fit, _register_resume, _register_info, _register_sample,
+               _register_score, _register_plot, _register_plan]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -695,8 +968,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SystemExit as exc:  # --help, --version
         return exc.code if isinstance(exc.code, int) else 0
+    global _RESUME_STORE
+    _RESUME_STORE = None
     try:
-        return int(args.func(args) or 0)
+        with _one_line_warnings(), _terminate_as_interrupt():
+            return int(args.func(args) or 0)
     except (DataError, UsageError) as exc:
         _err(str(exc))
         return 2
@@ -706,9 +982,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
         _err(_os_message(exc))
         return 2
-    except KeyboardInterrupt:
-        _err("interrupted")
-        return 130
+    except KeyboardInterrupt as exc:
+        sig = getattr(exc, "signum", signal.SIGINT)
+        name = "terminated" if sig == signal.SIGTERM else "interrupted"
+        if _RESUME_STORE is not None:
+            store, out = _RESUME_STORE
+            _err(f"{name}; the fit is kept in store '{store}': continue it with: {PROG} resume {store}"
+                 + (f" -o {out}" if out else ""))
+        else:
+            _err(name)
+        _silence_stderr()  # library threads winding down after an interrupt would print tracebacks
+        return 128 + int(sig)
     except BrokenPipeError:  # e.g. 'fsll-ooc sample ... | head'
         with contextlib.suppress(Exception):
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -723,6 +1007,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         _err(f"unexpected failure: {type(exc).__name__}: {exc}"
              + ("" if getattr(args, "debug", False) else f" (run '{PROG} --debug ...' for the traceback)"))
         return 1
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that the same clean stop runs."""
+
+    signum = signal.SIGTERM
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM stops a command as Ctrl-C does (only possible in the main thread)."""
+    def handler(signum, frame):
+        raise _Terminated()
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def _one_line_warnings():
+    """A warning is one line ``fsll-ooc: warning: ...`` on stderr (no source line), each once."""
+    seen = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = " ".join(str(message).split())
+        if text not in seen:
+            seen.add(text)
+            print(f"{PROG}: warning: {text}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", UserWarning)
+        warnings.showwarning = show
+        yield
+
+
+def _silence_stderr() -> None:
+    if sys.stderr is not sys.__stderr__:  # called in process (tests, notebooks): leave their stderr alone
+        return
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        sys.stderr = open(os.devnull, "w")
 
 
 def _os_message(exc: OSError) -> str:

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import sys
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -39,6 +40,10 @@ __all__ = ["FSLL", "MODEL_FORMAT", "MODEL_VERSION", "validate_data"]
 
 def _flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
     return np.ravel_multi_index(tuple(codes.T), tuple(cards)).astype(np.int64)
+
+
+#: Fewer samples than this get a warning from :meth:`FSLL.fit`.
+FEW_SAMPLES = 10
 
 
 class FSLL:
@@ -171,13 +176,6 @@ class FSLL:
     def _show_progress(self) -> bool:
         return bool(self.progress if self.progress is not None else sys.stderr.isatty())
 
-    def _bar(self, desc: str):
-        if not self._show_progress():
-            return None
-        from tqdm.auto import tqdm
-
-        return tqdm(desc=desc, unit="it", file=sys.stderr, dynamic_ncols=True)
-
     def fit(self, X, y=None, *, feature_names=None, categories=None) -> "FSLL":
         """Learn the model from ``X`` (N x n integer codes, or a DataFrame); returns ``self``.
 
@@ -206,6 +204,10 @@ class FSLL:
         else:
             plan = self._make_plan(cards, backend, memory=total_memory())
         N = codes.shape[0]
+        if N < FEW_SAMPLES:
+            warnings.warn(f"fitting on only {N} sample{'s' if N != 1 else ''}: the model can say little more "
+                          "than which rows were seen; fit on more data for a distribution to rely on",
+                          UserWarning, stacklevel=2)
         flat = _flat_index(codes, cards)
         uniq, counts = np.unique(flat, return_counts=True)
         size = math.prod(cards)
@@ -276,7 +278,12 @@ class FSLL:
         return dataclasses.replace(base, **own)
 
     def _learn(self, engine, state, fresh: bool, checkpoint) -> None:
-        bar = self._bar("fsll fit")
+        bar = None
+        if self._show_progress():  # in words, counting on from a resumed fit's iterations
+            from .learn.greedy import resolve_epsilon
+            from .progress import FitProgress
+
+            bar = FitProgress(resolve_epsilon(self.epsilon, state.n_samples), start=state.n_iter)
         engine.progress = bar is not None
         try:
             learn(engine, state, self._options(), fresh=fresh, progress=bar, callback=checkpoint)
@@ -351,16 +358,18 @@ class FSLL:
 
     def _codes(self, X) -> np.ndarray:
         self._check_fitted()
+        names = getattr(self, "feature_names_in_", None)
         if hasattr(X, "columns") and getattr(self, "categories_", None) is not None:
             from .io import encode_with
 
-            X = encode_with(self.categories_, X)
+            # by name (any order; a missing or unknown column is an error), never by position
+            X = encode_with(self.categories_, X, names=names, strict=names is not None)
         arr = np.asarray(X)
         if arr.ndim == 1 and arr.shape[0] == len(self.cardinalities_):
             arr = arr[None, :]
         if arr.ndim == 2 and arr.shape[1] != len(self.cardinalities_):
             raise ValueError(f"X has {arr.shape[1]} columns but the model has {len(self.cardinalities_)} variables")
-        return validate_data(arr, self.cardinalities_)[0]
+        return validate_data(arr, self.cardinalities_, names)[0]
 
     def _log_potential(self, codes: np.ndarray) -> np.ndarray:
         """``l_theta(x) = sum_y theta_y Phi_y(x)`` per row, by gathers from the local basis matrices."""
@@ -447,8 +456,28 @@ class FSLL:
         total = eng.density(sup, val, self.log_z_)
         return storage.as_array(eng.ctx.spec(Table.SCRATCH)) / total
 
-    def sample(self, n_samples: int = 1, random_state=None) -> np.ndarray:
-        """Draw ``n_samples`` rows (int64 codes) from ``p_theta``."""
+    def sample(self, n_samples: int = 1, random_state=None, as_frame: bool | None = None):
+        """Draw ``n_samples`` rows from ``p_theta``.
+
+        A model with labels (fitted on a ``DataFrame`` or with ``categories``, or loaded
+        from a file saved with them) returns a ``DataFrame`` of labels, one categorical
+        column per variable; a model of codes returns an ``(n, n_vars)`` int64 array of
+        codes.  ``as_frame=False`` always returns the codes (``as_frame=True`` always a
+        ``DataFrame``, of codes when the model has no labels).  The same ``random_state``
+        draws the same rows either way.
+        """
+        codes = self._sample_codes(n_samples, random_state)
+        if as_frame is None:
+            as_frame = getattr(self, "categories_", None) is not None
+        if not as_frame:
+            return codes
+        from .io import decode
+        from .queries import labels
+
+        names, cats = labels(self)
+        return decode(codes, cats, names)
+
+    def _sample_codes(self, n_samples, random_state) -> np.ndarray:
         self._check_fitted()
         check_n_samples(n_samples, len(self.cardinalities_), total_memory())
         rng = np.random.default_rng(random_state)

@@ -64,8 +64,11 @@ __all__ = [
     "check_cardinalities",
 ]
 
-#: File types understood by :func:`read_table`.
-SUPPORTED_EXTENSIONS = (".csv", ".npy", ".parquet")
+#: File types understood by :func:`read_table` (``.tsv``: tab-separated text; ``.txt``: text,
+#: delimiter sniffed like ``.csv``).
+SUPPORTED_EXTENSIONS = (".csv", ".tsv", ".txt", ".npy", ".parquet")
+#: Delimiters :func:`read_table` recognises in a text file when none is given.
+SNIFFED_DELIMITERS = ",;\t|"
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,6 +187,11 @@ def _fmt_names(names: Sequence[str], limit: int = 8) -> str:
     if len(names) > limit:
         shown += f", ... ({len(names)} in all)"
     return shown
+
+
+def _quoted(names: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(str(nm)) for nm in names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
 def _check_k(name: str, k: int, how: str) -> None:
@@ -463,14 +471,17 @@ def encode(data: Any, cardinalities: Sequence[int] | None = None) -> Encoded:
     return Encoded(codes=codes, names=names, categories=[p.categories for p in plans], cardinalities=ks)
 
 
-def encode_with(categories: Sequence[Sequence], data: Any, names: Sequence[str] | None = None) -> np.ndarray:
+def encode_with(categories: Sequence[Sequence], data: Any, names: Sequence[str] | None = None,
+                strict: bool = False) -> np.ndarray:
     """Encode new data with an existing mapping (e.g. a fitted model's ``categories_``).
 
     ``categories[i][c]`` is the label of code ``c`` of variable ``i``.  When ``data`` is
-    a ``DataFrame`` and ``names`` is given, its columns are picked by name (extra
-    columns are ignored); otherwise columns are taken in order.  Returns the ``(N, n)``
-    int64 codes.  A label that is not among the known categories raises
-    :class:`DataError` naming the column, the value and the row.
+    a ``DataFrame`` and ``names`` is given, its columns are picked by name, in any
+    order (a missing one is an error naming it; extra columns are ignored, or with
+    ``strict=True`` an error naming them, so that a renamed column is never taken for
+    another); otherwise columns are taken in order.  Returns the ``(N, n)`` int64
+    codes.  A label that is not among the known categories raises :class:`DataError`
+    naming the column, the value and the row.
     """
     categories = [list(c) for c in categories]
     n = len(categories)
@@ -483,9 +494,16 @@ def encode_with(categories: Sequence[Sequence], data: Any, names: Sequence[str] 
         if names is not None:
             cols = _column_names(df)
             missing = [nm for nm in names if nm not in cols]
-            if missing:
-                raise DataError(f"the data lacks column(s) {_fmt_names(missing)} of the model "
-                                f"(data columns: {_fmt_names(cols)})")
+            unknown = [c for c in cols if c not in names] if strict else []
+            if missing or unknown:
+                what = []
+                if missing:
+                    what.append(f"lacks the model's column(s) {_quoted(missing)}")
+                if unknown:
+                    what.append(f"has column(s) {_quoted(unknown)} the model does not know")
+                raise DataError(f"the data {' and '.join(what)} (model: {_quoted(names)}; data: {_quoted(cols)}); "
+                                "columns are matched by name: rename them, or select the model's columns, "
+                                "e.g. data[model.feature_names_in_]")
             df = df.iloc[:, [cols.index(nm) for nm in names]]
         elif df.shape[1] != n:
             raise DataError(f"the model has {n} variables but the data has {df.shape[1]} columns")
@@ -596,13 +614,28 @@ def _mixed(cats) -> bool:
 
 # ------------------------------------------------------------------------- reading
 
-def read_table(path: str | os.PathLike):
-    """Read a data file: ``.csv`` (header row required), ``.npy`` or ``.parquet``.
+def read_table(path: str | os.PathLike, *, sep: str | None = None, header: bool = True,
+               na_values: Sequence[str] | None = None, keep_na: bool = False):
+    """Read a data file: text (``.csv``, ``.tsv``, ``.txt``), ``.npy`` or ``.parquet``.
 
-    Returns a pandas ``DataFrame`` (CSV, Parquet) or a numpy array (``.npy``, memory
+    Text files: one row per sample, one column per variable.
+
+    * ``sep``: the delimiter; by default ``\\t`` for ``.tsv`` and otherwise sniffed
+      from the first lines among ``, ; TAB |`` (a file that still parses as one column
+      gets a warning naming ``--sep``);
+    * ``header``: the first line names the columns (default); ``header=False`` names
+      them ``X0, X1, ...`` and the first line is data;
+    * missing cells are errors (naming line and column).  An empty field is missing;
+      so are pandas' usual markers (``NA``, ``N/A``, ``None``, ``null``, ``NaN``, ...)
+      unless ``keep_na=True``, which keeps them as labels (some data have a real state
+      called ``None``); ``na_values`` adds markers (e.g. ``["?"]``);
+    * whitespace around names and labels is removed (``" b"`` is ``"b"``), with a
+      warning saying so.
+
+    Returns a pandas ``DataFrame`` (text, Parquet) or a numpy array (``.npy``, memory
     mapped).  Raises ``FileNotFoundError`` for a missing file and :class:`DataError`
-    for an unsupported extension, a CSV without header, ragged CSV rows (naming the
-    line) or missing CSV fields (naming line and column).
+    for an unsupported extension, a header that looks like data, ragged rows (naming
+    the line) or missing fields (naming line and column).
     """
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
@@ -629,7 +662,35 @@ def read_table(path: str | os.PathLike):
             return pq.read_table(path).to_pandas()
         except Exception as exc:  # pyarrow raises ArrowInvalid etc. on corrupt files
             raise DataError(f"cannot read '{path}' as Parquet: {exc}") from None
-    return _read_csv(path)
+    if sep is not None and (len(sep) != 1 or sep in "\r\n\"'"):
+        raise DataError(f"the delimiter must be one character other than a quote or a line break, got {sep!r}")
+    if sep is None:
+        sep = "\t" if ext == ".tsv" else _sniff_delimiter(path)
+    return _read_csv(path, sep=sep, header=header, na_values=na_values, keep_na=keep_na)
+
+
+def _sniff_delimiter(path: str) -> str:
+    """The delimiter of a text file from its first 64 KiB: the one of ``SNIFFED_DELIMITERS``
+    that gives every line the same number (> 1) of fields; ``,`` when none does."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            sample = f.read(65536)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"'{path}' is not UTF-8 text: {exc}") from None
+    lines = sample.splitlines()
+    if len(sample) == 65536 and len(lines) > 1:
+        lines = lines[:-1]  # the last line may be cut
+    lines = [ln for ln in lines if ln.strip()][:200]
+    if not lines:
+        return ","
+    best, best_fields = ",", 1
+    for d in SNIFFED_DELIMITERS:
+        widths = {len(row) for row in csv.reader(lines, delimiter=d)}
+        if len(widths) == 1:
+            w = widths.pop()
+            if w > best_fields:
+                best, best_fields = d, w
+    return best
 
 
 _NUMERIC_HEADER_HINT = ("CSV files need a header row naming the columns, e.g. 'a,b,c'")
@@ -643,58 +704,105 @@ def _looks_numeric(field: str) -> bool:
     return True
 
 
-def _read_csv(path: str):
+def _read_csv(path: str, sep: str = ",", header: bool = True, na_values=None, keep_na: bool = False):
     pd = _require_pandas("reading .csv files")
     name = os.path.basename(path)
     # 1. structure, with the csv module (fast, exact line numbers)
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
-            header = next(reader, None)
-            while header == []:           # leading blank lines
-                header = next(reader, None)
-            if header is None:
-                raise DataError(f"'{path}' is empty; {_NUMERIC_HEADER_HINT}")
+            reader = csv.reader(f, delimiter=sep)
+            first = next(reader, None)
+            while first == []:            # leading blank lines
+                first = next(reader, None)
+            if first is None:
+                raise DataError(f"'{path}' is empty" + (f"; {_NUMERIC_HEADER_HINT}" if header else ""))
             header_line = reader.line_num
-            _check_header(path, header)
-            width = len(header)
+            if header:
+                _check_header(path, first, sep)
+            width = len(first)
             counts = Counter(map(len, reader))
             last_line = reader.line_num
     except csv.Error as exc:
         raise DataError(f"cannot parse '{path}' as CSV: {exc}") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"'{path}' is not UTF-8 text: {exc}") from None
+    if not header:
+        counts[width] += 1
     blank = counts.pop(0, 0)              # blank lines are skipped
     if set(counts) - {width}:
-        line, got = _find_ragged(path, width)
-        raise DataError(f"{name}, line {line}: {got} fields but the header has {width} "
-                        f"({', '.join(header)}); every row needs one value per column")
+        line, got = _find_ragged(path, width, sep, header)
+        what = f"the header has {width} ({', '.join(first)})" if header else f"the first line has {width}"
+        raise DataError(f"{name}, line {line}: {got} fields but {what}; every row needs one value per column")
     if not counts:
         raise DataError(f"'{path}' has a header but no data rows")
+    if width == 1:
+        warnings.warn(f"{name} reads as one column ({first[0][:40]!r}); if it has several, give the "
+                      f"delimiter (--sep in the command line, sep= in Python)", UserWarning, stacklevel=3)
     # 2. values, with pandas' C parser
-    df = pd.read_csv(path, encoding="utf-8-sig", index_col=False, low_memory=False,
-                     skip_blank_lines=True)
+    extra = [str(v) for v in (na_values or [])]
+    df = pd.read_csv(path, sep=sep, encoding="utf-8-sig", index_col=False, low_memory=False,
+                     skip_blank_lines=True, header=0 if header else None,
+                     keep_default_na=not keep_na, na_values=[""] + extra)
+    if not header:
+        df.columns = [f"X{j}" for j in range(df.shape[1])]
+    df = _strip_whitespace(df, name)
     na = df.isna()
     if bool(na.to_numpy().any()):
         rows = np.flatnonzero(na.to_numpy().any(axis=1))
         r = int(rows[0])
-        col = str(df.columns[int(np.argmax(na.iloc[r].to_numpy()))])
-        line, raw = _find_row(path, r, list(df.columns).index(col) if col in df.columns else 0)
+        j = int(np.argmax(na.iloc[r].to_numpy()))
+        col = str(df.columns[j])
+        line, raw = _find_row(path, r + (0 if header else -1), j, sep)
+        marker = raw.strip() != "" and raw not in extra
+        hint = " (--keep-na, or keep_na=True, reads NA/None/null/... as labels)" if marker and not keep_na else ""
         raise DataError(f"{name}, line {line}, column '{col}': missing value ({raw!r}); "
-                        "every cell must hold a category")
+                        f"every cell must hold a category{hint}")
     # data row r is on line header_line + 1 + r unless blank lines or quoted line
     # breaks shift it; error messages then give the row only
-    if blank == 0 and last_line == header_line + sum(counts.values()):
+    if blank == 0 and last_line == header_line + sum(counts.values()) - (0 if header else 1):
         df.attrs["fsll_source"] = name
-        df.attrs["fsll_first_line"] = header_line + 1
+        df.attrs["fsll_first_line"] = header_line + (1 if header else 0)
     return df
 
 
-def _check_header(path: str, header: list) -> None:
+def _strip_whitespace(df, name: str):
+    """Names and text labels without surrounding whitespace (a column of numbers written
+    with spaces becomes numbers); warns once when anything changed."""
+    pd = _pandas()
+    changed = []
+    names = [str(c).strip() if isinstance(c, str) else c for c in df.columns]
+    if names != list(df.columns):
+        changed.append("column names")
+        if len(set(names)) != len(names):
+            dup = next(nm for nm in names if names.count(nm) > 1)
+            raise DataError(f"{name}: column name '{dup}' appears more than once once whitespace is removed")
+        df.columns = names
+    for c in df.columns:
+        s = df[c]
+        if not (pd.api.types.is_object_dtype(s.dtype) or pd.api.types.is_string_dtype(s.dtype)):
+            continue
+        stripped = s.str.strip()
+        if stripped.equals(s):
+            continue
+        changed.append(f"labels of '{c}'")
+        num = pd.to_numeric(stripped, errors="coerce")
+        if not num.isna().any():
+            stripped = num
+        elif set(stripped.dropna().unique()) <= {"True", "False"}:
+            stripped = stripped == "True"
+        df[c] = stripped
+    if changed:
+        warnings.warn(f"{name}: removed whitespace around {', '.join(changed[:4])}"
+                      + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+                      + " ('a, b' reads as 'a' and 'b')", UserWarning, stacklevel=4)
+    return df
+
+
+def _check_header(path: str, header: list, sep: str = ",") -> None:
     name = os.path.basename(path)
     if all(_looks_numeric(h.strip()) for h in header):
-        raise DataError(f"{name}: the first line ({','.join(header)}) looks like data, not a header; "
-                        f"{_NUMERIC_HEADER_HINT}")
+        raise DataError(f"{name}: the first line ({sep.join(header)}) looks like data, not a header; "
+                        f"{_NUMERIC_HEADER_HINT} (or read it without one: --no-header, header=False)")
     seen = set()
     for i, h in enumerate(header):
         if not h.strip():
@@ -704,10 +812,10 @@ def _check_header(path: str, header: list) -> None:
         seen.add(h)
 
 
-def _find_ragged(path: str, width: int) -> tuple:
+def _find_ragged(path: str, width: int, sep: str = ",", header: bool = True) -> tuple:
     with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
-        header_seen = False
+        reader = csv.reader(f, delimiter=sep)
+        header_seen = not header
         for row in reader:
             if not row:
                 continue
@@ -719,10 +827,10 @@ def _find_ragged(path: str, width: int) -> tuple:
     raise AssertionError("no ragged row found")  # pragma: no cover
 
 
-def _find_row(path: str, r: int, j: int) -> tuple:
-    """Line number and raw field j of data row r (blank lines skipped)."""
+def _find_row(path: str, r: int, j: int, sep: str = ",") -> tuple:
+    """Line number and raw field j of data row r (blank lines skipped; row -1 is the first line)."""
     with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
+        reader = csv.reader(f, delimiter=sep)
         k = -1
         for row in reader:
             if not row:

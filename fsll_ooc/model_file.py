@@ -11,6 +11,7 @@ written by an older version lacks it: give it a default), carry it in
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +61,7 @@ def save(path, model: ModelFile) -> None:
         "feature_names": model.feature_names,
         "categories": jsonable_categories(model.categories),
     }
-    storage.write_json_atomic(path, obj)
+    storage.write_bytes_atomic(path, _text(obj).encode())
 
 
 def load(path) -> ModelFile:
@@ -125,3 +126,16 @@ def checked_history(history: Any) -> list:
 
     _contributions(history)
     return history
+
+
+def _text(obj: dict) -> str:
+    """The file's JSON: one line per field, and one per term, history entry or variable's
+    categories (a term's index on one line, not one line per digit)."""
+    lines = []
+    for k, v in obj.items():
+        if isinstance(v, list) and v and k in ("theta", "history", "categories"):
+            inner = ",\n  ".join(json.dumps(e, separators=(",", ":"), allow_nan=True) for e in v)
+            lines.append(f" {json.dumps(k)}: [\n  {inner}\n ]")
+        else:
+            lines.append(f" {json.dumps(k)}: {json.dumps(v, allow_nan=True)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"

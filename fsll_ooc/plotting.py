@@ -52,6 +52,9 @@ _OTHER_STYLES = [("D", "#9467bd"), ("^", "#8c564b"), ("v", "#e377c2"), ("P", "#1
 #: Colours of the term orders 2, 3, ... when at most this many orders are drawn (a legend);
 #: more orders take colours from a colour map with a colour bar.
 _ORDER_COLOURS = ["#1f77b4", "#2ca02c", "#9467bd", "#d62728", "#ff7f0e", "#8c564b"]
+#: Written into the PNGs of :func:`save_plots`: ``fsll-ooc plot`` replaces files that carry it
+#: without ``--force`` (they are its own).
+_PNG_METADATA = {"Software": "fsll-ooc"}
 #: Up to this many variables the graph draws the hull of a higher-order term and two-line labels.
 _SMALL_GRAPH = 10
 
@@ -423,10 +426,10 @@ def save_plots(model, out_dir=".", prefix: str = "model", dpi: int = 120, **grap
     if any(h.get("cost") is not None for h in (getattr(model, "history_", None) or [])):
         ax = plot_cost(model)
         path = os.path.join(out_dir, f"{prefix}-cost.png")
-        ax.figure.savefig(path, dpi=dpi)
+        ax.figure.savefig(path, dpi=dpi, metadata=_PNG_METADATA)
         paths.append(path)
     ax = plot_interactions(model, **graph_options)
     path = os.path.join(out_dir, f"{prefix}-interactions.png")
-    ax.figure.savefig(path, dpi=dpi)
+    ax.figure.savefig(path, dpi=dpi, metadata=_PNG_METADATA)
     paths.append(path)
     return paths

@@ -241,7 +241,7 @@ def test_error_out_of_range_cardinality(capsys, data_csv, tmp_path):
 
 def test_error_unsupported_extension_and_usage(capsys, tmp_path):
     assert_usage_error(*run(capsys, "fit", tmp_path / "d.xlsx", "-o", tmp_path / "m"),
-                       "unsupported file type '.xlsx'", ".csv, .npy, .parquet")
+                       "unsupported file type '.xlsx'", ".csv, .tsv, .txt, .npy, .parquet")
     assert_usage_error(*run(capsys, "fit", tmp_path / "d.csv"), "--out")
     assert_usage_error(*run(capsys), "required")
     assert_usage_error(*run(capsys, "frobnicate"), "invalid choice")
@@ -254,7 +254,7 @@ def test_error_score_unknown_category(capsys, model_path, tmp_path):
     assert_usage_error(*run(capsys, "score", model_path, f),
                        "column 'colour'", "unknown category 'purple'", "line 3")
     f.write_text("colour,size\nred,1\n")
-    assert_usage_error(*run(capsys, "score", model_path, f), "lacks column(s) ok")
+    assert_usage_error(*run(capsys, "score", model_path, f), "lacks the model's column(s) 'ok'")
 
 
 def test_error_sample_args(capsys, model_path, tmp_path):

@@ -292,7 +292,7 @@ def test_encode_with_shape_and_missing():
     cats = [["a", "b"], ["u"]]
     _raises(["2 variables", "3 columns"], encode_with, cats, np.zeros((2, 3), dtype=int))
     _raises(["2 variables", "1 columns"], encode_with, cats, pd.DataFrame({"s": ["a"]}))
-    _raises(["lacks column(s) t", "data columns: s, v"], encode_with, cats,
+    _raises(["lacks the model's column(s) 't'", "data: 's', 'v'"], encode_with, cats,
             pd.DataFrame({"s": ["a"], "v": ["u"]}), names=["s", "t"])
     _raises(["column 's'", "missing value", "row 1"], encode_with, cats,
             pd.DataFrame({"s": ["a", None], "t": ["u", "u"]}), names=["s", "t"])
@@ -367,7 +367,7 @@ def test_read_csv_blank_lines_and_row_lines(tmp_path):
 
 
 def test_read_table_file_types(tmp_path):
-    _raises(["unsupported file type '.txt'", ".csv, .npy, .parquet"], read_table, tmp_path / "d.txt")
+    _raises(["unsupported file type '.xlsx'", ".csv, .tsv, .txt, .npy, .parquet"], read_table, tmp_path / "d.xlsx")
     _raises(["unsupported file type '(none)'"], read_table, tmp_path / "noext")
     with pytest.raises(FileNotFoundError, match="no such file"):
         read_table(tmp_path / "missing.csv")

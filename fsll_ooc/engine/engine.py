@@ -93,7 +93,9 @@ class Engine:
         if self.progress and nb >= 8 and not self.executor.distributed:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=nb, desc=f"{getattr(fn, '__name__', 'pass')} ({kind}-bands)", unit="band",
+            from ..progress import pass_words
+
+            bar = tqdm(total=nb, desc=pass_words(fn), unit=" bands",
                        leave=False, file=sys.stderr, dynamic_ncols=True)
             fn = _Ticking(fn, bar)
         try:

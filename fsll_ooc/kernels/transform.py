@@ -50,7 +50,7 @@ import numpy as np
 from numba import njit
 
 from . import threadpool
-from .transform_plan import C_PAT, C_SPAN, PMT, R2, R4, R8, axis_index, plan_for
+from .transform_plan import C_PAT, C_SPAN, PMF, PMT, R2, R4, R8, axis_index, plan_for
 
 __all__ = ["transform_inplace", "warmup"]
 
@@ -1000,12 +1000,17 @@ def _grow(span, total, limit):
 
 
 @njit(cache=True, nogil=True)
-def _run_pass(x, passes, progs, ps, t0, t1):
+def _run_pass(x, passes, progs, ps, t0, t1, s):
     """Tiles ``t0 .. t1-1`` of pass ``ps``.  Gathered: tile ``t`` covers rows ``r < R``
     of ``ww <= w`` contiguous elements at ``o R C + r C + c0`` (``o, c0`` from ``t``),
     copied to a buffer, transformed there and scattered back.  In place: tile ``t`` is
     ``m`` consecutive blocks of ``R C`` contiguous elements.  The pass's program rows
-    (strides in rows) are scaled to elements for the tile width."""
+    (strides in rows) are scaled to elements for the tile width.
+
+    ``s``: the scratch of the ``+-1`` kernels (``_PM_CHUNK`` elements), or None when the
+    program has no ``+-1`` axis.  numba prunes the branch on ``s is None`` while
+    compiling, so a table of power-of-two axes only never compiles the ``+-1`` kernels
+    (about a third of this driver's first-use compile time)."""
     one = np.uint64(1)
     zero = np.uint64(0)
     eight = np.uint64(8)
@@ -1018,7 +1023,6 @@ def _run_pass(x, passes, progs, ps, t0, t1):
     w = passes[ps, 2]
     gather = passes[ps, 3] != zero
     prog = progs[passes[ps, 4]:passes[ps, 5]]
-    s = np.empty(_PM_CHUNK, x.dtype)
     # gathered rows are padded so that the buffer's rows do not all fall on the same
     # cache sets / 4 KiB offsets as the table's rows (the pad is transformed, never stored)
     pad = passes[ps, 7] if gather else zero
@@ -1108,6 +1112,8 @@ def _run_pass(x, passes, progs, ps, t0, t1):
                                     _r2s(y, b1, s1, p, i)
                                 else:
                                     _r2(y, b1, s1, p, i)
+                            elif s is None:
+                                pass  # no +-1 axis in this program (see the docstring)
                             elif h == one:
                                 _pm_c(y, b1, s1, p[i, 2], kind == PMT)
                             elif h < four:
@@ -1134,11 +1140,17 @@ def _run_pass(x, passes, progs, ps, t0, t1):
                     x[src + j] = buf[dst + j]
 
 
+def _pm_scratch(progs, dtype):
+    """The ``+-1`` kernels' scratch when the program has a ``+-1`` axis, else None."""
+    if progs.shape[0] and np.any(progs[:, 0] >= np.uint64(PMF)):
+        return np.empty(_PM_CHUNK, dtype)
+    return None
+
+
 def _transform_serial(x, passes, progs):
+    s = _pm_scratch(progs, x.dtype)
     for ps in range(passes.shape[0]):
-        _run_pass(x, passes, progs, ps, np.uint64(0), passes[ps, 6])
-
-
+        _run_pass(x, passes, progs, ps, np.uint64(0), passes[ps, 6], s)
 
 
 # ---------------------------------------------------------------------------------
@@ -1157,11 +1169,12 @@ def _transform_threads(x, passes, progs, n):
         counter = itertools.count()
 
         def work():
+            s = _pm_scratch(progs, x.dtype)  # one per thread
             while True:
                 c = next(counter)  # atomic under the GIL
                 if c >= k:
                     return
-                _run_pass(x, passes, progs, ps, bounds[c], bounds[c + 1])
+                _run_pass(x, passes, progs, ps, bounds[c], bounds[c + 1], s)
 
         futs = [ex.submit(work) for _ in range(min(n, k) - 1)]
         try:
@@ -1226,11 +1239,18 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
             _transform_serial(x, pl.passes, pl.progs)
 
 
-def warmup(dtypes=(np.float64, np.float32)) -> None:
+def warmup(dtypes=(np.float64, np.float32), cards=None) -> None:
     """Compile (or load from numba's on-disk cache) the kernels for ``dtypes`` on tiny
-    tables, so that compilation stays out of timed regions.  Compiling takes seconds of
-    CPU per dtype the first time (numba's cache is keyed on this file); loading the
-    cached kernels is much faster (docs/benchmarks.md, "JIT compile")."""
+    tables, so that compilation stays out of timed regions (numba's cache is keyed on
+    this file; loading the cached kernels is much faster: docs/benchmarks.md, "JIT compile").
+
+    ``cards``: the cardinalities of the tables to come; only the driver they need is
+    compiled (with the ``+-1`` kernels when a cardinality is not a power of two).  None:
+    both drivers."""
+    from ..basis import is_walsh
+
+    needs_pm = (True, False) if cards is None else (not all(is_walsh(int(k)) for k in cards),)
     for dt in dtypes:
-        t = np.ones((2, 3, 4), dtype=dt)
-        transform_inplace(t, parallel=False)
+        for pm in needs_pm:
+            t = np.ones((2, 3, 4) if pm else (2, 4), dtype=dt)
+            transform_inplace(t, parallel=False)
