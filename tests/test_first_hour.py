@@ -243,8 +243,10 @@ def _interrupted_store(df, store, monkeypatch, after=4):
     class Stop(Exception):
         pass
 
+    from fsll_ooc.storage.fit_store import FitStore
+
     calls = [0]
-    orig = FSLL._persist
+    orig = FitStore.write_state
 
     def persist(self, *a, **k):
         orig(self, *a, **k)
@@ -252,7 +254,7 @@ def _interrupted_store(df, store, monkeypatch, after=4):
         if calls[0] == after:
             raise Stop()
 
-    monkeypatch.setattr(FSLL, "_persist", persist)
+    monkeypatch.setattr(FitStore, "write_state", persist)
     with pytest.raises(Stop):
         FSLL(progress=False, store=str(store), layout=(1, 2), scheduler="serial", epsilon=1e-4).fit(df)
     monkeypatch.undo()
