@@ -925,7 +925,7 @@ def _cmd_plan(args) -> int:
             "bytes_per_iteration": p.bytes_per_iteration,
             "bytes_per_iteration_worst": p.bytes_per_iteration_worst, "report": p.report(), "advice": advice})
     else:
-        print(p.report())
+        print(_cli_words(p.report(), "plan"))
         if advice:
             print(f"  {advice}")
     return 0 if p.feasible else EXIT_INFEASIBLE
@@ -974,10 +974,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _one_line_warnings(), _terminate_as_interrupt():
             return int(args.func(args) or 0)
     except (DataError, UsageError) as exc:
-        _err(str(exc))
+        _err(_cli_words(str(exc), args.command))
         return 2
     except _refusals() as exc:  # damaged or locked store, full disk, infeasible budget: said plainly
-        _err(str(exc))
+        _err(_cli_words(str(exc), args.command))
         return 2
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
         _err(_os_message(exc))
@@ -1007,6 +1007,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         _err(f"unexpected failure: {type(exc).__name__}: {exc}"
              + ("" if getattr(args, "debug", False) else f" (run '{PROG} --debug ...' for the traceback)"))
         return 1
+
+
+def _cli_words(message: str, command: str | None) -> str:
+    """The library's advice in the command line's words: flags, not Python arguments."""
+    memory = "--memory" if command == "plan" else "--memory-limit"
+    m = message
+    m = re.sub(r"FSLL\.resume\((['\"])(.+?)\1, restart=True\)", rf"{PROG} resume \2 --restart", m)
+    m = re.sub(r"FSLL\.resume\((['\"])(.+?)\1\)", rf"{PROG} resume \2", m)
+    m = m.replace("FSLL.resume(store, restart=True)", f"{PROG} resume STORE --restart")
+    m = m.replace("FSLL.resume(store)", f"{PROG} resume STORE")
+    m = m.replace("pass store=PATH to fit out of core", "fit out of core with --store DIR")
+    m = m.replace("needs store=PATH", "needs --store DIR")
+    m = m.replace("give a store (out of core)", "give --store DIR (out of core)")
+    m = re.sub(r"\bmemory_limit\b", memory, m)
+    if command == "plan":
+        m = re.sub(r"\bdtype float32\b", "--dtype float32", m)
+    return m
 
 
 class _Terminated(KeyboardInterrupt):

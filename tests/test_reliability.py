@@ -588,7 +588,7 @@ def test_cli_disk_full_during_a_fit_then_resume(X, small_disk, tmp_path, monkeyp
                          "--epsilon", "1e-4")
     monkeypatch.undo()
     assert_one_line_error(rc, err, "disk full")
-    assert "disk full" in err and "FSLL.resume" in err and not out.exists()
+    assert "disk full" in err and f"fsll-ooc resume {store}" in err and not out.exists()  # in the CLI's words
     assert status(store) == "running"
     (small_disk / "filler").unlink()
     assert_same(FSLL.resume(store, progress=False), FSLL(epsilon=1e-4, progress=False).fit(X))
