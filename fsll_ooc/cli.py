@@ -458,6 +458,7 @@ def _cmd_fit(args) -> int:
         with _user_input():
             model = FSLL(cardinalities=enc.cardinalities, epsilon=args.epsilon, max_iter=args.max_iter,
                          store=args.store, memory_limit=memory, scheduler=client, progress=_show_progress(args))
+        _flush_warnings()  # what the reading found, before a fit that may take long
         t0 = time.perf_counter()
         try:
             with _user_input():  # fit validates the codes (e.g. the size of the joint table)
@@ -974,15 +975,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _one_line_warnings(), _terminate_as_interrupt():
             return int(args.func(args) or 0)
     except (DataError, UsageError) as exc:
-        _err(_cli_words(str(exc), args.command))
+        _err(_with_notes(_cli_words(str(exc), args.command)))
         return 2
     except _refusals() as exc:  # damaged or locked store, full disk, infeasible budget: said plainly
-        _err(_cli_words(str(exc), args.command))
+        _err(_with_notes(_cli_words(str(exc), args.command)))
         return 2
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
-        _err(_os_message(exc))
+        _err(_with_notes(_os_message(exc)))
         return 2
     except KeyboardInterrupt as exc:
+        _PENDING_WARNINGS.clear()
         sig = getattr(exc, "signum", signal.SIGINT)
         name = "terminated" if sig == signal.SIGTERM else "interrupted"
         if _RESUME_STORE is not None:
@@ -1049,21 +1051,44 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, old)
 
 
+#: Warnings of the running command not yet printed (see :func:`_one_line_warnings`).
+_PENDING_WARNINGS: list = []
+
+
 @contextlib.contextmanager
 def _one_line_warnings():
-    """A warning is one line ``fsll-ooc: warning: ...`` on stderr (no source line), each once."""
+    """A warning is one line ``fsll-ooc: warning: ...`` on stderr (no source line), each once.
+
+    They wait until the command succeeds, or until :func:`_flush_warnings` (before a long
+    fit): a command that fails says one line, its error, with the pending warnings as notes
+    (a file that reads as one column explains the error that follows)."""
     seen = set()
+    _PENDING_WARNINGS.clear()
 
     def show(message, category, filename, lineno, file=None, line=None):
         text = " ".join(str(message).split())
         if text not in seen:
             seen.add(text)
-            print(f"{PROG}: warning: {text}", file=sys.stderr)
+            _PENDING_WARNINGS.append(text)
 
     with warnings.catch_warnings():
         warnings.simplefilter("always", UserWarning)
         warnings.showwarning = show
         yield
+        _flush_warnings()
+
+
+def _flush_warnings() -> None:
+    for text in _PENDING_WARNINGS:
+        print(f"{PROG}: warning: {text}", file=sys.stderr, flush=True)
+    _PENDING_WARNINGS.clear()
+
+
+def _with_notes(message: str) -> str:
+    """An error line with the warnings not yet printed, as notes."""
+    notes = "".join(f" (note: {w})" for w in _PENDING_WARNINGS)
+    _PENDING_WARNINGS.clear()
+    return message + notes
 
 
 def _silence_stderr() -> None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 import sys
 import warnings
 from collections import Counter
@@ -735,7 +736,7 @@ def _read_csv(path: str, sep: str = ",", header: bool = True, na_values=None, ke
         raise DataError(f"{name}, line {line}: {got} fields but {what}; every row needs one value per column")
     if not counts:
         raise DataError(f"'{path}' has a header but no data rows")
-    if width == 1:
+    if width == 1 and re.search(r"[\s:]", first[0].strip()):  # one column whose name looks like several
         warnings.warn(f"{name} reads as one column ({first[0][:40]!r}); if it has several, give the "
                       f"delimiter (--sep in the command line, sep= in Python)", UserWarning, stacklevel=3)
     # 2. values, with pandas' C parser
