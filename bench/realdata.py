@@ -1,0 +1,321 @@
+#!/usr/bin/env python
+"""Held-out log-likelihood on real data: FL against the tools people use instead.
+
+Datasets (``--data``, default ``../shared/data`` next to the project; the README there
+names the sources):
+
+* ``msnbc``: 17 binary page categories; trained on ``msnbc.train.data`` (38,843 rows),
+  scored on ``msnbc.test.data`` (58,265 rows), the benchmark's own split.
+* ``adult``: the UCI Adult census file, its categorical columns workclass, education,
+  marital-status, occupation, relationship, race, sex and Salary (8 columns,
+  7 x 16 x 7 x 14 x 6 x 5 x 2 x 2 = 1,317,120 cells).  native-country (41 values, 91 % of
+  the rows one value) is left out: it multiplies the table by 41 to 2^25.7 cells, a
+  fit beyond this benchmark's minutes; ``adult9`` keeps it (``--sets adult9``).  Rows
+  with a missing cell (``?``) in the chosen columns are dropped (2,399 rows) until
+  incomplete rows are supported; the rest are shuffled with seed 0 and the first 80 %
+  train, the last 20 % test.  Categories are coded from all complete rows, so a test
+  category never seen in training still has a place in every model.
+
+Systems: ``FL-auto`` (``FSLL()``, the default), ``FL-paper`` (``FSLL(epsilon=1e-4)``, the
+paper's algorithm), and pgmpy's structure learners with BDeu(1) parameters: hill climbing
+with the BIC score (``HC-BIC``), the Chow-Liu tree (``Chow-Liu``), ``MMHC`` (max-min
+parents and children, then hill climbing with BIC) and ``PC`` (stable PC, chi-square
+tests at 0.01, the CPDAG oriented to a DAG by pgmpy).  Each pgmpy search runs in a child
+process capped at ``--cap`` seconds; a search that does not finish is reported as
+"capped" with no score.
+
+Reported per system: the mean held-out log-likelihood per test row (nats) with its
+standard error over rows, the paired per-row difference to the best peer (mean and
+standard error: rows are the same, so the pair's noise is far smaller than either
+score's), fit wall-clock time (pgmpy: structure search plus parameters) and model size
+(FL: non-zero parameters; networks: free CPD parameters).
+
+Usage::
+
+    python bench/realdata.py [--sets msnbc adult] [--cap 600] [--raw docs/data/realdata.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+import warnings
+from datetime import datetime, timezone
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for p in (ROOT, HERE):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from fsll_ooc import FSLL  # noqa: E402
+from reproduce_paper import _fit_params, _frame, _pgmpy, fix_hash_seed, machine_line  # noqa: E402
+
+DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
+ADULT_COLUMNS = ("workclass", "education", "marital-status", "occupation", "relationship", "race", "sex",
+                 "Salary")
+ADULT9_COLUMNS = ADULT_COLUMNS[:-1] + ("native-country", "Salary")
+FL_SYSTEMS = {"FL-auto": {}, "FL-paper": {"epsilon": 1e-4}}
+PEERS = ("HC-BIC", "Chow-Liu", "MMHC", "PC")
+
+
+# --------------------------------------------------------------------------- data
+def load_msnbc(data_dir):
+    """(train, test, cards, column names) of the MSNBC split."""
+    d = os.path.join(data_dir, "msnbc")
+    tr = np.loadtxt(os.path.join(d, "msnbc.train.data"), delimiter=",", dtype=np.int64)
+    te = np.loadtxt(os.path.join(d, "msnbc.test.data"), delimiter=",", dtype=np.int64)
+    cards = tuple(int(k) for k in np.maximum(tr.max(axis=0), te.max(axis=0)) + 1)
+    return tr, te, cards, [f"page{i}" for i in range(tr.shape[1])]
+
+
+def load_adult(data_dir, columns=ADULT_COLUMNS, seed=0, train_frac=0.8):
+    """(train, test, cards, columns): complete rows of ``columns``, seeded shuffle, 80/20."""
+    import pandas as pd
+
+    df = pd.read_csv(os.path.join(data_dir, "adult", "adult.csv"), sep=",", skipinitialspace=True,
+                     dtype=str)[list(columns)]
+    df = df[~(df == "?").any(axis=1)]
+    codes = np.stack([pd.Categorical(df[c]).codes for c in columns], axis=1).astype(np.int64)
+    cards = tuple(int(len(pd.Categorical(df[c]).categories)) for c in columns)
+    order = np.random.default_rng(seed).permutation(len(codes))
+    cut = int(round(train_frac * len(codes)))
+    return codes[order[:cut]], codes[order[cut:]], cards, list(columns)
+
+
+def load_set(name, data_dir):
+    if name == "msnbc":
+        return load_msnbc(data_dir)
+    if name == "adult":
+        return load_adult(data_dir)
+    if name == "adult9":
+        return load_adult(data_dir, ADULT9_COLUMNS)
+    raise ValueError(f"unknown data set {name!r}")
+
+
+# --------------------------------------------------------------------------- pgmpy peers
+def _structure(kind, X, queue):
+    """Child process: the edges of one pgmpy structure search (or the error text)."""
+    import logging
+    try:
+        HillClimbSearch, TreeSearch, BIC, _ = _pgmpy()
+        logging.getLogger("pgmpy").setLevel(logging.ERROR)
+        df = _frame(X)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if kind == "HC-BIC":
+                dag = HillClimbSearch(df).estimate(scoring_method=BIC(df), show_progress=False)
+            elif kind == "Chow-Liu":
+                dag = TreeSearch(df).estimate(estimator_type="chow-liu", show_progress=False)
+            elif kind == "MMHC":
+                from pgmpy.estimators import MmhcEstimator
+                dag = MmhcEstimator(df).estimate(scoring_method=BIC(df), significance_level=0.01)
+            elif kind == "PC":
+                from pgmpy.estimators import PC
+                dag = PC(df).estimate(variant="stable", ci_test="chi_square", significance_level=0.01,
+                                      return_type="dag", n_jobs=1, show_progress=False)
+            else:
+                raise ValueError(kind)
+        queue.put(("ok", [tuple(e) for e in dag.edges()], time.perf_counter() - t0))
+    except Exception as exc:  # reported in the table, the run goes on
+        queue.put(("error", f"{type(exc).__name__}: {exc}", 0.0))
+
+
+def structure(kind, X, cap):
+    """(edges, seconds) of a search in a child process, or (None, cap) if it ran past ``cap`` s."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_structure, args=(kind, X, q), daemon=True)
+    t0 = time.perf_counter()
+    proc.start()
+    try:
+        status, edges, seconds = q.get(timeout=cap)
+    except Exception:  # queue.Empty: the search is still running at the cap
+        proc.terminate()
+        proc.join()
+        return None, time.perf_counter() - t0, "capped"
+    proc.join()
+    if status != "ok":
+        return None, seconds, edges
+    return edges, seconds, "ok"
+
+
+def bn_log_prob(model, cards, X):
+    """Per-row natural-log likelihood of a fitted pgmpy network (columns ``X0..X{n-1}``).
+
+    CPD columns of parent configurations never seen (NaN or all zero) are uniform, as in
+    the joint tables of ``bench/reproduce_paper.py``.
+    """
+    out = np.zeros(len(X))
+    n_params = 0
+    for cpd in model.get_cpds():
+        names = list(cpd.variables)
+        axes = [int(v[1:]) for v in names]
+        vals = np.asarray(cpd.values, dtype=np.float64)
+        full = np.zeros(tuple(cards[a] for a in axes))
+        full[np.ix_(*[np.asarray(cpd.state_names[v], dtype=np.int64) for v in names])] = vals
+        colsum = np.nansum(full, axis=0, keepdims=True)
+        bad = ~(colsum > 0) | np.isnan(full).any(axis=0, keepdims=True)
+        full = np.where(np.broadcast_to(bad, full.shape), 1.0 / cards[axes[0]], full)
+        with np.errstate(divide="ignore"):
+            out += np.log(full[tuple(X[:, a] for a in axes)])
+        n_params += (cards[axes[0]] - 1) * int(np.prod([cards[a] for a in axes[1:]], dtype=np.int64))
+    return out, n_params
+
+
+def fit_peer(kind, Xtr, Xte, cards, cap):
+    edges, t_struct, status = structure(kind, Xtr, cap)
+    if edges is None:
+        return {"status": status, "time": t_struct}
+    _, _, _, BayesNet = _pgmpy()
+    df = _frame(Xtr)
+    states = {c: list(range(k)) for c, k in zip(df.columns, cards)}
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = BayesNet(edges)
+        model.add_nodes_from(df.columns)
+        _fit_params(model, df, states, 1.0)
+    seconds = t_struct + time.perf_counter() - t0
+    ll, n_params = bn_log_prob(model, cards, Xte)
+    return {"status": "ok", "time": seconds, "size": n_params, "ll": ll, "edges": len(edges)}
+
+
+# --------------------------------------------------------------------------- FL
+def fit_fl(Xtr, Xte, cards, repeats=1, **kw):
+    """Fit FL (best of ``repeats`` wall-clock times; the fits are deterministic) and score it."""
+    best = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        m = FSLL(cardinalities=cards, progress=False, **kw).fit(Xtr)
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    return {"status": "ok", "time": best, "size": int(m.n_bases_), "ll": np.asarray(m.log_prob(Xte)),
+            "n_iter": int(m.n_iter_), "model": m}
+
+
+def warm_up():
+    X = np.random.default_rng(0).integers(0, 3, size=(200, 6))
+    for eps in ("auto", 1e-4):
+        FSLL(epsilon=eps, progress=False).fit(X)
+
+
+# --------------------------------------------------------------------------- summary
+def summarise(results):
+    """Per system: mean log-likelihood per row, its SE, paired difference to the best peer."""
+    ok = {s: r for s, r in results.items() if r["status"] == "ok" and np.all(np.isfinite(r["ll"]))}
+    peers = [s for s in ok if s in PEERS]
+    best_peer = max(peers, key=lambda s: ok[s]["ll"].mean()) if peers else None
+    rows = {}
+    for s, r in results.items():
+        row = {"status": r["status"], "time": float(r["time"])}
+        if r["status"] == "ok":
+            ll = r["ll"]
+            row.update(size=int(r["size"]), ll=float(ll.mean()),
+                       se=float(ll.std(ddof=1) / math.sqrt(len(ll))) if np.all(np.isfinite(ll)) else math.nan)
+            if best_peer is not None and s in ok:
+                d = ll - ok[best_peer]["ll"]
+                row.update(diff=float(d.mean()), diff_se=float(d.std(ddof=1) / math.sqrt(len(d))))
+            for k in ("n_iter", "edges"):
+                if k in r:
+                    row[k] = int(r[k])
+        rows[s] = row
+    return rows, best_peer
+
+
+def table_lines(name, rows, best_peer, n_train, n_test, cards):
+    head = [f"### {name} ({n_train:,} training rows, {n_test:,} test rows, cardinalities "
+            f"{'x'.join(map(str, cards))} = {math.prod(cards):,} cells)", "",
+            f"| system | held-out log-likelihood [nats/row] | ± SE | vs {best_peer} (paired) | fit time [s] "
+            "| model size |", "|---|---|---|---|---|---|"]
+    for s, r in sorted(rows.items(), key=lambda kv: -kv[1].get("ll", -math.inf)):
+        if r["status"] != "ok":
+            head.append(f"| {s} | {r['status']} | | | {r['time']:.0f} | |")
+            continue
+        diff = "—" if s == best_peer else (f"{r['diff']:+.4f} ± {r['diff_se']:.4f}" if "diff" in r else "")
+        head.append(f"| {s} | {r['ll']:.4f} | {r['se']:.4f} | {diff} | {r['time']:.2f} | {r['size']:,} |")
+    return head
+
+
+def plot(out, path):
+    """One panel per data set: each system's held-out log-likelihood minus the best peer's
+    (paired per row, with two standard errors), and its fit time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = list(out["sets"])
+    fig, axes = plt.subplots(len(sets), 2, figsize=(11, 2.2 + 1.6 * len(sets)), squeeze=False)
+    for row, name in zip(axes, sets):
+        info = out["sets"][name]
+        items = [(s, r) for s, r in info["systems"].items() if r["status"] == "ok" and "diff" in r]
+        items.sort(key=lambda kv: kv[1]["diff"])
+        ys = np.arange(len(items))
+        colors = ["C1" if s.startswith("FL") else "C7" for s, _ in items]
+        row[0].barh(ys, [r["diff"] for _, r in items], xerr=[2 * r["diff_se"] for _, r in items], color=colors)
+        row[0].set_yticks(ys)
+        row[0].set_yticklabels([s for s, _ in items], fontsize=8)
+        row[0].axvline(0, color="k", lw=0.8)
+        row[0].set_title(f"{name}: held-out log-likelihood − {info['best_peer']}'s [nats/row]", fontsize=9)
+        row[1].barh(ys, [r["time"] for _, r in items], color=colors)
+        row[1].set_yticks(ys)
+        row[1].set_yticklabels([s for s, _ in items], fontsize=8)
+        row[1].set_xscale("log")
+        row[1].set_title(f"{name}: fit time [s]", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=DEFAULT_DATA, help="folder holding msnbc/ and adult/")
+    ap.add_argument("--sets", nargs="+", default=["msnbc", "adult"], choices=["msnbc", "adult", "adult9"])
+    ap.add_argument("--systems", nargs="+", default=list(FL_SYSTEMS) + list(PEERS))
+    ap.add_argument("--cap", type=float, default=600.0, help="seconds allowed to each pgmpy structure search")
+    ap.add_argument("--repeats", type=int, default=1, help="FL fits per system (the fastest time is kept)")
+    ap.add_argument("--raw", default=None, help="write the per-system summary as JSON here")
+    ap.add_argument("--plot", default=None, help="draw the comparison into this PNG")
+    args = ap.parse_args(argv)
+    warm_up()
+    out = {"machine": machine_line(), "started": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+           "cap": args.cap, "sets": {}}
+    for name in args.sets:
+        Xtr, Xte, cards, cols = load_set(name, args.data)
+        print(f"== {name}: train {Xtr.shape}, test {Xte.shape}, cards {cards}", flush=True)
+        results, loads = {}, []
+        for s in args.systems:
+            if s in FL_SYSTEMS:
+                r = fit_fl(Xtr, Xte, cards, repeats=args.repeats, **FL_SYSTEMS[s])
+                r.pop("model")
+            else:
+                r = fit_peer(s, Xtr, Xte, cards, args.cap)
+            loads.append(os.getloadavg()[0])
+            results[s] = r
+            msg = f"{r['ll'].mean():.4f}" if r["status"] == "ok" else r["status"]
+            print(f"  {s:10s} ll={msg} time={r['time']:.2f}s size={r.get('size')} load={loads[-1]:.1f}",
+                  flush=True)
+        rows, best_peer = summarise(results)
+        out["sets"][name] = {"columns": cols, "cards": list(cards), "n_train": len(Xtr), "n_test": len(Xte),
+                             "best_peer": best_peer, "systems": rows,
+                             "load": [min(loads), float(np.median(loads)), max(loads)]}
+        print("\n".join(table_lines(name, rows, best_peer, len(Xtr), len(Xte), cards)), flush=True)
+    if args.raw:
+        os.makedirs(os.path.dirname(os.path.abspath(args.raw)), exist_ok=True)
+        with open(args.raw, "w", encoding="utf-8") as fh:
+            json.dump(out, fh, indent=1)
+    if args.plot:
+        plot(out, args.plot)
+    return out
+
+
+if __name__ == "__main__":
+    fix_hash_seed()
+    main()
