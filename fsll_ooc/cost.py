@@ -9,6 +9,11 @@ Cost (paper Eq. 9, natural logs)::
 ``w_i = ln(n (k_i - 1)) / N``, so it is generated per block by broadcasting and never
 stored as a table.
 
+**The family code** (:class:`TermCode`, ``penalty="family"``, the default with
+``epsilon="auto"``) replaces ``sum_y r_y`` by a code that names each variable set once and
+sends its terms as one subset; a family's first term costs exactly ``r_y`` (so the scan's
+price is exact for new families), further terms less (``docs/design.md``, "The family code").
+
 **The positivity rule.** The target ``q`` is the empirical distribution with one
 pseudo-sample spread uniformly over all ``|X|`` cells::
 
@@ -47,6 +52,9 @@ import numpy as np
 from . import kernels as _kernels
 
 __all__ = [
+    "PENALTIES",
+    "TermCode",
+    "resolve_penalty",
     "penalty_weights",
     "penalty",
     "kl_step",
@@ -167,3 +175,77 @@ def target_entropy(counts: np.ndarray, n_samples: int, size: int) -> float:
     q = (counts + 1.0 / size) / (n_samples + 1.0)
     empty = size - counts.size
     return float(-_xlogx(q).sum() - empty * q0 * math.log(q0))
+
+
+# --------------------------------------------------------------------------- the family code
+#: Codes for the term indices: the paper's (every term sends its variables and values) and
+#: the family code (a variable set is named once; its terms are sent as one subset).
+PENALTIES = ("paper", "family")
+
+
+def resolve_penalty(penalty, epsilon) -> str:
+    """``"paper"`` or ``"family"`` from ``penalty`` (``None``: ``"family"`` with
+    ``epsilon="auto"``, ``"paper"`` with a numeric epsilon, so ``epsilon=1e-4`` alone is the
+    paper's algorithm and cost)."""
+    if penalty is None:
+        return "family" if isinstance(epsilon, str) and epsilon == "auto" else "paper"
+    if isinstance(penalty, str) and penalty in PENALTIES:
+        return penalty
+    raise ValueError(f"penalty must be None or one of {PENALTIES}, got {penalty!r}")
+
+
+class TermCode:
+    """Description length (nats per sample) of a support, family by family.
+
+    A *family* is the set ``A`` of variables on which a term's digits are non-zero; it has
+    ``M_A = prod_{i in A} (k_i - 1)`` possible members.  A family with ``m`` members costs
+
+    * ``paper``:  ``m (ln N / 2 + sum_{i in A} ln(n (k_i - 1))) / N`` (every member names the
+      variables and sends its digits: paper Eq. 9);
+    * ``family``: ``(m ln N / 2 + sum_{i in A} ln n + ln C(M_A, m)) / N`` (the variables are
+      named once; the members are sent as one of the ``C(M_A, m)`` subsets of the family).
+
+    The family code equals the paper's when every variable is binary (``M_A = 1``) and for
+    a family's first member (``ln C(M_A, 1) = ln M_A``); each further member costs
+    ``(ln N / 2 + ln((M_A - m) / (m + 1))) / N`` instead of the full price (``docs/design.md``,
+    "The family code").
+    """
+
+    def __init__(self, cards: Sequence[int], n_samples: int, kind: str = "paper"):
+        if kind not in PENALTIES:
+            raise ValueError(f"penalty must be one of {PENALTIES}, got {kind!r}")
+        self.kind = kind
+        self.cards = tuple(int(k) for k in cards)
+        self.N = float(n_samples)
+        self.r0, self.w = penalty_weights(self.cards, n_samples)
+        n = len(self.cards)
+        self.name_w = [math.log(n) / self.N if k > 1 else 0.0 for k in self.cards]
+
+    def family(self, digits: Sequence[int]) -> tuple[int, ...]:
+        """The variables of a term (its non-zero digits)."""
+        return tuple(i for i, v in enumerate(digits) if v)
+
+    def members(self, axes: Sequence[int]) -> int:
+        """``M_A``: how many terms have exactly these non-zero variables."""
+        return math.prod(self.cards[i] - 1 for i in axes)
+
+    def add(self, axes: Sequence[int], m: int) -> float:
+        """Code length of one more member of family ``axes``, which has ``m`` now (``inf`` if
+        the family is full)."""
+        if self.kind == "paper":
+            return self.r0 + float(sum(self.w[i] for i in axes))
+        name = float(sum(self.name_w[i] for i in axes)) if m == 0 else 0.0
+        M = self.members(axes)
+        if m >= M:
+            return math.inf
+        return self.r0 + (math.log(M - m) - math.log(m + 1)) / self.N + name
+
+    def total(self, axes: Sequence[int], m: int) -> float:
+        """Code length of family ``axes`` with ``m`` members."""
+        if m == 0:
+            return 0.0
+        if self.kind == "paper":
+            return m * (self.r0 + float(sum(self.w[i] for i in axes)))
+        M = self.members(axes)
+        log_comb = math.lgamma(M + 1.0) - math.lgamma(m + 1.0) - math.lgamma(M - m + 1.0)
+        return m * self.r0 + log_comb / self.N + float(sum(self.name_w[i] for i in axes))

@@ -89,10 +89,19 @@ class FSLL:
         ``docs/benchmarks_quality.md``.
     learn_options : :class:`fsll_ooc.learn.LearnOptions`, optional
         Every further option of the search (``refine_tol``, ``refine_rounds``, ``joint``,
-        ``joint_candidates``, ``joint_closure``, ``joint_max_new``, ``on_finish``); None:
+        ``joint_candidates``, ``joint_closure``, ``joint_max_new``, ``family_terms``,
+        ``on_finish``); None:
         their defaults.  ``epsilon``, ``max_iter``, ``resync_every`` and ``refine`` are
         set above (an object that sets one of them differently is refused).  Kept in the
         model file and the store's state, except ``on_finish`` (a resumed fit runs without it).
+    penalty : None, "family" or "paper"
+        The code of the selected terms in the MDL cost.  ``"paper"``: every term pays its
+        own index and precision (paper Eq. 9).  ``"family"``: a variable set is named
+        once and its terms are sent as one subset of the set's possible terms, so a whole
+        interaction between many-valued variables costs about ``ln N / 2`` per term, as a
+        table entry does under BIC; identical to ``"paper"`` on binary variables
+        (``docs/design.md``, "The family code").  ``None`` (default): ``"family"`` with
+        ``epsilon="auto"``, ``"paper"`` with a numeric epsilon (the paper's algorithm).
 
     Attributes (after ``fit``)
     --------------------------
@@ -103,7 +112,7 @@ class FSLL:
 
     def __init__(self, cardinalities=None, epsilon="auto", max_iter=None, store=None, backend=None,
                  memory_limit=None, scheduler=None, layout=None, resync_every=256, progress=None, refine=None,
-                 learn_options=None):
+                 learn_options=None, penalty=None):
         self.cardinalities = cardinalities
         self.epsilon = epsilon
         self.max_iter = max_iter
@@ -116,15 +125,16 @@ class FSLL:
         self.progress = progress
         self.refine = refine
         self.learn_options = learn_options
+        self.penalty = penalty
 
     # ------------------------------------------------------------------ sklearn-style params
     # To add a parameter: an argument of __init__ stored verbatim, its name in _PARAMS, the
     # docstring above and docs/api.md; if it changes what is learned, its name in
     # _SAVED_PARAMS too (then the model file and the store's state keep it and resume uses it).
     _PARAMS = ("cardinalities", "epsilon", "max_iter", "store", "backend", "memory_limit", "scheduler",
-               "layout", "resync_every", "progress", "refine", "learn_options")
+               "layout", "resync_every", "progress", "refine", "learn_options", "penalty")
     #: What is learned depends on these: the model file reports them, the store keeps them.
-    _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options")
+    _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options", "penalty")
     #: A store also keeps these, to resume with the same problem and budget.
     _STORED_PARAMS = _SAVED_PARAMS + ("cardinalities", "memory_limit")
 
@@ -148,6 +158,7 @@ class FSLL:
     def _check_params(self) -> storage.TableBackend:
         check_fit_params(self.epsilon, self.max_iter, self.resync_every)
         resolve_refine(self.refine, self.epsilon)  # raises ValueError on a bad value
+        C.resolve_penalty(self.penalty, self.epsilon)  # likewise
         self._options()
         backend = storage.get_backend(self.backend or ("zarr" if self.store is not None else "numpy"))
         if backend.persistent and self.store is None:
@@ -211,7 +222,8 @@ class FSLL:
         flat = _flat_index(codes, cards)
         uniq, counts = np.unique(flat, return_counts=True)
         size = math.prod(cards)
-        state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size))
+        state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size),
+                         penalty_code=C.resolve_penalty(self.penalty, self.epsilon))
         if not backend.persistent:
             engine = self._engine(plan, [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape)
                                          for nm in TABLE_NAMES], N, sample_flat=flat)
@@ -327,7 +339,8 @@ class FSLL:
             fs.reopen(plan, stored)
             fresh = stored.status == "starting" or restart
             if fresh:
-                state = FitState(cards, N, C.target_entropy(counts, N, math.prod(cards)), log_z=math.log(math.prod(cards)))
+                state = FitState(cards, N, C.target_entropy(counts, N, math.prod(cards)), log_z=math.log(math.prod(cards)),
+                                 penalty_code=C.resolve_penalty(m.penalty, m.epsilon))
                 fs.restart(state)
             m._fit_in_store(fs, plan, state, uniq, counts, fresh=fresh, names=stored.feature_names,
                             categories=stored.categories)

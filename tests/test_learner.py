@@ -70,7 +70,8 @@ def test_fit_equals_dense_reference(cards, n, seed):
 @pytest.mark.parametrize("cards,n,seed", CASES[:3])
 def test_no_single_coordinate_move_improves_at_termination(cards, n, seed, epsilon):
     X, _ = _data(cards, n, seed)
-    m = FSLL(cardinalities=cards, epsilon=epsilon, progress=False).fit(X)
+    # the paper's cost (the family code's axis minimum: test_penalty.py)
+    m = FSLL(cardinalities=cards, epsilon=epsilon, penalty="paper", progress=False).fit(X)
     eps = resolve_epsilon(epsilon, n)
     Phi = oracle.phi_matrix(cards)
     q = oracle.target(X, cards)
@@ -251,9 +252,9 @@ def test_learn_options_reach_the_learner():
     assert "refine" in moves and "joint-append" not in moves
     assert all(h["value"] == 1.0 for h in st.history if h["move"] == "refine")  # one Newton round each
     assert seen == [(eng, st)]  # the hook ran once, on the final state
-    # FSLL passes them on: the same search, the hook called once
+    # FSLL passes them on: the same search, the hook called once (the paper's code, as _started's state)
     hooked = []
-    m = FSLL(cardinalities=cards, refine="final", progress=False,
+    m = FSLL(cardinalities=cards, refine="final", penalty="paper", progress=False,
              learn_options=LearnOptions(refine="final", joint=False, refine_rounds=1,
                                         on_finish=lambda e, s: hooked.append(s))).fit(X)
     assert [h["move"] for h in m.history_] == [h["move"] for h in st.history]

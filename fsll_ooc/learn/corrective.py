@@ -44,7 +44,8 @@ import numpy as np
 from .. import basis
 from ..engine import Table
 
-__all__ = ["pair_products", "moment_matrix", "RefineResult", "refine"]
+__all__ = ["pair_products", "moment_matrix", "RefineResult", "refine", "closure_candidates", "joint_append",
+           "family_terms", "family_move"]
 
 
 def _strides(cards) -> np.ndarray:
@@ -242,7 +243,7 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
     prod.update(support)
     theta = np.array([state.theta[int(y)] for y in support])
     dbar = np.array([state.dbar[int(y)] for y in support])
-    pen = sum(state.penalty(int(y)) for y in support)
+    pen = state.total_penalty()
 
     def cost_of(th, log_z):
         return -state.entropy_q + log_z - float(th @ dbar) + pen
@@ -402,7 +403,13 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     d_s = np.array([state.dbar[int(y)] for y in support])
     H_cc = moment_matrix(cc, cell[n1 + n2:n1 + n2 + n3]) - np.outer(tb_c, tb_c)
     g_c = tb_c - d_c
-    r_c = np.array([state.penalty(int(y)) for y in flat_c])
+    family = state.penalty_code != "paper"
+    if family:  # each candidate's marginal code length, updated as picks fill its family
+        counts = state.family_counts()
+        fam_c = [state.family(int(y)) for y in flat_c.tolist()]
+        r_c = np.array(state.marginal_penalties(flat_c.tolist(), counts))
+    else:
+        r_c = np.array([state.penalty(int(y)) for y in flat_c])
     if m:
         H_ss = moment_matrix(prod, cell[:n1]) - np.outer(tb_s, tb_s)
         H_cs = np.bincount(cs_pair, weights=cs_coef * cell[n1:n1 + n2], minlength=K * m).reshape(K, m)
@@ -426,6 +433,13 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
             break
         chosen.append(c)
         picked_gain.append(float(gain[c]))
+        if family:
+            a = fam_c[c]
+            counts[a] = counts.get(a, 0) + 1
+            code = state.term_code()
+            for j, f in enumerate(fam_c):
+                if f == a:
+                    r_c[j] = code.add(a, counts[a])
         col = sig[:, c].copy()
         sig -= np.outer(col, col) / col[c]
         u = u - col * (u[c] / col[c])
@@ -452,3 +466,56 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
             sup0 = np.fromiter(theta0.keys(), dtype=np.int64, count=len(theta0))
             state.log_z = engine.resync(sup0, np.fromiter(theta0.values(), np.float64, len(theta0)), log_z0)
     return out
+
+
+def family_terms(cards, families, limit: int) -> np.ndarray:
+    """Every term whose non-zero variables are exactly one of ``families``, family by family
+    in the given order, skipping a family that would take the list past ``limit`` terms and
+    the families of binary variables (one member each, which the support holds already)."""
+    strides = _strides(cards)
+    out, total = [], 0
+    for axes in families:
+        M = math.prod(cards[i] - 1 for i in axes)
+        if M <= 1 or total + M > limit:
+            continue
+        grids = np.meshgrid(*[np.arange(1, cards[i]) for i in axes], indexing="ij")
+        out.append(sum(g.reshape(-1).astype(np.int64) * strides[i] for g, i in zip(grids, axes)))
+        total += M
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def family_move(engine, state, best, limit: int):
+    """The best single move under the family code, from the scan's best and the named families.
+
+    The engine's scan prices every cell as a new family's first member (the paper's ``r_y``,
+    which the family code charges a first member).  A cell on a family the support already
+    names costs less: the scan's append is re-priced, and the unused terms on the named
+    families (:func:`family_terms`, at most ``limit``) are scored by the 1-D closed form
+    with their marginal code length; the better of the two is returned as
+    ``(delta, move, flat, thetabar_y, dbar_y)``.  Their ``dbar`` is gathered once per family.
+    """
+    delta, move, y, t, d = best
+    if move == "append":  # (the difference first: it is exactly 0 where the prices agree)
+        delta = delta + (state.marginal_penalties([y])[0] - state.penalty(y))
+    if limit <= 0 or not state.theta:
+        return delta, move, y, t, d
+    fams = tuple(dict.fromkeys(map(state.family, state.theta)))
+    memo = state.__dict__.get("_family_memo")
+    if memo is None or memo[0] != fams:
+        cand = family_terms(state.cards, fams, limit)
+        memo = state.__dict__["_family_memo"] = (fams, cand, np.asarray(engine.gather(cand, table=0), np.float64)
+                                                 if len(cand) else np.zeros(0))
+    _, cand, dd = memo
+    keep = np.fromiter((c not in state.theta for c in cand.tolist()), bool, len(cand))
+    if not keep.any():
+        return delta, move, y, t, d
+    cand, dd = cand[keep], dd[keep]
+    tt = np.asarray(engine.gather(cand), np.float64)
+    r = np.array(state.marginal_penalties(cand.tolist()))
+    lim = 1.0 - 2.0**-52
+    tc = np.clip(tt, -lim, lim)
+    gain = 0.5 * ((1.0 + dd) * (np.log1p(tc) - np.log1p(dd)) + (1.0 - dd) * (np.log1p(-tc) - np.log1p(-dd))) + r
+    i = int(np.argmin(gain))
+    if gain[i] < delta:
+        return float(gain[i]), "append", int(cand[i]), float(tt[i]), float(dd[i])
+    return delta, move, y, t, d

@@ -160,6 +160,11 @@ class LearnOptions:
         (:func:`fsll_ooc.learn.corrective.closure_candidates`) ...
     joint_max_new : int
         ... appending at most this many terms at once.
+    family_terms : int
+        Under the family code (``FitState.penalty_code == "family"``), score up to this
+        many unused terms on the support's variable sets every iteration at their
+        marginal code length (:func:`fsll_ooc.learn.corrective.family_move`); 0: only the
+        scan's best append is re-priced.  No effect under the paper's code.
     on_finish : callable or None
         ``on_finish(engine, state)`` runs once when the search has ended, before
         :func:`learn` returns; what it leaves in ``state`` (and in the engine's dual
@@ -178,6 +183,7 @@ class LearnOptions:
     joint_candidates: int = 256
     joint_closure: int = 512
     joint_max_new: int = 32
+    family_terms: int = 512
     on_finish: Callable[[Engine, FitState], None] | None = None
 
     def __post_init__(self):
@@ -191,7 +197,7 @@ class LearnOptions:
         if not isinstance(self.joint, (bool, np.bool_)):
             raise ValueError(f"joint must be True or False, got {self.joint!r}")
         for name, low in (("resync_every", 1), ("refine_rounds", 1), ("joint_candidates", 0),
-                          ("joint_closure", 0), ("joint_max_new", 1)):
+                          ("joint_closure", 0), ("joint_max_new", 1), ("family_terms", 0)):
             v = getattr(self, name)
             if not (_is_int(v) and v >= low):
                 kind = "positive" if low else "non-negative"
@@ -272,6 +278,8 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     joint_tried = False  # a joint selection was tried on the current state
     while max_iter is None or state.n_iter < max_iter:
         delta, move, y, t, d = _best_move(state, res)
+        if state.penalty_code != "paper":  # the family code: re-price the scan, try the named families
+            delta, move, y, t, d = corrective.family_move(engine, state, (delta, move, y, t, d), o.family_terms)
         stop = not delta < -eps
         if mode != "off" and not refined and state.theta and (stop or (mode == "adjust" and move == "adjust")):
             refined = True

@@ -23,6 +23,7 @@ class FitState:
     n_iter: int = 0
     converged: bool = False
     history: list[dict] = field(default_factory=list)
+    penalty_code: str = "paper"  # the code of the support: "paper" (Eq. 9) or "family" (cost.TermCode)
 
     def digits(self, flat: int) -> tuple[int, ...]:
         """The multi-index (C order) of flat index ``flat``."""
@@ -36,7 +37,9 @@ class FitState:
         return tuple(reversed(out))
 
     def penalty(self, flat: int) -> float:
-        """``r_y`` of flat index ``y`` (memoised: the learner asks for the support every iteration)."""
+        """The paper's ``r_y`` of flat index ``y`` (memoised: the learner asks for the support every
+        iteration); under the family code it is the price of a family's first member, the
+        price the engine's scan uses."""
         cache = self.__dict__.setdefault("_r_cache", {})
         r = cache.get(flat)
         if r is None:
@@ -47,7 +50,10 @@ class FitState:
         return r
 
     def penalties(self, flats) -> list[float]:
-        """``r_y`` of several flat indices (Python ints), memoised like :meth:`penalty`."""
+        """``r_y`` of several flat indices (Python ints), memoised like :meth:`penalty`; under the
+        family code, their marginal code lengths (:meth:`marginal_penalties`)."""
+        if self.penalty_code != "paper":
+            return self.marginal_penalties(flats)
         cache = self.__dict__.setdefault("_r_cache", {})
         try:
             return list(map(cache.__getitem__, flats))
@@ -57,11 +63,53 @@ class FitState:
                     self.penalty(y)
             return list(map(cache.__getitem__, flats))
 
+    def term_code(self) -> C.TermCode:
+        """The support's code (:class:`fsll_ooc.cost.TermCode` of :attr:`penalty_code`)."""
+        code = self.__dict__.get("_term_code")
+        if code is None or code.kind != self.penalty_code:
+            code = self.__dict__["_term_code"] = C.TermCode(self.cards, self.n_samples, self.penalty_code)
+        return code
+
+    def family(self, flat: int) -> tuple[int, ...]:
+        """The variables of term ``flat`` (its non-zero digits; memoised)."""
+        cache = self.__dict__.setdefault("_family_cache", {})
+        a = cache.get(flat)
+        if a is None:
+            a = cache[flat] = self.term_code().family(self.digits(flat))
+        return a
+
+    def family_counts(self) -> dict[tuple[int, ...], int]:
+        """Members in the support of each family (variable set)."""
+        counts: dict = {}
+        for y in self.theta:
+            a = self.family(y)
+            counts[a] = counts.get(a, 0) + 1
+        return counts
+
+    def marginal_penalties(self, flats, counts=None) -> list[float]:
+        """Code length a member gives back when removed, a non-member costs when added."""
+        code = self.term_code()
+        counts = self.family_counts() if counts is None else counts
+        out = []
+        for y in flats:
+            a = self.family(y)
+            m = counts.get(a, 0)
+            out.append(code.add(a, m - 1) if y in self.theta else code.add(a, m))
+        return out
+
+    def total_penalty(self) -> float:
+        """The support's code length (the cost's penalty part)."""
+        if self.penalty_code == "paper":
+            return sum(self.penalties(self.theta))
+        code = self.term_code()
+        return sum(code.total(a, m) for a, m in self.family_counts().items())
+
     def cost(self) -> float:
-        """``KL(q || p_theta) + sum_y r_y`` from the sparse state (exact; ``O(#terms)``)."""
+        """``KL(q || p_theta)`` plus the support's code length (:meth:`total_penalty`; the paper's
+        ``sum_y r_y``) from the sparse state (exact; ``O(#terms)``)."""
         kl = -self.entropy_q + self.log_z - sum(map(operator.mul, self.theta.values(),
                                                     map(self.dbar.__getitem__, self.theta)))
-        return kl + sum(self.penalties(self.theta))
+        return kl + self.total_penalty()
 
     def to_json(self) -> dict:
         """A JSON-ready dict of the whole state (what a store's state file keeps)."""
@@ -70,6 +118,7 @@ class FitState:
             "theta": [[int(y), float(v)] for y, v in self.theta.items()],
             "dbar": [[int(y), float(v)] for y, v in self.dbar.items()],
             "log_z": self.log_z, "n_iter": self.n_iter, "converged": self.converged, "history": self.history,
+            "penalty_code": self.penalty_code,
         }
 
     @classmethod
@@ -77,4 +126,5 @@ class FitState:
         """The state saved by :meth:`to_json`."""
         return cls(tuple(obj["cards"]), int(obj["n_samples"]), float(obj["entropy_q"]),
                    {int(y): float(v) for y, v in obj["theta"]}, {int(y): float(v) for y, v in obj["dbar"]},
-                   float(obj["log_z"]), int(obj["n_iter"]), bool(obj["converged"]), list(obj["history"]))
+                   float(obj["log_z"]), int(obj["n_iter"]), bool(obj["converged"]), list(obj["history"]),
+                   C.resolve_penalty(obj.get("penalty_code", "paper"), None))
