@@ -261,6 +261,10 @@ class FSLL:
             if not state.converged and (self.max_iter is None or state.n_iter < self.max_iter):
                 with fs.damage_hint():
                     self._learn(engine, state, fresh=False, checkpoint=fs.checkpoint)
+        # once fitted, the model answers queries in a private scratch table: the store's own
+        # tables are written only under its lock (docs/reliability.md)
+        engine = Engine.create(plan, fs.open_tables(cards, plan.layout.chunk_shape, reader_owner=self), N,
+                               self.scheduler)
         self._set_fitted(state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
                          categories=categories)
         self.kl_data_ = self._kl_data(uniq, counts, N) if flat is None else self._kl_data(flat, counts, N)
