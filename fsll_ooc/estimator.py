@@ -29,7 +29,7 @@ from .engine import Engine, Table
 from .learn import FitState, LearnOptions, learn, resolve_refine
 from .planner import plan as make_plan, PlanError
 from . import model_file
-from ._machine import free_disk, total_memory
+from ._machine import cgroup_memory_limit, free_disk, total_memory
 from ._validation import (check_cardinalities_param, check_code_range, check_fit_params, check_labels,
                           check_n_samples, validate_data)
 from .model_file import MODEL_FORMAT, MODEL_VERSION, jsonable_categories
@@ -175,6 +175,8 @@ class FSLL:
         store's free disk (``disk_free``) and ``memory_limit``; ``PlanError`` if it cannot fit."""
         ooc = backend.persistent
         mem = self.memory_limit if self.memory_limit is not None or ooc else memory
+        if mem is None:  # out of core without a limit: a container's limit still holds
+            mem = cgroup_memory_limit()
         p = make_plan(cards, memory_limit=mem, disk_free=disk_free, workers=self._workers(2 if ooc else 1),
                       out_of_core=True if ooc else None, layout=self.layout)
         if not ooc and p.layout.a > 0 and self.layout is None:
@@ -308,7 +310,7 @@ class FSLL:
                 bar.close()
 
     @classmethod
-    def resume(cls, store, scheduler=None, progress=None, restart: bool = False) -> "FSLL":
+    def resume(cls, store, scheduler=None, progress=None, restart: bool = False, memory_limit=None) -> "FSLL":
         """Continue an interrupted out-of-core fit from its store, to the same result.
 
         Works from any point at which the fit was stopped (killed, disk full, ...) once the
@@ -318,7 +320,8 @@ class FSLL:
         do this at once, each computing probabilities in its own scratch table).
         ``restart=True`` rebuilds every table from the stored data and fits from the start
         (for a store whose tables are damaged).  Column names and category labels given
-        to the fit come back with the model.
+        to the fit come back with the model.  ``memory_limit`` (bytes or ``"4GiB"``) replaces
+        the fit's own for this run (a smaller container, say; the chunk layout is the store's).
 
         Raises ``FileNotFoundError`` (nothing to resume), :class:`~fsll_ooc.storage.IntegrityError`
         (a store file is damaged or altered, named in the message) or
@@ -329,12 +332,12 @@ class FSLL:
         with fs.shared():
             stored = fs.read()
             if stored.status == "complete" and not restart:
-                return cls._open_finished(fs, stored, scheduler, progress)
+                return cls._open_finished(fs, stored, scheduler, progress, memory_limit)
         with fs.writing("resume", "resuming the fit"):
             stored = fs.read()  # again, now that no other writer can change it
-            m = cls._from_stored(fs, stored, scheduler, progress)
+            m = cls._from_stored(fs, stored, scheduler, progress, memory_limit)
             if stored.status == "complete" and not restart:
-                return cls._open_finished(fs, stored, scheduler, progress)
+                return cls._open_finished(fs, stored, scheduler, progress, memory_limit)
             state = FitState.from_json(stored.state)
             cards, N = tuple(state.cards), state.n_samples
             plan = fs.account(m._make_plan(cards, storage.get_backend(stored.backend),
@@ -351,16 +354,18 @@ class FSLL:
         return m
 
     @classmethod
-    def _from_stored(cls, fs: FitStore, stored: StoredFit, scheduler, progress) -> "FSLL":
+    def _from_stored(cls, fs: FitStore, stored: StoredFit, scheduler, progress, memory_limit=None) -> "FSLL":
         """An estimator with the stored fit's parameters (every learning parameter of the fit)."""
         kw = _params_from_json({k: v for k, v in stored.params.items() if k in cls._PARAMS})
         kw.update(store=fs.root, backend=stored.backend, scheduler=scheduler, layout=stored.layout, progress=progress)
+        if memory_limit is not None:
+            kw["memory_limit"] = memory_limit
         return cls(**kw)
 
     @classmethod
-    def _open_finished(cls, fs: FitStore, stored: StoredFit, scheduler, progress) -> "FSLL":
+    def _open_finished(cls, fs: FitStore, stored: StoredFit, scheduler, progress, memory_limit=None) -> "FSLL":
         """A finished fit for reading: nothing in the store is written (a private scratch table is)."""
-        m = cls._from_stored(fs, stored, scheduler, progress)
+        m = cls._from_stored(fs, stored, scheduler, progress, memory_limit)
         state = FitState.from_json(stored.state)
         plan = fs.account(m._make_plan(tuple(state.cards), storage.get_backend(stored.backend)))
         specs = fs.open_tables(state.cards, plan.layout.chunk_shape, reader_owner=m)

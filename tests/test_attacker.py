@@ -49,3 +49,34 @@ def test_fitted_model_never_writes_the_store_without_its_lock(tmp_path, backend)
     assert np.array_equal(a, b)
     assert np.allclose(a, p.sum(axis=(1, 3)))
     assert store_bytes(store) == before  # not one byte of the store's tables changed
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_default_memory_follows_the_cgroup_limit(tmp_path, monkeypatch, version):
+    from fsll_ooc import _machine
+
+    proc = tmp_path / "cgroup"
+    if version == 2:
+        proc.write_text("0::/box\n")
+        (tmp_path / "box").mkdir()
+        limit_file = tmp_path / "box" / "memory.max"
+    else:
+        proc.write_text("9:name=systemd:/\n4:memory:/box\n")
+        (tmp_path / "memory" / "box").mkdir(parents=True)
+        limit_file = tmp_path / "memory" / "box" / "memory.limit_in_bytes"
+    limit_file.write_text(f"{512 << 20}\n")
+    monkeypatch.setattr(_machine, "PROC_CGROUP", str(proc))
+    monkeypatch.setattr(_machine, "CGROUP_ROOT", str(tmp_path))
+    assert _machine.cgroup_memory_limit() == 512 << 20
+    assert _machine.total_memory() == 512 << 20
+    limit_file.write_text("max\n" if version == 2 else "9223372036854771712\n")  # no limit
+    assert _machine.cgroup_memory_limit() is None
+    assert _machine.total_memory() == _machine._physical_memory()
+
+
+def test_resume_takes_a_memory_limit(tmp_path):
+    store = tmp_path / "s"
+    X = data(1)
+    ref = FSLL(progress=False, store=store, layout=LAYOUT, scheduler="serial", max_iter=2).fit(X)
+    m = FSLL.resume(store, progress=False, memory_limit="2GiB")
+    assert m.memory_limit == "2GiB" and m.theta_ == ref.theta_
