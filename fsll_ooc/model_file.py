@@ -75,25 +75,38 @@ def load(path) -> ModelFile:
     if not isinstance(obj, dict) or obj.get("format") != MODEL_FORMAT:
         raise ValueError(f"{path}: not an fsll-ooc model file (format field is "
                          f"{obj.get('format') if isinstance(obj, dict) else None!r})")
-    if not isinstance(obj.get("version"), int) or obj["version"] > MODEL_VERSION:
-        raise ValueError(f"{path}: model file version {obj.get('version')!r} is newer than this fsll-ooc "
-                         f"understands (<= {MODEL_VERSION}); upgrade fsll-ooc")
+    version = obj.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MODEL_VERSION:
+        if isinstance(version, int) and not isinstance(version, bool) and version > MODEL_VERSION:
+            raise ValueError(f"{path}: model file version {version!r} is newer than this fsll-ooc "
+                             f"understands (<= {MODEL_VERSION}); upgrade fsll-ooc")
+        raise ValueError(f"{path}: model file version {version!r} is not a version (an integer 1..{MODEL_VERSION})")
     try:
         params = obj.get("params", {})
         if not isinstance(params, dict):
             raise TypeError(f"params must be an object, got {params!r}")
-        cards = tuple(int(k) for k in obj["cardinalities"])
+        raw = obj["cardinalities"]
+        if not isinstance(raw, list) or any(isinstance(k, bool) or not isinstance(k, int) for k in raw):
+            raise ValueError(f"cardinalities must be a list of integers, got {str(raw)[:80]}")
+        cards = tuple(raw)
         check_cards(cards)
         theta = {tuple(int(v) for v in y): float(t) for y, t in obj["theta"]}
         for y in theta:
             if len(y) != len(cards) or any(not 0 <= v < k for v, k in zip(y, cards)):
                 raise ValueError(f"parameter index {y} does not fit cardinalities {cards}")
+            if not any(y):
+                raise ValueError("a parameter at the all-zero index (that is log_z's place, not a basis)")
+        if len(theta) != len(obj["theta"]):
+            raise ValueError("a parameter index appears twice")
         N = int(obj["n_samples"])
         flat = {int(np.ravel_multi_index(y, cards)): v for y, v in theta.items()}
         state = FitState(cards, N, 0.0, flat, {}, float(obj["log_z"]), int(obj["n_iter"]),
                          bool(obj.get("converged", True)), checked_history(obj.get("history", [])))
         if not (N >= 1 and math.isfinite(state.log_z) and all(math.isfinite(v) for v in theta.values())):
             raise ValueError("n_samples, log_z and theta must be finite numbers (n_samples >= 1)")
+        bound = math.log(math.prod(cards)) + sum(abs(v) for v in theta.values())
+        if abs(state.log_z) > bound * (1 + 1e-9) + 1e-9:  # |log Z| <= log|X| + sum |theta|
+            raise ValueError(f"log_z {state.log_z!r} is impossible for these parameters (|log_z| <= {bound:.6g})")
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"{path}: malformed fsll-ooc model file ({type(e).__name__}: {e})") from None
     try:

@@ -80,3 +80,46 @@ def test_resume_takes_a_memory_limit(tmp_path):
     ref = FSLL(progress=False, store=store, layout=LAYOUT, scheduler="serial", max_iter=2).fit(X)
     m = FSLL.resume(store, progress=False, memory_limit="2GiB")
     assert m.memory_limit == "2GiB" and m.theta_ == ref.theta_
+
+
+@pytest.fixture(scope="module")
+def model_obj(tmp_path_factory):
+    import json
+
+    path = tmp_path_factory.mktemp("model") / "m.json"
+    X = data(2)
+    X[:, 1] = X[:, 0]  # a dependence: the model has parameters
+    FSLL(progress=False).fit(X).save(path)
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("lie", ["zero_index", "log_z_huge", "log_z_inf", "card_float", "card_string",
+                                 "version_true", "version_zero", "duplicate_index"])
+def test_model_files_that_load_but_lie_are_refused(model_obj, tmp_path, lie):
+    import copy
+    import json
+
+    obj = copy.deepcopy(model_obj)
+    if lie == "zero_index":
+        obj["theta"].append([[0] * len(obj["cardinalities"]), 0.75])
+    elif lie == "log_z_huge":
+        obj["log_z"] = 1e308
+    elif lie == "log_z_inf":
+        obj["log_z"] = float("inf")
+    elif lie == "card_float":
+        obj["cardinalities"][0] = 2.5
+    elif lie == "card_string":
+        obj["cardinalities"][0] = "22222"
+    elif lie == "version_true":
+        obj["version"] = True
+    elif lie == "version_zero":
+        obj["version"] = 0
+    else:
+        obj["theta"].append(copy.deepcopy(obj["theta"][0]))
+    path = tmp_path / "lie.json"
+    path.write_text(json.dumps(obj))
+    with pytest.raises(ValueError, match="lie.json"):
+        FSLL.load(path)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(model_obj))
+    FSLL.load(good)  # the untouched file still loads
