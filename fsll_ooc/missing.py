@@ -45,10 +45,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import basis
+from . import basis, cost as C
 
-__all__ = ["MISSING", "Pattern", "EMResult", "group_patterns", "e_step", "objective", "uniform_mean_log_p",
-           "initial_table", "run_em", "log_prob", "impute", "posterior", "CHUNK_CELLS"]
+__all__ = ["MISSING", "Pattern", "EMResult", "MStep", "group_patterns", "e_step", "objective",
+           "uniform_mean_log_p", "initial_table", "run_em", "fit_em", "split_missing", "log_prob", "impute",
+           "posterior", "CHUNK_CELLS"]
 
 #: The code of a missing cell.
 MISSING = -1
@@ -71,6 +72,60 @@ class Pattern:
     counts: np.ndarray
     rows: np.ndarray
     inverse: np.ndarray
+
+
+def split_missing(X, *, codes_missing: bool = True, fill: Sequence | None = None):
+    """``(X with its missing cells filled, mask of the missing cells or None)``.
+
+    Missing: NaN, None and ``pd.NA`` (numpy float and object arrays, DataFrames) and,
+    when ``codes_missing``, the code :data:`MISSING` in an integer array.  A missing
+    cell is filled with a value its column already holds (its first observed one), so
+    the categories found by encoding the filled data are those of the observed cells.
+    A column with no observed cell is filled with ``fill[j]`` when given, else it raises
+    ``ValueError`` naming the column.
+    """
+    if hasattr(X, "columns") and hasattr(X, "isna"):
+        mask = np.asarray(X.isna().to_numpy(), bool)
+        if not mask.any():
+            return X, None
+        X = X.copy()
+        for j in np.flatnonzero(mask.any(axis=0)):
+            col = X.iloc[:, j]
+            seen = np.flatnonzero(~mask[:, j])
+            if not len(seen) and fill is None:
+                raise ValueError(f"column {X.columns[j]!r} has no observed value (every cell is missing); "
+                                 "a variable missing in every row is a hidden variable: FSLL(hidden=[k])")
+            value = col.iloc[int(seen[0])] if len(seen) else fill[j]
+            X[X.columns[j]] = col.fillna(value)
+        return X, mask
+    if isinstance(X, (list, tuple)):
+        try:
+            X = np.asarray(X)
+        except ValueError:
+            return X, None
+    if not isinstance(X, np.ndarray) or X.ndim != 2 or X.size == 0:
+        return X, None
+    kind = X.dtype.kind
+    if kind == "f":
+        mask = np.isnan(X)
+    elif kind == "O":
+        import pandas as pd
+
+        mask = np.asarray(pd.isna(X), bool)
+    elif kind in "iu" and codes_missing:
+        mask = X == MISSING if kind == "i" else np.zeros(X.shape, bool)
+    else:
+        return X, None
+    if not mask.any():
+        return X, None
+    X = X.copy()
+    for j in np.flatnonzero(mask.any(axis=0)):
+        seen = np.flatnonzero(~mask[:, j])
+        if not len(seen) and fill is None:
+            raise ValueError(f"column {j} (X{j}) has no observed value (every cell is missing); a variable "
+                             "missing in every row is a hidden variable: FSLL(hidden=[k])")
+        X[mask[:, j], j] = X[seen[0], j] if len(seen) else fill[j]
+    return X, mask
 
 
 def group_patterns(codes: np.ndarray, cards: Sequence[int]) -> list[Pattern]:
@@ -259,6 +314,8 @@ class EMResult:
     history: list[dict] = field(default_factory=list)
     learner: object = None
     seed: int | None = None
+    restart: int = 0
+    kl_soft: float = math.nan  # KL(completed data || p) at the end
 
 
 def run_em(learner, codes: np.ndarray, cards: Sequence[int], *, n_hidden: int = 0, tol: float,
@@ -288,8 +345,10 @@ def run_em(learner, codes: np.ndarray, cards: Sequence[int], *, n_hidden: int = 
         before = learner.n_iter
         learner.m_step(cells, weights)
         res.rounds += 1
-        cells, weights, ll = e_step(learner.table(), patterns)
+        p = learner.table()
+        cells, weights, ll = e_step(p, patterns)
         j = objective(ll, N, learner.uniform_mean_log_p(), learner.penalty())
+        res.kl_soft = float(weights @ (np.log(weights / N) - np.log(p.reshape(-1)[cells]))) / N
         entry = {"round": res.rounds, "objective": j, "loglik": ll / N, "iters": learner.n_iter - before,
                  "time": time.perf_counter() - t0}
         res.history.append(entry)
@@ -303,6 +362,70 @@ def run_em(learner, codes: np.ndarray, cards: Sequence[int], *, n_hidden: int = 
             break
         prev = j
     return res
+
+
+class MStep:
+    """The M-step of :func:`run_em` over an in-core engine and a fit state.
+
+    ``run(engine, state, fresh)`` runs the learner (the estimator's, with its options);
+    ``scratch()`` returns the engine's scratch table as a numpy array (written by
+    ``engine.density``).  The first ``m_step`` starts from ``theta = 0`` (the state as
+    created, uniform duals); later ones re-read the targets on the support and
+    continue from the current ``theta`` (the learner re-derives the duals exactly).
+    """
+
+    def __init__(self, engine, state, run, scratch, dbar_table: int = 0):
+        self.engine, self.state, self.run, self.scratch = engine, state, run, scratch
+        self.dbar_table = dbar_table
+        self.fresh = True
+
+    @property
+    def n_iter(self) -> int:
+        return self.state.n_iter
+
+    def m_step(self, cells: np.ndarray, weights: np.ndarray) -> None:
+        st, eng = self.state, self.engine
+        eng.compute_targets(cells, st.n_samples, weights=weights)
+        st.entropy_q = C.target_entropy(weights, st.n_samples, math.prod(st.cards))
+        if self.fresh:
+            eng.init_duals()
+        else:
+            sup = np.fromiter(st.theta.keys(), np.int64, len(st.theta))
+            st.dbar = dict(zip(sup.tolist(), eng.gather(sup, self.dbar_table).tolist()))
+            st.converged = False
+        self.run(eng, st, self.fresh)
+        self.fresh = False
+
+    def table(self) -> np.ndarray:
+        st = self.state
+        sup = np.fromiter(st.theta.keys(), np.int64, len(st.theta))
+        val = np.fromiter(st.theta.values(), np.float64, len(st.theta))
+        total = self.engine.density(sup, val, st.log_z)
+        return self.scratch().reshape(st.cards) / total
+
+    def uniform_mean_log_p(self) -> float:
+        st = self.state
+        return uniform_mean_log_p({st.digits(y): v for y, v in st.theta.items()}, st.cards, st.log_z)
+
+    def penalty(self) -> float:
+        return float(sum(self.state.penalties(self.state.theta)))
+
+
+def fit_em(make_learner: Callable[[], MStep], codes: np.ndarray, cards: Sequence[int], *, n_hidden: int = 0,
+           n_restarts: int = 1, random_state=None, tol: float, max_rounds: int = 100,
+           progress: Callable[[dict], None] | None = None) -> EMResult:
+    """:func:`run_em` from ``n_restarts`` first-round tables (seeds drawn from ``random_state``);
+    returns the run with the lowest final objective (its ``learner`` holds the model)."""
+    seeds = np.random.SeedSequence(random_state if random_state is None else int(random_state)).generate_state(
+        max(1, int(n_restarts)))
+    best = None
+    for r, seed in enumerate(seeds.tolist()):
+        res = run_em(make_learner(), codes, cards, n_hidden=n_hidden, tol=tol, max_rounds=max_rounds, seed=seed,
+                     progress=None if progress is None else (lambda e, r=r: progress({**e, "restart": r})))
+        res.restart = r
+        if best is None or res.objective < best.objective:
+            best = res
+    return best
 
 
 # --------------------------------------------------------------------------- queries with missing cells
@@ -444,3 +567,190 @@ def posterior(model, codes: np.ndarray, axes: Sequence[int]) -> np.ndarray:
         sel = np.isin(pat.inverse, np.arange(sl.start, sl.stop))
         out[pat.rows[sel]] = C[pat.inverse[sel] - sl.start]
     return out
+
+
+# --------------------------------------------------------------------------- the estimator's door
+
+def check_params(est) -> None:
+    """Validate :class:`~fsll_ooc.FSLL`'s EM parameters (``ValueError`` naming the parameter)."""
+    if est.missing not in (None, "em"):
+        raise ValueError(f"missing must be None or 'em', got {est.missing!r}")
+    if est.hidden is not None:
+        h = est.hidden
+        if isinstance(h, (str, bytes)) or not hasattr(h, "__iter__"):
+            raise ValueError(f"hidden must be a sequence of cardinalities, e.g. [3], got {h!r}")
+        for k in h:
+            if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 2:
+                raise ValueError(f"hidden cardinalities must be integers >= 2, got {k!r} in {list(h)!r}")
+    if est.n_restarts is not None and (isinstance(est.n_restarts, (bool, np.bool_))
+                                       or not isinstance(est.n_restarts, (int, np.integer)) or est.n_restarts < 1):
+        raise ValueError(f"n_restarts must be a positive int or None, got {est.n_restarts!r}")
+    if est.random_state is not None and (isinstance(est.random_state, (bool, np.bool_))
+                                         or not isinstance(est.random_state, (int, np.integer))
+                                         or est.random_state < 0):
+        raise ValueError(f"random_state must be a non-negative int or None, got {est.random_state!r}")
+    if isinstance(est.em_max_rounds, (bool, np.bool_)) or not isinstance(est.em_max_rounds, (int, np.integer)) \
+            or est.em_max_rounds < 1:
+        raise ValueError(f"em_max_rounds must be a positive int, got {est.em_max_rounds!r}")
+    if est.em_tol is not None and not (isinstance(est.em_tol, (int, float)) and not isinstance(est.em_tol, bool)
+                                       and est.em_tol >= 0 and math.isfinite(est.em_tol)):
+        raise ValueError(f"em_tol must be a non-negative number or None, got {est.em_tol!r}")
+
+
+def _first_missing(mask: np.ndarray, X) -> str:
+    r, c = map(int, np.argwhere(mask)[0])
+    name = str(X.columns[c]) if hasattr(X, "columns") else f"X{c}"
+    return f"column {c} ({name}), row {r}"
+
+
+def refuse(X) -> None:
+    """The error of a fit without ``missing="em"`` on data with missing cells (NaN/None/NA)."""
+    try:
+        _, mask = split_missing(X, codes_missing=False)
+    except ValueError:  # a column with no observed cell: missing all the same
+        mask = np.asarray(X.isna().to_numpy() if hasattr(X, "isna") else np.isnan(np.asarray(X, float)))
+    if mask is not None:
+        raise ValueError(f"missing value at {_first_missing(mask, X)} ({int(mask.sum()):,} missing cells in "
+                         f"{int(mask.any(axis=1).sum()):,} rows); pass FSLL(missing='em') to fit incomplete rows "
+                         "by EM, or drop them")
+
+
+def _n_hidden(est) -> int:
+    return int(getattr(est, "n_hidden_", len(est.hidden or ())))
+
+
+def fit(est, X, backend: str) -> bool:
+    """The EM fit of ``est`` on ``X`` (in core); ``False`` when ``X`` is complete and
+    nothing is hidden (the caller then runs the ordinary fit, with the same bits)."""
+    from .engine import engine as _engine
+    from .estimator import _check_code_range, validate_data
+    from .learn import FitState, learn, resolve_epsilon
+
+    Xf, mask = split_missing(X)
+    hidden = [int(k) for k in (est.hidden or ())]
+    if mask is None and not hidden:
+        return False
+    if backend != "numpy":
+        raise ValueError("missing='em' and hidden= fit in core only (store=None); an out-of-core store cannot "
+                         "hold the EM rounds yet")
+    feature_names = list(map(str, X.columns)) if hasattr(X, "columns") else None
+    categories = None
+    if hasattr(Xf, "columns"):
+        from .io import encode
+
+        enc = encode(Xf, est.cardinalities)
+        codes_, cards, categories = enc.codes, enc.cardinalities, enc.categories
+        codes_, cards = validate_data(codes_, cards)
+    else:
+        codes_, cards = validate_data(_check_code_range(Xf), est.cardinalities)
+    codes_ = np.array(codes_, np.int64)
+    if mask is not None:
+        codes_[mask] = MISSING
+    N, n_obs = codes_.shape
+    if hidden:
+        codes_ = np.concatenate([codes_, np.full((N, len(hidden)), MISSING, np.int64)], axis=1)
+        cards = tuple(cards) + tuple(hidden)
+        if feature_names is not None:
+            taken = set(feature_names)
+            feature_names += [f"H{j}" if f"H{j}" not in taken else f"_H{j}" for j in range(len(hidden))]
+        if categories is not None:
+            categories = list(categories) + [list(range(k)) for k in hidden]
+    validate_data(np.zeros((1, len(cards)), np.int64), cards)  # the joint table's limits
+    plan = est._make_plan(cards, backend)
+    bar = est._bar("fsll EM")
+
+    def run(engine, state, fresh):
+        learn(engine, state, epsilon=est.epsilon, max_iter=est.max_iter, resync_every=est.resync_every,
+              fresh=fresh, progress=None, callback=None, refine=est.refine)
+
+    def make():
+        engine, specs = est._open_engine(plan, backend, cards, N, create=True)
+        state = FitState(cards, N, 0.0, log_z=math.log(math.prod(cards)))
+        lr = MStep(engine, state, run, lambda: specs[_engine.SCR].array, dbar_table=_engine.D)
+        lr.specs = specs
+        return lr
+
+    def shown(e):
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(objective=f"{e['objective']:.6f}", restart=e["restart"], refresh=False)
+
+    restarts = est.n_restarts if est.n_restarts is not None else (3 if hidden else 1)
+    tol = est.em_tol if est.em_tol is not None else resolve_epsilon(est.epsilon, N)
+    try:
+        res = fit_em(make, codes_, cards, n_hidden=len(hidden), n_restarts=restarts, random_state=est.random_state,
+                     tol=tol, max_rounds=est.em_max_rounds, progress=shown)
+    finally:
+        if bar is not None:
+            bar.close()
+    lr = res.learner
+    est._finish(lr.state, plan, backend, lr.specs, lr.engine)
+    est.kl_data_ = res.kl_soft
+    est.em_objective_, est.em_loglik_ = res.objective, res.loglik
+    est.em_history_, est.em_converged_, est.em_rounds_ = res.history, res.converged, res.rounds
+    est.n_hidden_ = len(hidden)
+    est.feature_names_in_ = feature_names
+    est.categories_ = categories
+    return True
+
+
+def codes(est, X) -> tuple[np.ndarray, bool]:
+    """Codes of ``X`` for a fitted model, ``-1`` at missing cells and at hidden variables
+    (``X`` may omit the hidden columns); and whether any cell is ``-1``."""
+    est._check_fitted()
+    h = _n_hidden(est)
+    n = len(est.cardinalities_)
+    cats = getattr(est, "categories_", None)
+    fill = [c[0] for c in cats] if cats is not None else [0] * n
+    Xf, mask = split_missing(X, fill=fill)
+    if h:
+        width = Xf.shape[1] if hasattr(Xf, "shape") and len(np.shape(Xf)) == 2 else None
+        if width == n - h:  # the observed columns only: the hidden ones are missing
+            if hasattr(Xf, "columns"):
+                names = (getattr(est, "feature_names_in_", None) or [])[n - h:] or [f"H{j}" for j in range(h)]
+                Xf = Xf.assign(**{nm: fill[n - h + j] for j, nm in enumerate(names)})
+            else:
+                Xf = np.concatenate([np.asarray(Xf), np.zeros((Xf.shape[0], h), np.asarray(Xf).dtype)], axis=1)
+            extra = np.zeros((Xf.shape[0], h), bool)
+            mask = np.concatenate([mask if mask is not None else np.zeros((Xf.shape[0], n - h), bool),
+                                   ~extra], axis=1)
+    out = est._codes(Xf)
+    if mask is not None:
+        if mask.shape != out.shape:
+            mask = mask.reshape(out.shape)
+        out = np.array(out, np.int64)
+        out[mask] = MISSING
+        return out, bool(mask.any())
+    return out, False
+
+
+def impute_frame(est, X, method: str, random_state):
+    """:func:`impute` on what the user has: a DataFrame comes back with labels, an array as codes."""
+    c, _ = codes(est, X)
+    h = _n_hidden(est)
+    n = len(est.cardinalities_)
+    out = impute(est, c, method=method, random_state=random_state, hidden=tuple(range(n - h, n)))[:, :n - h]
+    if hasattr(X, "columns") and getattr(est, "categories_", None) is not None:
+        from .io import decode
+
+        names = list(X.columns)[:n - h]
+        df = decode(out, est.categories_[:n - h], names)
+        df.index = X.index
+        return df
+    return out
+
+
+def predict_hidden(est, X):
+    """Posteriors over the hidden variables: ``(N, k)`` for one, a list of ``(N, k_j)`` for several."""
+    h = _n_hidden(est)
+    if not h:
+        raise ValueError("this model has no hidden variables; fit with FSLL(hidden=[k, ...])")
+    c, _ = codes(est, X)
+    n = len(est.cardinalities_)
+    axes = tuple(range(n - h, n))
+    post = posterior(est, c, axes)
+    if h == 1:
+        return post
+    hc = tuple(est.cardinalities_[a] for a in axes)
+    joint = post.reshape((-1,) + hc)
+    return [joint.sum(axis=tuple(j + 1 for j in range(h) if j != i)) for i in range(h)]

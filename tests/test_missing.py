@@ -182,3 +182,154 @@ def test_posterior_is_the_conditional(data, model):
     for r, row in enumerate(X[:60]):
         ref = np.array([sum(P[c] for c in completions([*row[:1], j, *row[2:]], CARDS)) for j in range(3)])
         np.testing.assert_allclose(got[r], ref / ref.sum(), rtol=1e-10)
+
+
+# --------------------------------------------------------------------------- the estimator
+
+import oracle  # noqa: E402  (tests/oracle.py: the brute-force model)
+
+
+def _brute_objective(m, Xm):
+    """J = -(LL_obs + E_u[log p]) / (N + 1) + sum r_y, every part from the dense table."""
+    P = m.probabilities()
+    ll = sum(math.log(sum(P[c] for c in completions(row, P.shape))) for row in Xm)
+    r = oracle.r_vec(P.shape, len(Xm)).reshape(P.shape)
+    pen = sum(r[y] for y in m.theta_)
+    return -(ll + float(np.mean(np.log(P)))) / (len(Xm) + 1) + pen
+
+
+@pytest.fixture(scope="module")
+def em_model(data):
+    _, Xm = data
+    return FSLL(progress=False, missing="em").fit(Xm)
+
+
+def test_em_objective_never_increases(data, em_model):
+    _, Xm = data
+    objs = [h["objective"] for h in em_model.em_history_]
+    assert len(objs) >= 3 and em_model.em_converged_
+    assert all(b <= a + 1e-12 * abs(a) for a, b in zip(objs, objs[1:]))
+    assert objs[-1] < objs[0]
+    assert math.isclose(em_model.em_objective_, _brute_objective(em_model, Xm), rel_tol=1e-10)
+    P = em_model.probabilities()
+    ll = np.mean([math.log(sum(P[c] for c in completions(row, CARDS))) for row in Xm])
+    assert math.isclose(em_model.em_loglik_, ll, rel_tol=1e-10)
+
+
+def test_em_with_hidden_objective_never_increases():
+    rng = np.random.default_rng(1)
+    z = rng.integers(0, 2, 300)
+    X = np.c_[(z + (rng.random(300) < 0.1)) % 2, (z + (rng.random(300) < 0.2)) % 2, rng.integers(0, 3, 300)]
+    X[rng.random(X.shape) < 0.1] = M.MISSING
+    m = FSLL(progress=False, missing="em", hidden=[2], n_restarts=2, random_state=0).fit(X)
+    objs = [h["objective"] for h in m.em_history_]
+    assert all(b <= a + 1e-12 * abs(a) for a, b in zip(objs, objs[1:]))
+    Xh = np.c_[X, np.full(len(X), M.MISSING)]
+    assert math.isclose(m.em_objective_, _brute_objective(m, Xh), rel_tol=1e-10)
+
+
+def test_soft_targets_equal_the_transform_of_the_weighted_cells(em_model):
+    eng = em_model._engine
+    size = math.prod(CARDS)
+    rng = np.random.default_rng(0)
+    cells = np.sort(rng.choice(size, 50, replace=False))
+    w = rng.random(50) * 7
+    N = 300
+    w *= N / w.sum()
+    eng.compute_targets(cells, N, weights=w)
+    q = np.full(size, 1.0 / size)
+    q[cells] += w
+    q /= N + 1
+    Phi = oracle.phi_matrix(CARDS)
+    np.testing.assert_allclose(eng.ctx.specs[0].array.reshape(-1), Phi @ q, atol=1e-13)
+    # integer weights give the same bits as the counts of repeated cells
+    reps = rng.integers(1, 5, 50)
+    eng.compute_targets(cells, int(reps.sum()), weights=reps.astype(float))
+    a = eng.ctx.specs[0].array.copy()
+    eng.compute_targets(np.repeat(cells, reps), int(reps.sum()))
+    assert np.array_equal(a, eng.ctx.specs[0].array)
+
+
+def test_em_on_complete_data_is_the_ordinary_fit():
+    X = datasets.sample_table(datasets.random_bayesnet(CARDS, 2, seed=7)[0], 500, seed=0)
+    a = FSLL(progress=False, missing="em").fit(X)
+    b = FSLL(progress=False).fit(X)
+    assert a.theta_ == b.theta_ and a.cost_ == b.cost_
+
+
+def test_missing_cells_refused_without_the_option():
+    import pandas as pd
+
+    X = np.array([[0, 1.0], [1, np.nan], [1, 0]])
+    with pytest.raises(ValueError, match=r"column 1 \(X1\), row 1 .*missing='em'"):
+        FSLL(progress=False).fit(X)
+    df = pd.DataFrame({"a": ["x", "y", None], "b": pd.array([1, pd.NA, 0], dtype="Int64")})
+    with pytest.raises(ValueError, match=r"column 1 \(b\), row 1 .*2 missing cells in 2 rows.*missing='em'"):
+        FSLL(progress=False).fit(df)
+    with pytest.raises(ValueError, match="in core only"):
+        FSLL(progress=False, missing="em", store="/nonexistent/s").fit(X)
+    with pytest.raises(ValueError, match="missing must be None or 'em'"):
+        FSLL(missing="drop").fit(X)
+    with pytest.raises(ValueError, match="hidden cardinalities must be integers >= 2"):
+        FSLL(hidden=[1]).fit(X)
+    with pytest.raises(ValueError, match="has no observed value"):
+        FSLL(missing="em").fit(np.array([[0, np.nan], [1, np.nan]]))
+
+
+def test_dataframe_with_missing_cells(data):
+    import pandas as pd
+
+    _, Xm = data
+    labels = [["f", "m"], ["b", "g", "r"], [0, 1, 2, 3], ["E", "D", "C", "B", "A"]]
+    df = pd.DataFrame({nm: [labels[i][v] if v >= 0 else None for v in Xm[:, i]] for i, nm in enumerate("abcd")})
+    df["c"] = df["c"].astype("Int64")  # pd.NA in a nullable integer column
+    df["d"] = pd.Categorical(df["d"], categories=labels[3])
+    m = FSLL(progress=False, missing="em").fit(df)
+    ref = FSLL(progress=False, missing="em").fit(Xm)
+    assert m.categories_ == labels and m.theta_ == ref.theta_
+    np.testing.assert_allclose(m.log_prob(df), ref.log_prob(Xm), rtol=1e-12)
+    filled = m.impute(df)
+    assert list(filled.columns) == list("abcd") and not filled.isna().any().any()
+    codes = ref.impute(Xm)
+    assert [labels[2][v] for v in codes[:, 2]] == filled["c"].astype(int).tolist()
+
+
+def test_hidden_variable_recovers_planted_classes():
+    rng = np.random.default_rng(3)
+    z = rng.integers(0, 3, 1500)
+    X = np.stack([(z + (rng.random(1500) < 0.08) * rng.integers(1, 3, 1500)) % 3 for _ in range(6)], axis=1)
+    m = FSLL(progress=False, hidden=[3], random_state=0, refine=False).fit(X)
+    assert m.cardinalities_ == (3,) * 7 and m.n_hidden_ == 1
+    post = m.predict_hidden(X)
+    assert post.shape == (1500, 3) and np.allclose(post.sum(axis=1), 1.0)
+    found = post.argmax(axis=1)
+    # the hidden states are the planted classes up to a relabelling
+    table = np.zeros((3, 3), int)
+    np.add.at(table, (z, found), 1)
+    assert (table.max(axis=1).sum()) / 1500 > 0.97
+    assert sorted(table.argmax(axis=1).tolist()) == [0, 1, 2]
+    inter = m.interactions()
+    assert any("X6" in v for v in inter["variables"])  # the hidden variable explains the observed ones
+    # the posterior is the conditional of the dense table; log_prob marginalises the hidden variable
+    P = m.probabilities()
+    for r in range(5):
+        ref = P[tuple(X[r])] / P[tuple(X[r])].sum()
+        np.testing.assert_allclose(post[r], ref, rtol=1e-10)
+        assert math.isclose(m.log_prob(X[r:r + 1])[0], math.log(P[tuple(X[r])].sum()), rel_tol=1e-10)
+
+
+def test_hidden_model_saves_and_loads(tmp_path):
+    rng = np.random.default_rng(0)
+    z = rng.integers(0, 2, 400)
+    X = np.stack([(z + (rng.random(400) < 0.1)) % 2 for _ in range(4)], axis=1)
+    m = FSLL(progress=False, hidden=[2], n_restarts=1, random_state=1).fit(X)
+    m.save(tmp_path / "m.json")
+    m2 = FSLL.load(tmp_path / "m.json")
+    assert m2.hidden == [2] and m2.random_state == 1
+    np.testing.assert_allclose(m2.predict_hidden(X), m.predict_hidden(X), rtol=1e-10)
+    np.testing.assert_allclose(m2.log_prob(X), m.log_prob(X), rtol=1e-10)
+
+
+def test_conditional_ignores_missing_evidence(model):
+    a = model.conditional(1, given={0: 1, 2: None, 3: float("nan")})
+    assert np.allclose(a, model.conditional(1, given={0: 1}))
