@@ -102,17 +102,40 @@ class FSLL:
         table entry does under BIC; identical to ``"paper"`` on binary variables
         (``docs/design.md``, "The family code").  ``None`` (default): ``"family"`` with
         ``epsilon="auto"``, ``"paper"`` with a numeric epsilon (the paper's algorithm).
+    missing : None or "em"
+        ``"em"``: rows with missing cells (NaN, None, ``pd.NA``; ``-1`` in an integer
+        code array) are fitted by expectation-maximisation (:mod:`fsll_ooc.missing`):
+        missing at random, each incomplete row spread over its completions under the
+        current model, the learner warm-started on the soft counts every round.  In
+        core only.  ``None`` (default): a missing cell is an error that names it.
+    hidden : sequence of int, optional
+        Cardinalities of hidden (latent) variables, appended after the observed ones
+        (named ``H0, H1, ...``) and fitted by the same EM; :meth:`predict_hidden` gives
+        each row's posterior over their states.
+    n_restarts : int, optional
+        EM runs from different seeded first rounds, the best (lowest objective) kept;
+        default 3 with ``hidden``, 1 without (the first round is then deterministic).
+    random_state : int, optional
+        Seed of the restarts' first rounds.
+    em_max_rounds : int
+        At most this many EM rounds per run.
+    em_tol : float, optional
+        Stop EM when a round lowers the objective by less than this (nats per row);
+        default the learner's resolved ``epsilon``.
 
     Attributes (after ``fit``)
     --------------------------
     theta_ : dict {tuple y: float}, the non-zero parameters; n_bases_ : len(theta_);
     n_iter_, cost_, kl_data_ (= KL(p_d || p_theta)), history_ (one dict per iteration),
     log_z_, cardinalities_, n_samples_, plan_, feature_names_in_, categories_.
+    After an EM fit also: em_objective_, em_loglik_ (observed-data log-likelihood per
+    row), em_history_ (one dict per round), em_converged_, em_rounds_, n_hidden_.
     """
 
     def __init__(self, cardinalities=None, epsilon="auto", max_iter=None, store=None, backend=None,
                  memory_limit=None, scheduler=None, layout=None, resync_every=256, progress=None, refine=None,
-                 learn_options=None, penalty=None):
+                 learn_options=None, penalty=None, missing=None, hidden=None, n_restarts=None,
+                 random_state=None, em_max_rounds=100, em_tol=None):
         self.cardinalities = cardinalities
         self.epsilon = epsilon
         self.max_iter = max_iter
@@ -126,15 +149,23 @@ class FSLL:
         self.refine = refine
         self.learn_options = learn_options
         self.penalty = penalty
+        self.missing = missing
+        self.hidden = hidden
+        self.n_restarts = n_restarts
+        self.random_state = random_state
+        self.em_max_rounds = em_max_rounds
+        self.em_tol = em_tol
 
     # ------------------------------------------------------------------ sklearn-style params
     # To add a parameter: an argument of __init__ stored verbatim, its name in _PARAMS, the
     # docstring above and docs/api.md; if it changes what is learned, its name in
     # _SAVED_PARAMS too (then the model file and the store's state keep it and resume uses it).
     _PARAMS = ("cardinalities", "epsilon", "max_iter", "store", "backend", "memory_limit", "scheduler",
-               "layout", "resync_every", "progress", "refine", "learn_options", "penalty")
+               "layout", "resync_every", "progress", "refine", "learn_options", "penalty", "missing", "hidden",
+               "n_restarts", "random_state", "em_max_rounds", "em_tol")
     #: What is learned depends on these: the model file reports them, the store keeps them.
-    _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options", "penalty")
+    _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options", "penalty", "missing", "hidden",
+                     "n_restarts", "random_state", "em_max_rounds", "em_tol")
     #: A store also keeps these, to resume with the same problem and budget.
     _STORED_PARAMS = _SAVED_PARAMS + ("cardinalities", "memory_limit")
 
@@ -163,6 +194,9 @@ class FSLL:
         backend = storage.get_backend(self.backend or ("zarr" if self.store is not None else "numpy"))
         if backend.persistent and self.store is None:
             raise ValueError(f"backend {backend.name!r} needs store=PATH")
+        from .missing import check_params
+
+        check_params(self)
         return backend
 
     def _workers(self, default: int) -> int:
@@ -198,6 +232,13 @@ class FSLL:
         """
         backend = self._check_params()
         check_cardinalities_param(self.cardinalities)
+        from . import missing
+
+        if self.missing == "em" or self.hidden:
+            if missing.fit(self, X, backend, feature_names, categories):
+                return self
+        else:
+            missing.refuse(X)
         if hasattr(X, "columns"):
             from .io import encode
 
@@ -411,9 +452,34 @@ class FSLL:
         return l
 
     def log_prob(self, X) -> np.ndarray:
-        """Natural log ``p_theta(x)`` of each row of ``X``."""
-        codes = self._codes(X)
+        """Natural log ``p_theta(x)`` of each row of ``X``; missing cells (NaN, None,
+        ``pd.NA``, ``-1`` codes) and hidden variables are marginalised out."""
+        from . import missing
+
+        codes, incomplete = missing.codes(self, X)
+        if incomplete:
+            return missing.log_prob(self, codes)
         return self._log_potential(codes) - self.log_z_
+
+    def impute(self, X, method: str = "mode", random_state=None):
+        """``X`` with its missing cells filled: each row's most probable completion given
+        its observed cells (``method="mode"``) or a draw from that conditional
+        (``"sample"``).  A DataFrame comes back as a DataFrame of labels, an array as codes.
+        See :func:`fsll_ooc.missing.impute`.
+        """
+        from . import missing
+
+        return missing.impute_frame(self, X, method, random_state)
+
+    def predict_hidden(self, X) -> np.ndarray | list:
+        """Each row's posterior over the hidden variables' states (a soft clustering).
+
+        ``(N, k)`` for one hidden variable; a list of ``(N, k_j)`` arrays for several.
+        See :func:`fsll_ooc.missing.posterior`.
+        """
+        from . import missing
+
+        return missing.predict_hidden(self, X)
 
     def score_samples(self, X) -> np.ndarray:
         """Alias of :meth:`log_prob` (scikit-learn density-model name)."""

@@ -141,11 +141,23 @@ def _evidence(model, given: Mapping | None) -> dict[int, int]:
     out: dict[int, int] = {}
     names, _ = labels(model)
     for var, value in (given or {}).items():
+        if _is_missing(value):  # a missing cell is no evidence: marginalised out
+            continue
         i = resolve_variable(model, var)
         if i in out:
             raise ValueError(f"variable {names[i]!r} appears twice in the evidence")
         out[i] = resolve_value(model, i, value)
     return out
+
+
+def _is_missing(value) -> bool:
+    """None, NaN or ``pd.NA``."""
+    if value is None:
+        return True
+    try:
+        return bool(value != value)  # NaN
+    except TypeError:  # pd.NA refuses bool()
+        return True
 
 
 # --------------------------------------------------------------------------- the table

@@ -129,11 +129,18 @@ class Engine:
         return out
 
     # -- passes
-    def compute_targets(self, sample_flat: np.ndarray, n_samples: int) -> None:
+    def compute_targets(self, sample_flat: np.ndarray, n_samples: int, weights: np.ndarray | None = None) -> None:
         """``dbar = T(q)`` with ``q = (counts + 1/|X|) / (N + 1)``: the positivity rule of
-        :mod:`fsll_ooc.cost` (one pseudo-sample spread uniformly)."""
+        :mod:`fsll_ooc.cost` (one pseudo-sample spread uniformly).
+
+        ``weights``: soft counts (EM, :mod:`fsll_ooc.missing`): ``sample_flat`` are then
+        distinct cells and ``weights`` their (real, non-negative) counts, summing to
+        ``n_samples``."""
         L = self.layout
-        flat, counts = np.unique(np.asarray(sample_flat, np.int64), return_counts=True)
+        if weights is None:
+            flat, counts = np.unique(np.asarray(sample_flat, np.int64), return_counts=True)
+        else:
+            flat, counts = np.asarray(sample_flat, np.int64), np.asarray(weights, np.float64)
         groups = self._group("A", flat, counts.astype(np.float64) / (n_samples + 1.0))
         empty = (np.zeros(0, np.int64), np.zeros(0))
         ops_a = (("add", 1.0 / (L.size * (n_samples + 1.0))), ("T", L.a_axes, False))
