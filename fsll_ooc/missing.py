@@ -7,10 +7,11 @@ variables"):
 
 * **E-step** (:func:`e_step`): each incomplete row is spread over its completions
   under the current model, exactly: the slice of ``p`` fixed by the row's observed
-  cells, divided by its sum.  Rows are grouped by their missingness pattern
-  (:func:`group_patterns`), and within a pattern by their observed values, so a
-  pattern costs one gather of ``u * prod(k_missing)`` cells of ``p`` (``u`` distinct
-  observed rows; never more than the table's size).  The result is soft counts: ``(cell, weight)`` pairs whose
+  cells, divided by its sum.  Identical rows are counted once, and rows whose
+  missing variables have the same cardinalities are handled together
+  (:func:`group_rows`), so the work is a few array operations per group, not per row
+  or per missingness pattern: one gather of ``prod(k_missing)`` cells of ``p`` per
+  distinct row.  The result is soft counts: ``(cell, weight)`` pairs whose
   weights sum to ``N``, the number of rows.
 * **M-step**: the learner, warm-started from the current ``theta``, on the targets of
   the soft counts (the same positivity rule and the same cost, with ``N`` the number
@@ -47,7 +48,7 @@ import numpy as np
 
 from . import basis, cost as C
 
-__all__ = ["MISSING", "Pattern", "EMResult", "MStep", "group_patterns", "e_step", "objective",
+__all__ = ["MISSING", "Group", "EMResult", "MStep", "group_rows", "e_step", "objective",
            "uniform_mean_log_p", "initial_table", "run_em", "fit_em", "split_missing", "log_prob", "impute",
            "posterior", "CHUNK_CELLS"]
 
@@ -58,20 +59,27 @@ CHUNK_CELLS = 2**22
 
 
 @dataclass(frozen=True, eq=False)
-class Pattern:
-    """The rows that miss exactly the variables ``missing``.
+class Group:
+    """The distinct rows whose missing variables have the cardinalities ``kmiss`` (in order).
 
-    ``values[j]`` are the observed codes (on ``observed``, in order) of the ``j``-th
-    distinct observed row, ``counts[j]`` how many rows have them; ``rows`` are the
-    rows' indices in the data and ``inverse[r]`` the distinct row of ``rows[r]``.
+    ``codes[j]`` is the ``j``-th distinct row (``-1`` at its missing cells),
+    ``axes[j]`` its missing variables (ascending), ``counts[j]`` how many data rows
+    it stands for; ``rows`` are those data rows and ``inverse[r]`` the distinct row of
+    ``rows[r]``.  A row's completions are the ``prod(kmiss)`` joint states of its
+    missing variables, in C order over them.
     """
 
-    missing: tuple[int, ...]
-    observed: tuple[int, ...]
-    values: np.ndarray
+    kmiss: tuple[int, ...]
+    codes: np.ndarray
+    axes: np.ndarray
     counts: np.ndarray
     rows: np.ndarray
     inverse: np.ndarray
+
+    @property
+    def size(self) -> int:
+        """Completions per row."""
+        return math.prod(self.kmiss)
 
 
 def split_missing(X, *, codes_missing: bool = True, fill: Sequence | None = None):
@@ -128,46 +136,65 @@ def split_missing(X, *, codes_missing: bool = True, fill: Sequence | None = None
     return X, mask
 
 
-def group_patterns(codes: np.ndarray, cards: Sequence[int]) -> list[Pattern]:
-    """Group the rows of ``codes`` (``MISSING`` = -1 marks a missing cell) by missingness pattern.
+def group_rows(codes: np.ndarray, cards: Sequence[int]) -> list[Group]:
+    """Group the rows of ``codes`` (``MISSING`` = -1 marks a missing cell): identical rows
+    become one distinct row with a count, and distinct rows whose missing variables have
+    the same cardinalities form one :class:`Group` (the complete rows first, then by
+    number of missing cells).  The work of a group is a few array operations, whatever
+    the number of missingness patterns in it.
 
-    Patterns come in a fixed order (the complete pattern first, then by the missing
-    set), distinct observed rows in C order of their codes.
-
-    >>> pats = group_patterns(np.array([[0, 1], [-1, 1], [0, 1], [1, -1]]), (2, 2))
-    >>> [(p.missing, p.values.tolist(), p.counts.tolist()) for p in pats]
-    [((), [[0, 1]], [2]), ((0,), [[1]], [1]), ((1,), [[1]], [1])]
+    >>> gs = group_rows(np.array([[0, 1], [-1, 1], [0, 1], [1, -1]]), (2, 2))
+    >>> [(g.kmiss, g.codes.tolist(), g.counts.tolist()) for g in gs]
+    [((), [[0, 1]], [2.0]), ((2,), [[-1, 1], [1, -1]], [1.0, 1.0])]
     """
     codes = np.asarray(codes, np.int64)
     cards = tuple(int(k) for k in cards)
-    n = codes.shape[1]
+    N, n = codes.shape
     miss = codes < 0
-    weights = np.left_shift(np.int64(1), np.arange(n, dtype=np.int64)) if n <= 62 else None
-    if weights is not None:
-        key = miss.astype(np.int64) @ weights
-        masks, inv = np.unique(key, return_inverse=True)
-        mask_rows = [(m >> np.arange(n)) & 1 == 1 for m in masks.tolist()]
+    base = np.where(miss, 0, codes) @ _strides(cards)
+    if n <= 62:  # identical rows: same missing cells (bits of one int) and same observed cells
+        mkey = miss.astype(np.int64) @ _bits(n)
+        order = np.lexsort((base, mkey))
+        new = np.ones(N, bool)
+        new[1:] = (mkey[order][1:] != mkey[order][:-1]) | (base[order][1:] != base[order][:-1])
+        first = order[new]
+        inv = np.empty(N, np.int64)
+        inv[order] = np.cumsum(new) - 1
     else:  # pragma: no cover - more than 62 variables
-        mrows, inv = np.unique(miss, axis=0, return_inverse=True)
-        mask_rows = list(mrows)
-    inv = inv.reshape(-1)
-    order = np.argsort(inv, kind="stable")
-    bounds = np.searchsorted(inv[order], np.arange(len(mask_rows) + 1))
-    out = []
-    for j in sorted(range(len(mask_rows)), key=lambda j: (int(mask_rows[j].sum()), tuple(np.flatnonzero(mask_rows[j])))):
-        rows = order[bounds[j]:bounds[j + 1]]
-        mask = np.asarray(mask_rows[j], bool)
-        obs = tuple(int(i) for i in np.flatnonzero(~mask))
-        mis = tuple(int(i) for i in np.flatnonzero(mask))
-        sub = codes[np.ix_(rows, list(obs))] if obs else np.zeros((len(rows), 0), np.int64)
-        if obs:
-            key = np.ravel_multi_index(tuple(sub.T), tuple(cards[i] for i in obs))
-            uk, first, inverse, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
-            values = sub[first]
-        else:
-            values, inverse, counts = np.zeros((1, 0), np.int64), np.zeros(len(rows), np.int64), np.array([len(rows)])
-        out.append(Pattern(mis, obs, values, counts.astype(np.float64), rows, inverse.reshape(-1)))
-    return out
+        key = np.concatenate([np.packbits(miss, axis=1), base.view(np.uint8).reshape(N, 8)], axis=1)
+        _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+    dmiss = miss[first]  # (u, n) missing cells of each distinct row
+    counts = np.bincount(inv, minlength=len(first)).astype(np.float64)
+    # the signature of a distinct row: the cardinalities of its missing variables, in order
+    masks, mask_of = np.unique(dmiss.astype(np.int64) @ _bits(n), return_inverse=True) if n <= 62 else \
+        np.unique(np.packbits(dmiss, axis=1), axis=0, return_inverse=True)
+    sig_ids: dict = {}
+    sig_of_mask = np.empty(len(masks), np.int64)
+    for t, j in enumerate(np.unique(mask_of.reshape(-1), return_index=True)[1]):
+        kmiss = tuple(cards[a] for a in np.flatnonzero(dmiss[j]))
+        sig_of_mask[t] = sig_ids.setdefault(kmiss, len(sig_ids))
+    sig = sig_of_mask[mask_of.reshape(-1)]
+    by_sig = np.argsort(sig, kind="stable")
+    sig_bounds = np.searchsorted(sig[by_sig], np.arange(len(sig_ids) + 1))
+    local = np.empty(len(first), np.int64)  # a distinct row's index inside its group
+    for g in range(len(sig_ids)):
+        local[by_sig[sig_bounds[g]:sig_bounds[g + 1]]] = np.arange(sig_bounds[g + 1] - sig_bounds[g])
+    row_sig = sig[inv]
+    row_order = np.argsort(row_sig, kind="stable")
+    row_bounds = np.searchsorted(row_sig[row_order], np.arange(len(sig_ids) + 1))
+    groups = []
+    for kmiss, g in sig_ids.items():
+        d = by_sig[sig_bounds[g]:sig_bounds[g + 1]]  # distinct rows of this group
+        axes = np.nonzero(dmiss[d])[1].reshape(len(d), len(kmiss)).astype(np.int64)
+        rows = row_order[row_bounds[g]:row_bounds[g + 1]]
+        groups.append(Group(kmiss, codes[first[d]], axes, counts[d], rows, local[inv[rows]]))
+    groups.sort(key=lambda g: (len(g.kmiss), g.kmiss))
+    return groups
+
+
+def _bits(n: int) -> np.ndarray:
+    return np.left_shift(np.int64(1), np.arange(n, dtype=np.int64))
 
 
 def _strides(cards: Sequence[int]) -> np.ndarray:
@@ -177,20 +204,18 @@ def _strides(cards: Sequence[int]) -> np.ndarray:
     return st
 
 
-def _offsets(cards: Sequence[int], axes: Sequence[int]) -> np.ndarray:
-    """Flat offsets of every joint state of ``axes`` (C order over them), other axes at 0."""
-    st = _strides(cards)
-    off = np.zeros(1, np.int64)
-    for a in axes:
-        off = (off[:, None] + np.arange(cards[a], dtype=np.int64)[None, :] * st[a]).reshape(-1)
-    return off
+def _digits(kmiss: tuple) -> np.ndarray:
+    """``(m, K)``: the digits of every joint state of variables of cardinalities ``kmiss`` (C order)."""
+    return np.indices(kmiss, dtype=np.int64).reshape(len(kmiss), math.prod(kmiss))
 
 
-def _bases(pat: Pattern, cards: Sequence[int]) -> np.ndarray:
-    """Flat index of each distinct observed row with its missing cells at 0."""
-    if not pat.observed:
-        return np.zeros(len(pat.values), np.int64)
-    return pat.values @ _strides(cards)[list(pat.observed)]
+def _cells(g: Group, sl: slice, strides: np.ndarray) -> np.ndarray:
+    """``(rows, K)`` flat cells of the completions of the distinct rows ``sl`` of ``g``."""
+    c = g.codes[sl]
+    idx = (np.where(c < 0, 0, c) @ strides)[:, None] + np.zeros((1, g.size), np.int64)
+    for j, dig in enumerate(_digits(g.kmiss)):
+        idx += strides[g.axes[sl, j]][:, None] * dig[None, :]
+    return idx
 
 
 def _row_chunks(u: int, k: int):
@@ -199,33 +224,39 @@ def _row_chunks(u: int, k: int):
         yield slice(s, min(u, s + b))
 
 
-def e_step(p: np.ndarray, patterns: Sequence[Pattern]) -> tuple[np.ndarray, np.ndarray, float]:
+def e_step(p: np.ndarray, groups: Sequence[Group]) -> tuple[np.ndarray, np.ndarray, float]:
     """Soft counts of the data under the normalised dense table ``p``.
 
     Returns ``(cells, weights, loglik)``: the occupied cells (flat, increasing), their
     expected counts (summing to the number of rows), and the observed-data
     log-likelihood ``sum_rows log p(observed cells of the row)`` in nats.
     """
-    cards = p.shape
     pf = p.reshape(-1)
+    st = _strides(p.shape)
     soft = np.zeros(pf.size)
     ll = 0.0
-    for pat in patterns:
-        base, cnt = _bases(pat, cards), pat.counts
-        if not pat.missing:
-            soft[base] += cnt  # distinct observed rows: distinct cells
-            ll += float(cnt @ np.log(pf[base]))
-            continue
-        k = math.prod(cards[a] for a in pat.missing)
-        off = _offsets(cards, pat.missing)  # len(base) * k <= |X|: the rows' slices of p
-        for sl in _row_chunks(len(base), k):
-            idx = base[sl, None] + off[None, :]
+    parts: list = []  # (cells, weights) not yet added: rows of one group may share cells
+    held = 0
+    for g in groups:
+        for sl in _row_chunks(len(g.codes), g.size):
+            idx = _cells(g, sl, st)
             P = pf[idx]
             s = P.sum(axis=1)
-            ll += float(cnt[sl] @ np.log(s))
-            soft[idx.reshape(-1)] += (P * (cnt[sl] / s)[:, None]).reshape(-1)
+            cnt = g.counts[sl]
+            ll += float(cnt @ np.log(s))
+            parts.append((idx.reshape(-1), (P * (cnt / s)[:, None]).reshape(-1)))
+            held += idx.size
+            if held >= pf.size:
+                soft += _add_up(parts, pf.size)
+                parts, held = [], 0
+    if parts:
+        soft += _add_up(parts, pf.size)
     cells = np.flatnonzero(soft)
     return cells, soft[cells], ll
+
+
+def _add_up(parts, size: int) -> np.ndarray:
+    return np.bincount(np.concatenate([c for c, _ in parts]), np.concatenate([w for _, w in parts]), minlength=size)
 
 
 def uniform_mean_log_p(theta: dict, cards: Sequence[int], log_z: float) -> float:
@@ -336,9 +367,9 @@ def run_em(learner, codes: np.ndarray, cards: Sequence[int], *, n_hidden: int = 
     """
     cards = tuple(int(k) for k in cards)
     N = int(np.asarray(codes).shape[0])
-    patterns = group_patterns(codes, cards)
+    groups = group_rows(codes, cards)
     t0 = time.perf_counter()
-    cells, weights, _ = e_step(initial_table(codes, cards, n_hidden, seed), patterns)
+    cells, weights, _ = e_step(initial_table(codes, cards, n_hidden, seed), groups)
     res = EMResult(learner=learner, seed=None if seed is None else int(seed))
     prev = math.inf
     while True:
@@ -346,7 +377,7 @@ def run_em(learner, codes: np.ndarray, cards: Sequence[int], *, n_hidden: int = 
         learner.m_step(cells, weights)
         res.rounds += 1
         p = learner.table()
-        cells, weights, ll = e_step(p, patterns)
+        cells, weights, ll = e_step(p, groups)
         j = objective(ll, N, learner.uniform_mean_log_p(), learner.penalty())
         res.kl_soft = float(weights @ (np.log(weights / N) - np.log(p.reshape(-1)[cells]))) / N
         entry = {"round": res.rounds, "objective": j, "loglik": ll / N, "iters": learner.n_iter - before,
@@ -430,47 +461,38 @@ def fit_em(make_learner: Callable[[], MStep], codes: np.ndarray, cards: Sequence
 
 # --------------------------------------------------------------------------- queries with missing cells
 
-def _completions(model, pat: Pattern, table):
-    """Yield ``(slice of distinct rows, P)``: ``P[j, m]`` is ``p(observed row j, missing state m)``
-    (missing states in C order over ``pat.missing``)."""
+def _completions(model, g: Group, table):
+    """Yield ``(slice of distinct rows, P)``: ``P[j, m]`` is ``p(distinct row j completed by state m)``."""
     cards = tuple(model.cardinalities_)
-    k = math.prod(cards[a] for a in pat.missing)
-    u = len(pat.values)
+    u, K = len(g.codes), g.size
     if table is None:  # enumerate the completions and evaluate the sparse model on them
-        grids = np.indices([cards[a] for a in pat.missing]).reshape(len(pat.missing), -1).T
-        for sl in _row_chunks(u, k):
+        digits = _digits(g.kmiss)
+        for sl in _row_chunks(u, K):
             b = sl.stop - sl.start
-            full = np.empty((b, k, len(cards)), np.int64)
-            for j, a in enumerate(pat.observed):
-                full[:, :, a] = pat.values[sl, j][:, None]
-            for j, a in enumerate(pat.missing):
-                full[:, :, a] = grids[None, :, j]
+            full = np.repeat(g.codes[sl][:, None, :], K, axis=1)
+            for j, dig in enumerate(digits):
+                full[np.arange(b)[:, None], np.arange(K)[None, :], g.axes[sl, j][:, None]] = dig[None, :]
             lp = model._log_potential(full.reshape(-1, len(cards))) - model.log_z_
-            yield sl, np.exp(lp.reshape(b, k))
+            yield sl, np.exp(lp.reshape(b, K))
         return
     if isinstance(table, np.ndarray):
-        pf = table.reshape(-1)
-        base, off = _bases(pat, cards), _offsets(cards, pat.missing)
-        for sl in _row_chunks(u, k):
-            yield sl, pf[base[sl, None] + off[None, :]]
+        pf, st = table.reshape(-1), _strides(cards)
+        for sl in _row_chunks(u, K):
+            yield sl, pf[_cells(g, sl, st)]
         return
     for j in range(u):  # a dask table (out of core): one slice per distinct row
-        at = [slice(None)] * len(cards)
-        for jj, a in enumerate(pat.observed):
-            at[a] = int(pat.values[j, jj])
-        sub = table[tuple(at)]
+        at = tuple(slice(None) if v < 0 else int(v) for v in g.codes[j])
+        sub = table[at]
         sub = np.asarray(sub.compute() if hasattr(sub, "compute") else sub, np.float64)
         yield slice(j, j + 1), sub.reshape(1, -1)
 
 
-def _table_for(model, pat: Pattern, cache: dict):
+def _table_for(model, g: Group, cache: dict):
     """``None`` (enumerate completions) when that is cheaper than building the model's table."""
     cards = tuple(model.cardinalities_)
-    size = math.prod(cards)
-    k = math.prod(cards[a] for a in pat.missing)
     eng = getattr(model, "_engine", None)
     in_core = eng is not None and eng.layout.a == 0
-    if not in_core and "p" not in cache and len(pat.values) * k * max(1, len(model.theta_)) <= 4 * size:
+    if not in_core and "p" not in cache and len(g.codes) * g.size * max(1, len(model.theta_)) <= 4 * math.prod(cards):
         return None
     if "p" not in cache:
         cache["p"] = model.probabilities()
@@ -482,90 +504,95 @@ def log_prob(model, codes: np.ndarray) -> np.ndarray:
     codes = np.asarray(codes, np.int64)
     out = np.empty(codes.shape[0])
     cache: dict = {}
-    cards = tuple(model.cardinalities_)
-    for pat in group_patterns(codes, cards):
-        if not pat.missing:
-            full = np.empty((len(pat.values), len(cards)), np.int64)
-            full[:, list(pat.observed)] = pat.values
-            lp = model._log_potential(full) - model.log_z_
+    for g in group_rows(codes, model.cardinalities_):
+        if not g.kmiss:
+            lp = model._log_potential(g.codes) - model.log_z_
         else:
-            table = _table_for(model, pat, cache)
-            if table is not None and not isinstance(table, np.ndarray):  # out of core: one streamed marginal
-                po = table.sum(axis=pat.missing)
-                po = np.asarray(po.compute() if hasattr(po, "compute") else po, np.float64)
-                lp = np.log(po[tuple(pat.values.T)]) if pat.observed else np.log(np.full(1, float(po)))
+            table = _table_for(model, g, cache)
+            lp = np.empty(len(g.codes))
+            if table is not None and not isinstance(table, np.ndarray):  # out of core: streamed marginals
+                pats, which = np.unique(g.axes, axis=0, return_inverse=True)
+                which = which.reshape(-1)
+                for t, ax in enumerate(pats):
+                    sel = np.flatnonzero(which == t)
+                    po = table.sum(axis=tuple(int(a) for a in ax))
+                    po = np.asarray(po.compute() if hasattr(po, "compute") else po, np.float64)
+                    obs = g.codes[sel][:, [i for i in range(codes.shape[1]) if i not in set(ax.tolist())]]
+                    lp[sel] = np.log(po[tuple(obs.T)]) if obs.shape[1] else math.log(float(po))
             else:
-                lp = np.empty(len(pat.values))
-                for sl, P in _completions(model, pat, table):
+                for sl, P in _completions(model, g, table):
                     lp[sl] = np.log(P.sum(axis=1))
-        out[pat.rows] = lp[pat.inverse]
+        out[g.rows] = lp[g.inverse]
     return out
 
 
-def _conditionals(model, codes: np.ndarray, keep):
-    """Yield ``(pattern, slice, C)`` with ``C[j]`` the distribution of ``keep(pattern)`` (a subset of
-    its missing variables, joint, C order) given distinct observed row ``j``."""
-    cards = tuple(model.cardinalities_)
+def _conditionals(model, codes: np.ndarray, n_keep):
+    """Yield ``(group, slice, C, kept)``: ``C[j]`` is the joint distribution, given distinct row
+    ``j``'s observed cells, of the ``kept`` positions of its missing variables
+    (``n_keep(group)`` returns that slice of positions)."""
     cache: dict = {}
-    for pat in group_patterns(codes, cards):
-        axes = keep(pat)
-        if not pat.missing:
-            yield pat, slice(0, len(pat.values)), np.ones((len(pat.values), 1)), axes
+    for g in group_rows(codes, model.cardinalities_):
+        kept = n_keep(g)
+        if not g.kmiss:
+            yield g, slice(0, len(g.codes)), np.ones((len(g.codes), 1)), kept
             continue
-        table = _table_for(model, pat, cache)
-        drop = tuple(j + 1 for j, a in enumerate(pat.missing) if a not in axes)
-        for sl, P in _completions(model, pat, table):
-            P = P.reshape((P.shape[0],) + tuple(cards[a] for a in pat.missing))
+        table = _table_for(model, g, cache)
+        drop = tuple(j + 1 for j in range(len(g.kmiss)) if j not in range(*kept.indices(len(g.kmiss))))
+        for sl, P in _completions(model, g, table):
+            P = P.reshape((P.shape[0],) + g.kmiss)
             if drop:
                 P = P.sum(axis=drop)
             P = P.reshape(P.shape[0], -1)
-            yield pat, sl, P / P.sum(axis=1, keepdims=True), axes
+            yield g, sl, P / P.sum(axis=1, keepdims=True), kept
 
 
-def impute(model, codes: np.ndarray, method: str = "mode", random_state=None,
-           hidden: Sequence[int] = ()) -> np.ndarray:
+def _rows_of(g: Group, sl: slice):
+    sel = (g.inverse >= sl.start) & (g.inverse < sl.stop)
+    return g.rows[sel], g.inverse[sel] - sl.start
+
+
+def impute(model, codes: np.ndarray, method: str = "mode", random_state=None, n_hidden: int = 0) -> np.ndarray:
     """Fill the missing cells (``-1``) of ``codes`` given each row's observed cells.
 
     ``method="mode"``: the most probable joint completion of the row's missing cells
-    (ties: the lowest codes); ``"sample"``: a draw from that conditional.  Variables
-    in ``hidden`` are marginalised out and left as they are.
+    (ties: the lowest codes, C order); ``"sample"``: a draw from that conditional.
+    The last ``n_hidden`` variables (hidden, missing in every row) are marginalised
+    out and left as they are.
     """
     if method not in ("mode", "sample"):
         raise ValueError(f"method must be 'mode' or 'sample', got {method!r}")
     codes = np.asarray(codes, np.int64)
     out = codes.copy()
     rng = np.random.default_rng(random_state)
-    cards = tuple(model.cardinalities_)
-    hid = set(int(h) for h in hidden)
-    for pat, sl, C, axes in _conditionals(model, codes, lambda pat: tuple(a for a in pat.missing if a not in hid)):
-        if not axes:
+    for g, sl, C, kept in _conditionals(model, codes, lambda g: slice(0, len(g.kmiss) - n_hidden)):
+        m = len(g.kmiss) - n_hidden
+        if m <= 0:
             continue
-        sel = np.isin(pat.inverse, np.arange(sl.start, sl.stop))
-        rows, which = pat.rows[sel], pat.inverse[sel] - sl.start
+        rows, which = _rows_of(g, sl)
         if method == "mode":
             pick = np.argmax(C, axis=1)[which]
         else:
             cdf = np.cumsum(C[which], axis=1)
             pick = (cdf < rng.random(len(which))[:, None] * cdf[:, -1:]).sum(axis=1)
             pick = np.minimum(pick, C.shape[1] - 1)
-        states = np.unravel_index(pick, tuple(cards[a] for a in axes))
-        for a, s in zip(axes, states):
-            out[rows, a] = s
+        states = np.unravel_index(pick, g.kmiss[:m])
+        for j, s in enumerate(states):
+            out[rows, g.axes[sl][which, j]] = s
     return out
 
 
-def posterior(model, codes: np.ndarray, axes: Sequence[int]) -> np.ndarray:
-    """``p(variables axes | observed cells)`` per row: ``(N, prod k_axes)``, joint in C order.
+def posterior(model, codes: np.ndarray, n_hidden: int) -> np.ndarray:
+    """``p(hidden variables | observed cells)`` per row: ``(N, prod k_hidden)``, joint in C order.
 
-    Every variable in ``axes`` must be missing (``-1``) in every row.
+    The hidden variables are the last ``n_hidden``; they must be missing (``-1``) in
+    every row.
     """
     codes = np.asarray(codes, np.int64)
-    axes = tuple(int(a) for a in axes)
     cards = tuple(model.cardinalities_)
-    out = np.empty((codes.shape[0], math.prod(cards[a] for a in axes)))
-    for pat, sl, C, _ in _conditionals(model, codes, lambda pat: axes):
-        sel = np.isin(pat.inverse, np.arange(sl.start, sl.stop))
-        out[pat.rows[sel]] = C[pat.inverse[sel] - sl.start]
+    out = np.empty((codes.shape[0], math.prod(cards[len(cards) - n_hidden:])))
+    for g, sl, C, _ in _conditionals(model, codes, lambda g: slice(len(g.kmiss) - n_hidden, len(g.kmiss))):
+        rows, which = _rows_of(g, sl)
+        out[rows] = C[which]
     return out
 
 
@@ -729,7 +756,7 @@ def impute_frame(est, X, method: str, random_state):
     c, _ = codes(est, X)
     h = _n_hidden(est)
     n = len(est.cardinalities_)
-    out = impute(est, c, method=method, random_state=random_state, hidden=tuple(range(n - h, n)))[:, :n - h]
+    out = impute(est, c, method=method, random_state=random_state, n_hidden=h)[:, :n - h]
     if hasattr(X, "columns") and getattr(est, "categories_", None) is not None:
         from .io import decode
 
@@ -747,10 +774,9 @@ def predict_hidden(est, X):
         raise ValueError("this model has no hidden variables; fit with FSLL(hidden=[k, ...])")
     c, _ = codes(est, X)
     n = len(est.cardinalities_)
-    axes = tuple(range(n - h, n))
-    post = posterior(est, c, axes)
+    post = posterior(est, c, h)
     if h == 1:
         return post
-    hc = tuple(est.cardinalities_[a] for a in axes)
+    hc = tuple(est.cardinalities_[n - h:])
     joint = post.reshape((-1,) + hc)
     return [joint.sum(axis=tuple(j + 1 for j in range(h) if j != i)) for i in range(h)]

@@ -56,21 +56,25 @@ def model():
     return FSLL(progress=False).fit(datasets.sample_table(p, 1500, seed=4))
 
 
-def test_patterns_partition_the_rows(data):
+def test_groups_partition_the_rows(data):
     _, Xm = data
-    pats = M.group_patterns(Xm, CARDS)
-    rows = np.sort(np.concatenate([pt.rows for pt in pats]))
+    groups = M.group_rows(Xm, CARDS)
+    rows = np.sort(np.concatenate([g.rows for g in groups]))
     assert np.array_equal(rows, np.arange(len(Xm)))
-    for pt in pats:
-        assert (Xm[np.ix_(pt.rows, list(pt.missing))] < 0).all()
-        assert (Xm[np.ix_(pt.rows, list(pt.observed))] >= 0).all()
-        assert np.array_equal(Xm[np.ix_(pt.rows, list(pt.observed))], pt.values[pt.inverse])
-        assert pt.counts.sum() == len(pt.rows)
+    seen = set()
+    for g in groups:
+        assert np.array_equal(Xm[g.rows], g.codes[g.inverse])  # each row is its distinct row
+        assert np.array_equal(np.bincount(g.inverse, minlength=len(g.codes)), g.counts)
+        for c, ax in zip(g.codes, g.axes):
+            assert list(ax) == list(np.flatnonzero(c < 0)) and tuple(CARDS[a] for a in ax) == g.kmiss
+            assert tuple(c) not in seen
+            seen.add(tuple(c))
+    assert len({g.kmiss for g in groups}) == len(groups)
 
 
 def test_e_step_equals_enumeration(data):
     p, Xm = data
-    cells, w, ll = M.e_step(p, M.group_patterns(Xm, CARDS))
+    cells, w, ll = M.e_step(p, M.group_rows(Xm, CARDS))
     soft, ll_ref = brute_soft(p, Xm)
     got = np.zeros(p.size)
     got[cells] = w
@@ -79,10 +83,23 @@ def test_e_step_equals_enumeration(data):
     assert math.isclose(w.sum(), len(Xm), rel_tol=1e-12)
 
 
+def test_e_step_with_shared_completions_equals_enumeration():
+    """Rows of one group (missing variables of equal cardinalities) share completions."""
+    cards = (2, 3, 2, 2)
+    p = np.random.default_rng(0).dirichlet(np.ones(24)).reshape(cards)
+    X = _holes(datasets.sample_table(p, 300, seed=1), 0.35, seed=3)
+    groups = M.group_rows(X, cards)
+    assert any(len({tuple(a) for a in g.axes}) > 1 for g in groups)
+    cells, w, ll = M.e_step(p, groups)
+    soft, ll_ref = brute_soft(p, X)
+    np.testing.assert_allclose(w, soft.reshape(-1)[cells], rtol=1e-12)
+    assert math.isclose(w.sum(), 300, rel_tol=1e-12) and math.isclose(ll, ll_ref, rel_tol=1e-12)
+
+
 def test_e_step_in_chunks_equals_enumeration(data, monkeypatch):
     p, Xm = data
     monkeypatch.setattr(M, "CHUNK_CELLS", 7)  # several row chunks per pattern
-    cells, w, ll = M.e_step(p, M.group_patterns(Xm, CARDS))
+    cells, w, ll = M.e_step(p, M.group_rows(Xm, CARDS))
     soft, ll_ref = brute_soft(p, Xm)
     np.testing.assert_allclose(w, soft.reshape(-1)[cells], rtol=1e-12)
     assert math.isclose(ll, ll_ref, rel_tol=1e-12)
@@ -110,7 +127,7 @@ def test_log_prob_marginalises_missing_cells(data, model, route, monkeypatch):
     _, Xm = data
     P = model.probabilities()
     if route == "enumerate":
-        monkeypatch.setattr(M, "_table_for", lambda model, pat, cache: None)
+        monkeypatch.setattr(M, "_table_for", lambda model, g, cache: None)
     got = M.log_prob(model, Xm)
     ref = [math.log(sum(P[c] for c in completions(row, CARDS))) for row in Xm]
     np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
@@ -152,12 +169,14 @@ def _brute_modes(P, X, hidden=()):
 def test_impute_mode_is_the_conditional_argmax(data, model, route, monkeypatch):
     _, Xm = data
     if route == "enumerate":
-        monkeypatch.setattr(M, "_table_for", lambda model, pat, cache: None)
+        monkeypatch.setattr(M, "_table_for", lambda model, g, cache: None)
     P = model.probabilities()
     assert np.array_equal(M.impute(model, Xm), _brute_modes(P, Xm))
     # a hidden variable is marginalised out and left missing
-    got = M.impute(model, Xm, hidden=(3,))
-    assert np.array_equal(got, _brute_modes(P, Xm, hidden=(3,)))
+    Xh = Xm.copy()
+    Xh[:, 3] = M.MISSING
+    got = M.impute(model, Xh, n_hidden=1)
+    assert np.array_equal(got, _brute_modes(P, Xh, hidden=(3,)))
 
 
 def test_impute_sample_follows_the_conditional(model):
@@ -177,10 +196,10 @@ def test_posterior_is_the_conditional(data, model):
     _, Xm = data
     P = model.probabilities()
     X = Xm.copy()
-    X[:, 1] = M.MISSING
-    got = M.posterior(model, X, (1,))
+    X[:, 3] = M.MISSING
+    got = M.posterior(model, X, 1)
     for r, row in enumerate(X[:60]):
-        ref = np.array([sum(P[c] for c in completions([*row[:1], j, *row[2:]], CARDS)) for j in range(3)])
+        ref = np.array([sum(P[c] for c in completions([*row[:3], j], CARDS)) for j in range(5)])
         np.testing.assert_allclose(got[r], ref / ref.sum(), rtol=1e-10)
 
 

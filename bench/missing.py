@@ -1,0 +1,281 @@
+#!/usr/bin/env python
+"""Incomplete rows and hidden variables: EM against the usual work-arounds.
+
+Parts (``--parts``):
+
+* ``synth``: data with a known ``p*`` (the paper's S datasets, 20 binary variables,
+  N = 1000; a mixed-cardinality Bayesian network, cards 2,3,4,5,2,3,4,5,3,2,
+  two parents per node, N = 5000), with 5, 20 and 40 % of the cells removed
+  completely at random (MCAR) or at random given the first two columns, which stay
+  observed (MAR: a cell of a row with ``X0 = 0`` is removed with 0.4 times the rate,
+  with ``X0 != 0`` 1.6 times, capped at 0.95).  ``KL(p* || p)`` of
+  ``FSLL(missing="em")``, of a fit on the complete rows only ("drop"), and of a fit
+  with "missing" as one more category of every incomplete variable ("category":
+  ``p`` is its table restricted to the real categories and renormalised; only where
+  that table fits, ``(k+1)^n`` cells), and EM's rounds and seconds per round.
+* ``latent``: a latent-class model: a hidden variable with 3 states over 12
+  observed ones (cards 2 and 3 alternating), each observed variable's conditional
+  ``Dirichlet(0.5)`` given the class; 3000 training and 3000 test rows.  Held-out
+  log-likelihood per row of ``FSLL()`` and ``FSLL(hidden=[3])``, and the adjusted
+  Rand index of the posterior's argmax against the true classes.
+* ``adult``: the UCI Adult file's categorical columns workclass, marital-status,
+  occupation, relationship, race, sex, Salary ('?' is missing), and the same with
+  native-country; rows shuffled with seed 0, the first 80 % for training.  Held-out
+  log-likelihood per test row (missing cells marginalised) of EM on every training
+  row against the fit on the complete training rows.
+
+Usage::
+
+    python bench/missing.py [--parts synth latent adult] [--quick] [--json out.json]
+                            [--adult ../shared/data/adult/adult.csv]
+
+Prints a markdown report (for ``docs/benchmarks_quality.md``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from fsll_ooc import FSLL, datasets  # noqa: E402
+from fsll_ooc.missing import MISSING  # noqa: E402
+
+RATES = (0.05, 0.2, 0.4)
+MIX_CARDS = (2, 3, 4, 5, 2, 3, 4, 5, 3, 2)
+ADULT_COLS = ["workclass", "marital-status", "occupation", "relationship", "race", "sex", "Salary"]
+ADULT_WIDE = ADULT_COLS[:-1] + ["native-country", "Salary"]
+CATEGORY_LIMIT = 2**22  # largest "missing as a category" table fitted
+
+
+def kl(p: np.ndarray, q: np.ndarray) -> float:
+    """``KL(p || q)`` in nats (``0 ln 0 = 0``)."""
+    p, q = np.asarray(p, np.float64).ravel(), np.asarray(q, np.float64).ravel()
+    m = p > 0
+    return float(np.sum(p[m] * (np.log(p[m]) - np.log(q[m]))))
+
+
+def remove_cells(X: np.ndarray, rate: float, mechanism: str, seed: int) -> np.ndarray:
+    """``X`` with cells removed (``-1``): MCAR, or MAR given columns 0 and 1 (kept)."""
+    rng = np.random.default_rng(seed)
+    u = rng.random(X.shape)
+    if mechanism == "MCAR":
+        drop = u < rate
+    else:
+        prob = np.where(X[:, :1] == 0, 0.4 * rate, 1.6 * rate).clip(max=0.95)
+        drop = u < prob
+        drop[:, :2] = False
+    out = X.copy()
+    out[drop] = MISSING
+    return out
+
+
+def fit_timed(model, X):
+    t = time.perf_counter()
+    model.fit(X)
+    return model, time.perf_counter() - t
+
+
+def category_table(Xm: np.ndarray, cards) -> np.ndarray | None:
+    """'Missing' as one more category: fit, then the table on the real categories, renormalised."""
+    cards2 = tuple(k + 1 if (Xm[:, i] < 0).any() else k for i, k in enumerate(cards))
+    if math.prod(cards2) > CATEGORY_LIMIT:
+        return None
+    Xc = np.where(Xm < 0, np.array(cards)[None, :], Xm)
+    m = FSLL(progress=False, cardinalities=cards2).fit(Xc)
+    p = m.probabilities()[tuple(slice(0, k) for k in cards)]
+    return p / p.sum()
+
+
+def synth(quick: bool) -> list[dict]:
+    cases = [("Ising5x4S", *datasets.paper_dataset("Ising5x4S", seed=0)[::-1]),
+             ("BN20-37S", *datasets.paper_dataset("BN20-37S", seed=0)[::-1]),
+             ("BN20-54S", *datasets.paper_dataset("BN20-54S", seed=0)[::-1])]
+    pmix, _ = datasets.random_bayesnet(MIX_CARDS, 2, seed=11)
+    cases.append(("BN-mix", pmix, datasets.sample_table(pmix, 5000, seed=12)))
+    if quick:
+        cases = cases[1:2] + cases[3:]
+    rows = []
+    for name, p_true, X in cases:
+        cards = p_true.shape
+        full, t_full = fit_timed(FSLL(progress=False), X)
+        for mech in ("MCAR", "MAR"):
+            for rate in (RATES[1:2] if quick else RATES):
+                Xm = remove_cells(X, rate, mech, seed=int(rate * 1000) + (mech == "MAR"))
+                keep = (Xm >= 0).all(axis=1)
+                em, t_em = fit_timed(FSLL(progress=False, missing="em", cardinalities=cards), Xm)
+                if keep.sum() > 0:
+                    drop, t_drop = fit_timed(FSLL(progress=False, cardinalities=cards), Xm[keep])
+                    kl_drop = kl(p_true, drop.probabilities())
+                else:
+                    kl_drop, t_drop = None, None
+                t = time.perf_counter()
+                pc = category_table(Xm, cards)
+                t_cat = time.perf_counter() - t
+                rounds = em.em_history_
+                per_round = (rounds[-1]["time"] - rounds[0]["time"]) / max(1, len(rounds) - 1)
+                row = {"data": name, "N": len(X), "cells": int(math.prod(cards)), "mechanism": mech, "rate": rate,
+                       "cells_missing": float((Xm < 0).mean()), "complete_rows": int(keep.sum()),
+                       "kl_full": kl(p_true, full.probabilities()), "kl_em": kl(p_true, em.probabilities()),
+                       "kl_drop": kl_drop, "kl_category": None if pc is None else kl(p_true, pc),
+                       "em_rounds": em.em_rounds_, "em_converged": bool(em.em_converged_),
+                       "em_first_round_s": rounds[0]["time"], "em_round_s": per_round, "em_s": t_em,
+                       "drop_s": t_drop, "category_s": t_cat if pc is not None else None, "full_s": t_full}
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def ari(a: np.ndarray, b: np.ndarray) -> float:
+    """Adjusted Rand index of two labellings (Hubert & Arabie 1985)."""
+    _, ia = np.unique(a, return_inverse=True)
+    _, ib = np.unique(b, return_inverse=True)
+    table = np.zeros((ia.max() + 1, ib.max() + 1))
+    np.add.at(table, (ia, ib), 1.0)
+    comb = lambda x: x * (x - 1) / 2.0  # noqa: E731
+    s_ij, s_a, s_b = comb(table).sum(), comb(table.sum(1)).sum(), comb(table.sum(0)).sum()
+    expected = s_a * s_b / comb(len(a))
+    return float((s_ij - expected) / (0.5 * (s_a + s_b) - expected))
+
+
+def latent(quick: bool) -> list[dict]:
+    rows = []
+    for seed in ((0,) if quick else (0, 1, 2)):
+        rng = np.random.default_rng(100 + seed)
+        cards = tuple(2 + (i % 2) for i in range(12))
+        K = 3
+        pi = rng.dirichlet(np.ones(K) * 5)
+        cond = [rng.dirichlet(np.ones(k) * 0.5, size=K) for k in cards]
+
+        def draw(n):
+            z = rng.choice(K, size=n, p=pi)
+            X = np.stack([(rng.random(n)[:, None] > np.cumsum(c[z], axis=1)).sum(axis=1) for c in cond], axis=1)
+            return np.minimum(X, np.array(cards) - 1), z
+
+        Xtr, ztr = draw(3000)
+        Xte, zte = draw(3000)
+        plain, t_plain = fit_timed(FSLL(progress=False, cardinalities=cards), Xtr)
+        hid, t_hid = fit_timed(FSLL(progress=False, cardinalities=cards, hidden=[K], random_state=seed), Xtr)
+        # the truth's own held-out log-likelihood (the best any model can do on average)
+        lp_true = np.log(sum(pi[k] * np.prod([cond[i][k, Xte[:, i]] for i in range(12)], axis=0) for k in range(K)))
+        row = {"seed": seed, "ll_plain": plain.score(Xte), "ll_hidden": hid.score(Xte),
+               "ll_true": float(lp_true.mean()),
+               "ari_train": ari(ztr, hid.predict_hidden(Xtr).argmax(axis=1)),
+               "ari_test": ari(zte, hid.predict_hidden(Xte).argmax(axis=1)),
+               "bases_plain": plain.n_bases_, "bases_hidden": hid.n_bases_, "em_rounds": hid.em_rounds_,
+               "plain_s": t_plain, "hidden_s": t_hid,
+               "hidden_terms": int(sum(1 for y in hid.theta_ if y[-1]))}
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def adult(path: str, cols) -> dict:
+    import pandas as pd
+
+    df = pd.read_csv(path, sep=", ", engine="python", na_values=["?"], keep_default_na=False)[cols]
+    for c in cols:  # every label of the file (test rows may hold labels absent from training)
+        df[c] = pd.Categorical(df[c], categories=sorted(df[c].dropna().unique()))
+    order = np.random.default_rng(0).permutation(len(df))
+    cut = int(0.8 * len(df))
+    tr, te = df.iloc[order[:cut]].reset_index(drop=True), df.iloc[order[cut:]].reset_index(drop=True)
+    complete_tr = tr.dropna()
+    em, t_em = fit_timed(FSLL(progress=False, missing="em"), tr)
+    drop, t_drop = fit_timed(FSLL(progress=False), complete_tr)
+    te_complete = te.dropna()
+    inc = te[te.isna().any(axis=1)]
+    out = {"columns": len(cols), "rows": len(df), "rows_incomplete": int(df.isna().any(axis=1).sum()), "train": len(tr),
+           "train_complete": len(complete_tr), "test": len(te), "test_incomplete": len(inc),
+           "cells": int(math.prod(len(df[c].cat.categories) for c in cols)),
+           "ll_em_all": em.score(te), "ll_drop_all": drop.score(te),
+           "ll_em_complete": em.score(te_complete), "ll_drop_complete": drop.score(te_complete),
+           "ll_em_incomplete": em.score(inc), "ll_drop_incomplete": drop.score(inc),
+           "em_rounds": em.em_rounds_, "em_s": t_em, "drop_s": t_drop,
+           "bases_em": em.n_bases_, "bases_drop": drop.n_bases_}
+    print(json.dumps(out), file=sys.stderr, flush=True)
+    return out
+
+
+def fmt(v, nd=4):
+    return "–" if v is None else f"{v:.{nd}f}"
+
+
+def report(res: dict) -> str:
+    L = []
+    if "synth" in res:
+        L += ["| data | mechanism | cells removed | complete rows | KL full data | KL EM | KL drop rows | "
+              "KL 'missing' category | EM rounds | s first round | s per later round |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in res["synth"]:
+            L.append(f"| {r['data']} (N={r['N']:,}) | {r['mechanism']} | {100 * r['cells_missing']:.1f} % | "
+                     f"{r['complete_rows']:,} | {fmt(r['kl_full'])} | {fmt(r['kl_em'])} | {fmt(r['kl_drop'])} | "
+                     f"{fmt(r['kl_category'])} | {r['em_rounds']}{'' if r['em_converged'] else ' (cap)'} | "
+                     f"{r['em_first_round_s']:.2f} | {r['em_round_s']:.2f} |")
+        L.append("")
+    if "latent" in res:
+        L += ["| seed | held-out LL FSLL() | held-out LL hidden=[3] | truth's LL | ARI train | ARI test | "
+              "bases plain / hidden | EM rounds | s plain / hidden |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in res["latent"]:
+            L.append(f"| {r['seed']} | {r['ll_plain']:.4f} | {r['ll_hidden']:.4f} | {r['ll_true']:.4f} | "
+                     f"{r['ari_train']:.3f} | {r['ari_test']:.3f} | {r['bases_plain']} / {r['bases_hidden']} | "
+                     f"{r['em_rounds']} | {r['plain_s']:.1f} / {r['hidden_s']:.1f} |")
+        L.append("")
+    for a in res.get("adult", []):
+        L += [f"{a['columns']} columns, {a['cells']:,} cells, {a['rows_incomplete']:,} of {a['rows']:,} rows incomplete:", "","| test rows | held-out LL, EM on all rows | held-out LL, complete rows only |", "|---|---|---|",
+              f"| all {a['test']:,} | {a['ll_em_all']:.4f} | {a['ll_drop_all']:.4f} |",
+              f"| {a['test'] - a['test_incomplete']:,} complete | {a['ll_em_complete']:.4f} | "
+              f"{a['ll_drop_complete']:.4f} |",
+              f"| {a['test_incomplete']:,} incomplete (observed cells) | {a['ll_em_incomplete']:.4f} | "
+              f"{a['ll_drop_incomplete']:.4f} |", "",
+              f"Training: {a['train']:,} rows ({a['train_complete']:,} complete), {a['cells']:,} cells; EM "
+              f"{a['em_rounds']} rounds, {a['em_s']:.1f} s, {a['bases_em']} bases; complete rows "
+              f"{a['drop_s']:.1f} s, {a['bases_drop']} bases.", ""]
+    return "\n".join(L)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--parts", nargs="+", default=["synth", "latent", "adult"], choices=["synth", "latent", "adult"])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", help="also write the raw results here")
+    ap.add_argument("--adult", default=os.path.join(ROOT, "..", "shared", "data", "adult", "adult.csv"))
+    a = ap.parse_args(argv)
+    res = {}
+    try:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+    except OSError:  # pragma: no cover
+        commit = "?"
+    res["meta"] = {"commit": commit, "python": platform.python_version(), "cores": os.cpu_count(),
+                   "load_before": os.getloadavg()}
+    if "synth" in a.parts:
+        res["synth"] = synth(a.quick)
+    if "latent" in a.parts:
+        res["latent"] = latent(a.quick)
+    if "adult" in a.parts:
+        if os.path.exists(a.adult):
+            res["adult"] = [adult(a.adult, ADULT_COLS)] + ([] if a.quick else [adult(a.adult, ADULT_WIDE)])
+        else:
+            print(f"skipping adult: {a.adult} not found", file=sys.stderr)
+    res["meta"]["load_after"] = os.getloadavg()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    print(f"Commit {commit}; load average {res['meta']['load_before'][0]:.1f} before, "
+          f"{res['meta']['load_after'][0]:.1f} after.\n")
+    print(report(res))
+
+
+if __name__ == "__main__":
+    main()
