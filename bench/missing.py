@@ -51,6 +51,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from fsll_ooc import FSLL, datasets  # noqa: E402
+from fsll_ooc.datasets import kl_divergence as kl  # noqa: E402
 from fsll_ooc.missing import MISSING  # noqa: E402
 
 RATES = (0.05, 0.2, 0.4)
@@ -58,13 +59,6 @@ MIX_CARDS = (2, 3, 4, 5, 2, 3, 4, 5, 3, 2)
 ADULT_COLS = ["workclass", "marital-status", "occupation", "relationship", "race", "sex", "Salary"]
 ADULT_WIDE = ADULT_COLS[:-1] + ["native-country", "Salary"]
 CATEGORY_LIMIT = 2**22  # largest "missing as a category" table fitted
-
-
-def kl(p: np.ndarray, q: np.ndarray) -> float:
-    """``KL(p || q)`` in nats (``0 ln 0 = 0``)."""
-    p, q = np.asarray(p, np.float64).ravel(), np.asarray(q, np.float64).ravel()
-    m = p > 0
-    return float(np.sum(p[m] * (np.log(p[m]) - np.log(q[m]))))
 
 
 def remove_cells(X: np.ndarray, rate: float, mechanism: str, seed: int) -> np.ndarray:

@@ -651,7 +651,7 @@ def fit(est, X, backend: str) -> bool:
     nothing is hidden (the caller then runs the ordinary fit, with the same bits)."""
     from .engine import engine as _engine
     from .estimator import _check_code_range, validate_data
-    from .learn import FitState, learn, resolve_epsilon
+    from .learn import FitState, LearnOptions, learn, resolve_epsilon
 
     Xf, mask = split_missing(X)
     hidden = [int(k) for k in (est.hidden or ())]
@@ -686,9 +686,11 @@ def fit(est, X, backend: str) -> bool:
     plan = est._make_plan(cards, backend)
     bar = est._bar("fsll EM")
 
+    options = LearnOptions(epsilon=est.epsilon, max_iter=est.max_iter, resync_every=est.resync_every,
+                           refine=est.refine)
+
     def run(engine, state, fresh):
-        learn(engine, state, epsilon=est.epsilon, max_iter=est.max_iter, resync_every=est.resync_every,
-              fresh=fresh, progress=None, callback=None, refine=est.refine)
+        learn(engine, state, options, fresh=fresh, progress=None, callback=None)
 
     def make():
         engine, specs = est._open_engine(plan, backend, cards, N, create=True)
