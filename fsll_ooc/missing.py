@@ -133,6 +133,13 @@ def split_missing(X, *, codes_missing: bool = True, fill: Sequence | None = None
             raise ValueError(f"column {j} (X{j}) has no observed value (every cell is missing); a variable "
                              "missing in every row is a hidden variable: FSLL(hidden=[k])")
         X[mask[:, j], j] = X[seen[0], j] if len(seen) else fill[j]
+    if kind == "O":  # e.g. rows of ints and None: the filled cells may make it numeric again
+        try:
+            filled = np.asarray(X.tolist())
+            if filled.dtype.kind in "iufb":
+                X = filled
+        except (TypeError, ValueError):
+            pass
     return X, mask
 
 

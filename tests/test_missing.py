@@ -352,3 +352,15 @@ def test_hidden_model_saves_and_loads(tmp_path):
 def test_conditional_ignores_missing_evidence(model):
     a = model.conditional(1, given={0: 1, 2: None, 3: float("nan")})
     assert np.allclose(a, model.conditional(1, given={0: 1}))
+
+
+def test_rows_of_lists_with_none_and_models_without_hidden(model):
+    X = [[0, 1, None, 4], [1, None, 2, 0], [None, 0, 0, 1]]
+    lp = model.log_prob(X)
+    ref = model.log_prob(np.array([[0, 1, -1, 4], [1, -1, 2, 0], [-1, 0, 0, 1]]))
+    assert np.array_equal(lp, ref) and np.isfinite(lp).all()
+    out = model.impute(X)
+    assert (out >= 0).all() and out[0, 3] == 4 and out[1, 2] == 2 and out[2, 3] == 1
+    assert np.array_equal(out, model.impute(np.array([[0, 1, -1, 4], [1, -1, 2, 0], [-1, 0, 0, 1]])))
+    with pytest.raises(ValueError, match="no hidden variables"):
+        model.predict_hidden(X)
