@@ -653,57 +653,60 @@ def _n_hidden(est) -> int:
     return int(getattr(est, "n_hidden_", len(est.hidden or ())))
 
 
-def fit(est, X, backend: str) -> bool:
+def fit(est, X, backend, feature_names=None, categories=None) -> bool:
     """The EM fit of ``est`` on ``X`` (in core); ``False`` when ``X`` is complete and
     nothing is hidden (the caller then runs the ordinary fit, with the same bits)."""
-    from .engine import engine as _engine
-    from .estimator import _check_code_range, validate_data
-    from .learn import FitState, LearnOptions, learn, resolve_epsilon
+    from . import storage
+    from ._machine import total_memory
+    from ._validation import check_code_range, check_labels, validate_data
+    from .learn import FitState, learn, resolve_epsilon
+    from .storage.fit_store import TABLE_NAMES
 
     Xf, mask = split_missing(X)
     hidden = [int(k) for k in (est.hidden or ())]
     if mask is None and not hidden:
         return False
-    if backend != "numpy":
+    if backend.persistent:
         raise ValueError("missing='em' and hidden= fit in core only (store=None); an out-of-core store cannot "
                          "hold the EM rounds yet")
-    feature_names = list(map(str, X.columns)) if hasattr(X, "columns") else None
-    categories = None
+    names = feature_names
     if hasattr(Xf, "columns"):
         from .io import encode
 
         enc = encode(Xf, est.cardinalities)
-        codes_, cards, categories = enc.codes, enc.cardinalities, enc.categories
-        codes_, cards = validate_data(codes_, cards)
+        codes_, cards = validate_data(enc.codes, enc.cardinalities)
+        names = list(map(str, X.columns)) if names is None else names
+        categories = enc.categories if categories is None else categories
     else:
-        codes_, cards = validate_data(_check_code_range(Xf), est.cardinalities)
+        codes_, cards = validate_data(check_code_range(Xf), est.cardinalities)
+    names, categories = check_labels(names, categories, cards)
     codes_ = np.array(codes_, np.int64)
     if mask is not None:
         codes_[mask] = MISSING
-    N, n_obs = codes_.shape
+    N = codes_.shape[0]
     if hidden:
         codes_ = np.concatenate([codes_, np.full((N, len(hidden)), MISSING, np.int64)], axis=1)
         cards = tuple(cards) + tuple(hidden)
-        if feature_names is not None:
-            taken = set(feature_names)
-            feature_names += [f"H{j}" if f"H{j}" not in taken else f"_H{j}" for j in range(len(hidden))]
+        names = list(names) if names is not None else [f"X{i}" for i in range(codes_.shape[1] - len(hidden))]
+        taken = set(names)
+        names += [f"H{j}" if f"H{j}" not in taken else f"_H{j}" for j in range(len(hidden))]
         if categories is not None:
             categories = list(categories) + [list(range(k)) for k in hidden]
-    validate_data(np.zeros((1, len(cards)), np.int64), cards)  # the joint table's limits
-    plan = est._make_plan(cards, backend)
+        validate_data(np.zeros((1, len(cards)), np.int64), cards)  # the joint table's limits
+    plan = est._make_plan(cards, backend, memory=total_memory())
     bar = est._bar("fsll EM")
-
-    options = LearnOptions(epsilon=est.epsilon, max_iter=est.max_iter, resync_every=est.resync_every,
-                           refine=est.refine)
+    options = est._options()
+    dbar, scratch = TABLE_NAMES.index("dbar"), TABLE_NAMES.index("scratch")
 
     def run(engine, state, fresh):
         learn(engine, state, options, fresh=fresh, progress=None, callback=None)
 
     def make():
-        engine, specs = est._open_engine(plan, backend, cards, N, create=True)
+        specs = [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
+        engine = est._engine(plan, specs, N)
         state = FitState(cards, N, 0.0, log_z=math.log(math.prod(cards)))
-        lr = MStep(engine, state, run, lambda: specs[_engine.SCR].array, dbar_table=_engine.D)
-        lr.specs = specs
+        lr = MStep(engine, state, run, lambda: storage.open_table(specs[scratch]), dbar_table=dbar)
+        lr.plan = plan
         return lr
 
     def shown(e):
@@ -720,13 +723,11 @@ def fit(est, X, backend: str) -> bool:
         if bar is not None:
             bar.close()
     lr = res.learner
-    est._finish(lr.state, plan, backend, lr.specs, lr.engine)
-    est.kl_data_ = res.kl_soft
+    est._set_fitted(lr.state, plan=plan, engine=lr.engine, cost=lr.state.cost(), kl_data=res.kl_soft,
+                    feature_names=names, categories=categories)
     est.em_objective_, est.em_loglik_ = res.objective, res.loglik
     est.em_history_, est.em_converged_, est.em_rounds_ = res.history, res.converged, res.rounds
     est.n_hidden_ = len(hidden)
-    est.feature_names_in_ = feature_names
-    est.categories_ = categories
     return True
 
 

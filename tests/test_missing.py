@@ -328,7 +328,7 @@ def test_hidden_variable_recovers_planted_classes():
     assert (table.max(axis=1).sum()) / 1500 > 0.97
     assert sorted(table.argmax(axis=1).tolist()) == [0, 1, 2]
     inter = m.interactions()
-    assert any("X6" in v for v in inter["variables"])  # the hidden variable explains the observed ones
+    assert any("H0" in v for v in inter["variables"])  # the hidden variable explains the observed ones
     # the posterior is the conditional of the dense table; log_prob marginalises the hidden variable
     P = m.probabilities()
     for r in range(5):
