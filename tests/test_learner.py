@@ -169,7 +169,7 @@ def test_fit_state_json_roundtrip():
     (np.zeros((0, 3), int), "no samples"),
     (np.zeros(5, int), "2-D"),
     (np.array([[0, -1]]), "negative"),
-    (np.array([[0.0, np.nan]]), "not a finite"),
+    (np.array([[0.0, np.nan]]), "missing value at column 1.*missing=.em."),
     (np.array([[0.5, 1.0]]), "not an integer"),
     (np.array([["a", "b"]]), "integer category codes"),
 ])
