@@ -279,7 +279,8 @@ def _separator(s: str) -> str:
 def _read_data(args, path: str):
     """``read_table`` with the command's reading options, ``--drop`` applied."""
     data = read_table(path, sep=getattr(args, "sep", None), header=not getattr(args, "no_header", False),
-                      na_values=getattr(args, "na_values", None), keep_na=getattr(args, "keep_na", False))
+                      na_values=getattr(args, "na_values", None), keep_na=getattr(args, "keep_na", False),
+                      missing=getattr(args, "missing", None) == "em")
     drop = [c.strip() for d in getattr(args, "drop", None) or [] for c in d.split(",") if c.strip()]
     if drop:
         if not hasattr(data, "columns"):
@@ -401,6 +402,9 @@ def _register_fit(sub) -> None:
     p.add_argument("--cardinalities", type=_cardinality_list, metavar="K1,K2,...",
                    help="declared number of categories per column, e.g. 2,3,4 (integer columns "
                         "are then codes 0..k-1; unseen codes are kept)")
+    p.add_argument("--missing", choices=["em"], default=None,
+                   help="'em': fit rows with missing cells (empty fields and NA markers) by EM, missing "
+                        "at random (in core); without it a missing cell is an error")
     p.add_argument("--epsilon", type=_epsilon, default="auto",
                    help="stopping threshold on the cost improvement: 'auto' (default: 0.1/N with "
                         "corrective steps, see help(fsll_ooc.FSLL)) or a number; 1e-4 is the paper's setting")
@@ -447,8 +451,13 @@ def _cmd_fit(args) -> int:
     FSLL = _model_class()
     with _user_input():
         memory = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
-        data = _read_data(args, args.data)
+        data, mask = _read_data(args, args.data), None
+        if args.missing == "em":
+            from .missing import MISSING, split_missing
+
+            data, mask = split_missing(data)
         enc = _encode_or_advise(data, args.cardinalities, args.store)
+        codes = enc.codes if mask is None else np.where(mask, MISSING, enc.codes)
         del data
         _check_budget(enc.cardinalities, enc.names, memory, args.store)
     client = _connect(args.scheduler) if args.scheduler else None
@@ -457,12 +466,13 @@ def _cmd_fit(args) -> int:
     try:
         with _user_input():
             model = FSLL(cardinalities=enc.cardinalities, epsilon=args.epsilon, max_iter=args.max_iter,
-                         store=args.store, memory_limit=memory, scheduler=client, progress=_show_progress(args))
+                         store=args.store, memory_limit=memory, scheduler=client, progress=_show_progress(args),
+                         missing=args.missing)
         _flush_warnings()  # what the reading found, before a fit that may take long
         t0 = time.perf_counter()
         try:
             with _user_input():  # fit validates the codes (e.g. the size of the joint table)
-                model.fit(enc.codes, feature_names=enc.names, categories=enc.categories)
+                model.fit(codes, feature_names=enc.names, categories=enc.categories)
         except PlanError as exc:  # the budget does not fit the problem: the user's input
             raise DataError(str(exc)) from exc
         seconds = time.perf_counter() - t0

@@ -616,7 +616,7 @@ def _mixed(cats) -> bool:
 # ------------------------------------------------------------------------- reading
 
 def read_table(path: str | os.PathLike, *, sep: str | None = None, header: bool = True,
-               na_values: Sequence[str] | None = None, keep_na: bool = False):
+               na_values: Sequence[str] | None = None, keep_na: bool = False, missing: bool = False):
     """Read a data file: text (``.csv``, ``.tsv``, ``.txt``), ``.npy`` or ``.parquet``.
 
     Text files: one row per sample, one column per variable.
@@ -667,7 +667,7 @@ def read_table(path: str | os.PathLike, *, sep: str | None = None, header: bool 
         raise DataError(f"the delimiter must be one character other than a quote or a line break, got {sep!r}")
     if sep is None:
         sep = "\t" if ext == ".tsv" else _sniff_delimiter(path)
-    return _read_csv(path, sep=sep, header=header, na_values=na_values, keep_na=keep_na)
+    return _read_csv(path, sep=sep, header=header, na_values=na_values, keep_na=keep_na, missing=missing)
 
 
 def _sniff_delimiter(path: str) -> str:
@@ -705,7 +705,8 @@ def _looks_numeric(field: str) -> bool:
     return True
 
 
-def _read_csv(path: str, sep: str = ",", header: bool = True, na_values=None, keep_na: bool = False):
+def _read_csv(path: str, sep: str = ",", header: bool = True, na_values=None, keep_na: bool = False,
+              missing: bool = False):
     pd = _require_pandas("reading .csv files")
     name = os.path.basename(path)
     # 1. structure, with the csv module (fast, exact line numbers)
@@ -748,7 +749,7 @@ def _read_csv(path: str, sep: str = ",", header: bool = True, na_values=None, ke
         df.columns = [f"X{j}" for j in range(df.shape[1])]
     df = _strip_whitespace(df, name)
     na = df.isna()
-    if bool(na.to_numpy().any()):
+    if not missing and bool(na.to_numpy().any()):  # missing=True: kept as NaN (FSLL(missing="em"))
         rows = np.flatnonzero(na.to_numpy().any(axis=1))
         r = int(rows[0])
         j = int(np.argmax(na.iloc[r].to_numpy()))
@@ -757,7 +758,7 @@ def _read_csv(path: str, sep: str = ",", header: bool = True, na_values=None, ke
         marker = raw.strip() != "" and raw not in extra
         hint = " (--keep-na, or keep_na=True, reads NA/None/null/... as labels)" if marker and not keep_na else ""
         raise DataError(f"{name}, line {line}, column '{col}': missing value ({raw!r}); "
-                        f"every cell must hold a category{hint}")
+                        f"every cell must hold a category{hint}, or fit with --missing em (FSLL(missing='em'))")
     # data row r is on line header_line + 1 + r unless blank lines or quoted line
     # breaks shift it; error messages then give the row only
     if blank == 0 and last_line == header_line + sum(counts.values()) - (0 if header else 1):

@@ -364,3 +364,25 @@ def test_rows_of_lists_with_none_and_models_without_hidden(model):
     assert np.array_equal(out, model.impute(np.array([[0, 1, -1, 4], [1, -1, 2, 0], [-1, 0, 0, 1]])))
     with pytest.raises(ValueError, match="no hidden variables"):
         model.predict_hidden(X)
+
+
+def test_cli_fit_with_missing_cells(tmp_path, capsys):
+    from fsll_ooc import cli
+
+    rng = np.random.default_rng(0)
+    a = rng.choice(["x", "y"], 300)
+    b = np.where(rng.random(300) < 0.9, a, np.where(a == "x", "y", "x"))
+    rows = ["a,b,c"] + [f"{u},{'' if r < 0.15 else v},{w}" for u, v, w, r in
+                        zip(a, b, rng.integers(0, 3, 300), rng.random(300))]
+    path = tmp_path / "holes.csv"
+    path.write_text("\n".join(rows) + "\n")
+    assert cli.main(["fit", str(path), "-o", str(tmp_path / "no.json")]) == 2
+    assert "--missing em" in capsys.readouterr().err
+    assert cli.main(["fit", str(path), "--missing", "em", "-o", str(tmp_path / "m.json")]) == 0
+    m = FSLL.load(tmp_path / "m.json")
+    assert m.missing == "em" and m.feature_names_in_ == ["a", "b", "c"] and m.categories_[1] == ["x", "y"]
+    import pandas as pd
+
+    df = pd.read_csv(path)
+    ref = FSLL(progress=False, missing="em").fit(df)
+    assert m.theta_ == ref.theta_
