@@ -412,7 +412,7 @@ class MStep:
     continue from the current ``theta`` (the learner re-derives the duals exactly).
     """
 
-    def __init__(self, engine, state, run, scratch, dbar_table: int = 0):
+    def __init__(self, engine, state, run, scratch, dbar_table=0):
         self.engine, self.state, self.run, self.scratch = engine, state, run, scratch
         self.dbar_table = dbar_table
         self.fresh = True
@@ -696,7 +696,9 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
     plan = est._make_plan(cards, backend, memory=total_memory())
     bar = est._bar("fsll EM")
     options = est._options()
-    dbar, scratch = TABLE_NAMES.index("dbar"), TABLE_NAMES.index("scratch")
+    from .engine import Table
+
+    dbar, scratch = Table.DBAR, Table.SCRATCH
 
     def run(engine, state, fresh):
         learn(engine, state, options, fresh=fresh, progress=None, callback=None)

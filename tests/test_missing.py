@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from fsll_ooc import FSLL, datasets, missing as M
+from fsll_ooc import FSLL, datasets, missing as M, storage
+from fsll_ooc.engine import Table
 
 CARDS = (2, 3, 4, 5)
 
@@ -260,13 +261,13 @@ def test_soft_targets_equal_the_transform_of_the_weighted_cells(em_model):
     q[cells] += w
     q /= N + 1
     Phi = oracle.phi_matrix(CARDS)
-    np.testing.assert_allclose(eng.ctx.specs[0].array.reshape(-1), Phi @ q, atol=1e-13)
+    np.testing.assert_allclose(storage.open_table(eng.ctx.spec(Table.DBAR)).reshape(-1), Phi @ q, atol=1e-13)
     # integer weights give the same bits as the counts of repeated cells
     reps = rng.integers(1, 5, 50)
     eng.compute_targets(cells, int(reps.sum()), weights=reps.astype(float))
-    a = eng.ctx.specs[0].array.copy()
+    a = storage.open_table(eng.ctx.spec(Table.DBAR)).copy()
     eng.compute_targets(np.repeat(cells, reps), int(reps.sum()))
-    assert np.array_equal(a, eng.ctx.specs[0].array)
+    assert np.array_equal(a, storage.open_table(eng.ctx.spec(Table.DBAR)))
 
 
 def test_em_on_complete_data_is_the_ordinary_fit():
