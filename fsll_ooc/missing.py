@@ -694,7 +694,13 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
             categories = list(categories) + [list(range(k)) for k in hidden]
         validate_data(np.zeros((1, len(cards)), np.int64), cards)  # the joint table's limits
     plan = est._make_plan(cards, backend, memory=total_memory())
-    bar = est._bar("fsll EM")
+    bar = None
+    if est._show_progress():
+        import sys
+
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc="fsll EM rounds", unit="round", file=sys.stderr, dynamic_ncols=True)
     options = est._options()
     from .engine import Table
 
