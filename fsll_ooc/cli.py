@@ -788,7 +788,7 @@ def _register_score(sub) -> None:
                     "Columns are matched by name when both have names, else by position; "
                     "labels are mapped with the model's categories (unknown labels are errors).")
     p.add_argument("model", metavar="MODEL", help="a model saved by 'fsll-ooc fit'")
-    p.add_argument("data", metavar="DATA", help="data file (.csv, .npy or .parquet)")
+    p.add_argument("data", metavar="DATA", help="data file (.csv, .tsv, .txt, .npy or .parquet)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_read_options(p, drop=False)
     p.set_defaults(func=_cmd_score)
