@@ -239,17 +239,7 @@ class FSLL:
                 return self
         else:
             missing.refuse(X)
-        if hasattr(X, "columns"):
-            from .io import encode
-
-            enc = encode(X, self.cardinalities)
-            codes, cards = validate_data(enc.codes, enc.cardinalities)
-            names = list(map(str, X.columns)) if feature_names is None else feature_names
-            categories = enc.categories if categories is None else categories
-        else:
-            codes, cards = validate_data(check_code_range(X), self.cardinalities)
-            names = feature_names
-        names, categories = check_labels(names, categories, cards)
+        codes, cards, names, categories = self._encoded(X, feature_names, categories)
         if backend.persistent:
             fs = FitStore(self.store, backend.name)
             plan = self._make_plan(cards, backend, disk_free=free_disk(Path(self.store).resolve()))
@@ -283,6 +273,21 @@ class FSLL:
             self._fit_in_store(fs, plan, state, uniq, counts, flat=flat, fresh=True, names=names,
                                categories=categories)
         return self
+
+    def _encoded(self, X, feature_names=None, categories=None):
+        """``(codes, cards, names, categories)`` of ``X`` (codes, or a DataFrame of labels), checked."""
+        if hasattr(X, "columns"):
+            from .io import encode
+
+            enc = encode(X, self.cardinalities)
+            codes, cards = validate_data(enc.codes, enc.cardinalities)
+            names = list(map(str, X.columns)) if feature_names is None else feature_names
+            categories = enc.categories if categories is None else categories
+        else:
+            codes, cards = validate_data(check_code_range(X), self.cardinalities)
+            names = feature_names
+        names, categories = check_labels(names, categories, cards)
+        return codes, cards, names, categories
 
     def _stored_params(self) -> dict:
         """The parameters a store keeps to resume with (plain JSON)."""

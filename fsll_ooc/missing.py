@@ -658,7 +658,7 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
     nothing is hidden (the caller then runs the ordinary fit, with the same bits)."""
     from . import storage
     from ._machine import total_memory
-    from ._validation import check_code_range, check_labels, validate_data
+    from ._validation import validate_data
     from .learn import FitState, learn, resolve_epsilon
     from .storage.fit_store import TABLE_NAMES
 
@@ -669,17 +669,7 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
     if backend.persistent:
         raise ValueError("missing='em' and hidden= fit in core only (store=None); an out-of-core store cannot "
                          "hold the EM rounds yet")
-    names = feature_names
-    if hasattr(Xf, "columns"):
-        from .io import encode
-
-        enc = encode(Xf, est.cardinalities)
-        codes_, cards = validate_data(enc.codes, enc.cardinalities)
-        names = list(map(str, X.columns)) if names is None else names
-        categories = enc.categories if categories is None else categories
-    else:
-        codes_, cards = validate_data(check_code_range(Xf), est.cardinalities)
-    names, categories = check_labels(names, categories, cards)
+    codes_, cards, names, categories = est._encoded(Xf, feature_names, categories)
     codes_ = np.array(codes_, np.int64)
     if mask is not None:
         codes_[mask] = MISSING
