@@ -123,3 +123,31 @@ def test_model_files_that_load_but_lie_are_refused(model_obj, tmp_path, lie):
     good = tmp_path / "good.json"
     good.write_text(json.dumps(model_obj))
     FSLL.load(good)  # the untouched file still loads
+
+
+@pytest.mark.parametrize("backend", ["zarr", "memmap"])
+def test_a_planted_lock_symlink_is_refused_and_its_victim_untouched(tmp_path, backend):
+    from fsll_ooc.storage import IntegrityError
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    store = tmp_path / "s"
+    store.mkdir()
+    os.symlink(victim, store / "fsll.lock")  # ln -s victim store/fsll.lock
+    with pytest.raises(IntegrityError, match=r"fsll\.lock: is a symbolic link"):
+        FSLL(progress=False, store=store, backend=backend, layout=LAYOUT, scheduler="serial").fit(data())
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_planted_temporary_symlink_is_not_followed(tmp_path):
+    import threading
+
+    from fsll_ooc.storage import files
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    target = tmp_path / "state.json"
+    os.symlink(victim, tmp_path / f".state.json.tmp-{os.getpid()}-{threading.get_ident()}")
+    files.write_bytes_atomic(target, b"new")
+    assert target.read_bytes() == b"new" and not target.is_symlink()
+    assert victim.read_text() == "precious\n"

@@ -22,8 +22,20 @@ import numpy as np
 
 from .errors import IntegrityError
 
-__all__ = ["crc32c", "fsync_path", "syncfs", "file_sha256", "write_bytes_atomic", "write_json_atomic",
+__all__ = ["open_nofollow", "crc32c", "fsync_path", "syncfs", "file_sha256", "write_bytes_atomic", "write_json_atomic",
            "read_json", "read_array_file", "array_file_bytes", "is_temporary_file"]
+
+
+def open_nofollow(path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that never follows a symbolic link at ``path`` (``O_NOFOLLOW``): a link
+    planted in a store is refused with :class:`IntegrityError` and what it points to is untouched."""
+    try:
+        return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP or (e.errno in (errno.EEXIST, errno.EACCES) and os.path.islink(path)):
+            raise IntegrityError(path, "is a symbolic link; fsll-ooc never writes through a link in a store "
+                                       "(remove the link)") from None
+        raise
 
 
 def crc32c(data) -> int:
@@ -103,8 +115,12 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     or the new file, never half of one; on any failure the temporary file is removed."""
     path = Path(path)
     tmp = _temporary_name(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    if os.path.lexists(tmp):  # a leftover of a killed writer with our pid, or a planted link: remove the name
+        os.unlink(tmp)
+    fd = open_nofollow(tmp, flags)
     try:
-        with open(tmp, "wb") as fh:
+        with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

@@ -38,6 +38,8 @@ import time
 import uuid
 from pathlib import Path
 
+from .files import open_nofollow
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX
@@ -213,12 +215,12 @@ class StoreLock:
     def _acquire_flock(self, shared: bool) -> "StoreLock":
         path = self.store / LOCK_FILE
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
         except OSError as e:
             if not shared or e.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
                 raise
             try:  # a reader on a read-only store
-                fd = os.open(path, os.O_RDONLY)
+                fd = open_nofollow(path, os.O_RDONLY)
             except FileNotFoundError:
                 self._fd = None
                 return self  # nothing to share a lock with: no writer ever used this store

@@ -42,7 +42,7 @@ def _contiguous_split(shape, chunks) -> int | None:
 
 def _create_filled(path: str, size: int) -> None:
     """A file of ``size`` zero bytes whose blocks are reserved now (ENOSPC here, not SIGBUS later)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = files.open_nofollow(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
     try:
         if size:
             try:
@@ -136,6 +136,9 @@ class MemmapBackend(TableBackend):
         return spec
 
     def open(self, spec: TableSpec) -> np.memmap:
+        if os.path.islink(spec.path):
+            raise IntegrityError(spec.path, "is a symbolic link; fsll-ooc never writes through a link in a store "
+                                            "(remove the link)")
         try:
             size = os.path.getsize(spec.path)
         except FileNotFoundError:
