@@ -214,6 +214,8 @@ def fmt(v, digits=4):
 
 def fmt_kl(runs):
     v = np.array([r["kl_true"] for r in runs])
+    if np.isnan(v).any():  # a capped structure search (PC)
+        return f"capped ({int(np.isnan(v).sum())}/{len(v)})"
     if np.isinf(v).any():
         k = int(np.isinf(v).sum())
         return "inf" if k == len(v) else f"inf ({k}/{len(v)})"
