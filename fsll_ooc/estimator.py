@@ -258,7 +258,7 @@ class FSLL:
         state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size),
                          penalty_code=C.resolve_penalty(self.penalty, self.epsilon))
         if not backend.persistent:
-            engine = self._engine(plan, [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape)
+            engine = self._make_engine(plan, [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape)
                                          for nm in TABLE_NAMES], N, sample_flat=flat)
             self._learn(engine, state, fresh=True, checkpoint=None)
             self._set_fitted(state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
@@ -301,11 +301,11 @@ class FSLL:
         if fresh:
             specs = fs.create_tables(cards, plan.layout.chunk_shape)
             with fs.damage_hint():
-                engine = self._engine(plan, specs, N, sample_flat=np.repeat(uniq, counts) if flat is None else flat)
+                engine = self._make_engine(plan, specs, N, sample_flat=np.repeat(uniq, counts) if flat is None else flat)
                 fs.tables_ready(specs, state)
                 self._learn(engine, state, fresh=True, checkpoint=fs.checkpoint)
         else:
-            engine = self._engine(plan, fs.open_tables(cards, plan.layout.chunk_shape), N)
+            engine = self._make_engine(plan, fs.open_tables(cards, plan.layout.chunk_shape), N)
             if not state.converged and (self.max_iter is None or state.n_iter < self.max_iter):
                 with fs.damage_hint():
                     self._learn(engine, state, fresh=False, checkpoint=fs.checkpoint)
@@ -318,7 +318,7 @@ class FSLL:
         self.kl_data_ = self._kl_data(uniq, counts, N) if flat is None else self._kl_data(flat, counts, N)
         fs.complete(state, self.kl_data_)
 
-    def _engine(self, plan, specs, N: int, sample_flat=None) -> Engine:
+    def _make_engine(self, plan, specs, N: int, sample_flat=None) -> Engine:
         """The engine over ``specs`` with the plan's layout and this fit's scheduler; with
         ``sample_flat`` (the data of a new fit) it computes the targets and uniform duals."""
         return Engine.create(plan, specs, N, self.scheduler, sample_flat=sample_flat,
@@ -415,7 +415,7 @@ class FSLL:
         state = FitState.from_json(stored.state)
         plan = fs.account(m._make_plan(tuple(state.cards), storage.get_backend(stored.backend)))
         specs = fs.open_tables(state.cards, plan.layout.chunk_shape, reader_owner=m)
-        m._set_fitted(state, plan=plan, engine=m._engine(plan, specs, state.n_samples), cost=state.cost(),
+        m._set_fitted(state, plan=plan, engine=m._make_engine(plan, specs, state.n_samples), cost=state.cost(),
                       kl_data=stored.kl_data, feature_names=stored.feature_names, categories=stored.categories)
         return m
 

@@ -701,7 +701,7 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
 
     def make():
         specs = [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
-        engine = est._engine(plan, specs, N)
+        engine = est._make_engine(plan, specs, N)
         state = FitState(cards, N, 0.0, log_z=math.log(math.prod(cards)))
         lr = MStep(engine, state, run, lambda: storage.open_table(specs[scratch]), dbar_table=dbar)
         lr.plan = plan

@@ -289,3 +289,18 @@ def test_learn_options_frozen_json_and_type_checked():
         LearnOptions.from_json({"epsilom": 1e-4})
     with pytest.raises(TypeError, match="LearnOptions"):
         learn(None, None, {"epsilon": 1e-4})
+
+
+def test_the_same_estimator_fits_twice():
+    """A fitted estimator fits again (new data, then the first data): each fit equals a fresh one."""
+    rng = np.random.default_rng(3)
+    X1 = rng.integers(0, [2, 3, 4], size=(300, 3))
+    X2 = rng.integers(0, [2, 3, 4], size=(200, 3))
+    m = FSLL(epsilon=1e-4, progress=False)
+    m.fit(X1)
+    first = (m.theta_, m.cost_)
+    m.fit(X2)
+    assert m.cost_ == FSLL(epsilon=1e-4, progress=False).fit(X2).cost_
+    m.fit(X1)
+    assert (m.theta_, m.cost_) == first
+    assert np.isclose(m.probabilities().sum(), 1.0)
