@@ -18,8 +18,14 @@ Usage::
 ``--resume`` keeps the case's store and, when an earlier run was interrupted (killed,
 session ended), continues it with ``FSLL.resume``; the wall time of every session is
 recorded next to the store (``*.sessions.json``) and summed into the fit time.
-``--epsilon`` defaults to the paper's 1e-4; ``--backend memmap`` uses raw files
-instead of Zarr.
+``--epsilon`` defaults to the paper's 1e-4 (``auto`` is the library's default rule);
+``--backend memmap`` uses raw files instead of Zarr; ``--batch off on`` runs each case
+one step per pass (the paper's search) and with several steps per pass, interleaved.
+
+Disk: before each case the script measures the disk's sequential throughput under
+``--dir`` with direct I/O (``O_DIRECT``, as ``dd iflag=direct``; 1 GiB written then read
+in 16 MiB blocks), and reports the fit's table passes (count, bytes read plus written, and
+their wall time) next to it.
 
 Data: a random Bayesian network (each variable has up to 3 parents among earlier
 ones, conditional tables drawn from a flat Dirichlet), 10^5 training samples and
@@ -70,6 +76,34 @@ def true_logp(X, parents, cpts):
     for i, (ps, cpt) in enumerate(zip(parents, cpts)):
         out += np.log(cpt[tuple(X[:, p] for p in ps) + (X[:, i],)])
     return out
+
+
+def disk_throughput(directory, size: int = 2**30, block: int = 2**24) -> tuple[float, float]:
+    """Sequential (write, read) bytes per second of ``directory``'s disk with direct I/O
+    (the page cache bypassed, as ``dd oflag=direct`` / ``iflag=direct``)."""
+    import mmap
+
+    path = Path(directory) / f".fsll_disk_probe_{os.getpid()}"
+    buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT needs
+    buf.write(np.random.default_rng(0).bytes(block))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+        t0 = time.perf_counter()
+        for off in range(0, size, block):
+            os.pwritev(fd, [buf], off)
+        os.fsync(fd)
+        w = size / (time.perf_counter() - t0)
+        os.close(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        t0 = time.perf_counter()
+        for off in range(0, size, block):
+            os.preadv(fd, [buf], off)
+        r = size / (time.perf_counter() - t0)
+        os.close(fd)
+    finally:
+        buf.close()
+        path.unlink(missing_ok=True)
+    return w, r
 
 
 def enter_cgroup(cap: int) -> str:
@@ -158,13 +192,14 @@ def child(args) -> None:
     """Run one case (in the child process) and print one JSON line."""
     cgroup = enter_cgroup(args.cap)
     from fsll_ooc import FSLL
+    from fsll_ooc.learn import LearnOptions
 
     cards = BN30_CARDS if args.case == "bn30" else (2,) * int(args.case)
     parents, cpts = random_bn(cards, 3, seed=0)
     X = ancestral_sample(cards, parents, cpts, args.n, seed=1)
     H = ancestral_sample(cards, parents, cpts, 10_000, seed=2)
     suffix = "zarr" if args.backend == "zarr" else "mm"
-    store = Path(args.dir) / f"scale_{args.case}_{args.workers}.{suffix}"
+    store = Path(args.dir) / f"scale_{args.case}_{args.workers}_{args.batch}.{suffix}"
     client = cluster = None
     if args.workers:
         from distributed import Client, LocalCluster
@@ -182,7 +217,8 @@ def child(args) -> None:
         m = FSLL.resume(store, scheduler=client, progress=args.progress)
     else:
         m = FSLL(store=store, backend=args.backend, memory_limit=args.cap, max_iter=args.max_iter,
-                 epsilon=args.epsilon, progress=args.progress, scheduler=client)
+                 epsilon=args.epsilon, progress=args.progress, scheduler=client,
+                 learn_options=LearnOptions(epsilon=args.epsilon, batch=args.batch == "on"))
         m.fit(X)
     total = time.perf_counter() - t0
     beat.stop()
@@ -191,7 +227,11 @@ def child(args) -> None:
         cluster.close()
     hist = m.history_
     iter_times = np.diff([h["time"] for h in hist[1:]]) if len(hist) > 2 else np.array([np.nan])
-    kl_heldout = float(np.mean(true_logp(H, parents, cpts) - m.log_prob(H)))
+    logp = m.log_prob(H)
+    kl_heldout = float(np.mean(true_logp(H, parents, cpts) - logp))
+    eng = m._engine
+    appends = sum(1 for h in hist if h["move"] == "append") + sum(int(h.get("value", 0)) for h in hist
+                                                                   if h["move"] == "joint-append")
     out = {
         "case": args.case + (f" ({args.workers} workers)" if args.workers else ""), "cells": math.prod(cards),
         "cards": list(cards), "n_samples": args.n, "backend": args.backend, "epsilon": args.epsilon,
@@ -204,6 +244,9 @@ def child(args) -> None:
         "sec_per_iter_median": float(np.median(iter_times)) if iter_times.size else float("nan"),
         "n_iter": m.n_iter_, "converged": m.converged_,
         "n_bases": m.n_bases_, "kl_data": m.kl_data_, "kl_heldout": kl_heldout,
+        "heldout_loglik": float(np.mean(logp)), "batch": args.batch, "appends": appends,
+        "passes": eng.passes, "bytes_moved": eng.bytes_moved, "pass_seconds": eng.pass_seconds,
+        "disk_write": args.disk[0], "disk_read": args.disk[1],
         "rss_peak": rss_peak(), "cgroup_peak": cgroup_peak(),
         "cgroup": cgroup,
     }
@@ -221,7 +264,11 @@ def main(argv=None):
     ap.add_argument("--dir", default="scratch")
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--max-iter", type=int, default=None)
-    ap.add_argument("--epsilon", type=float, default=1e-4, help="stopping threshold (default: the paper's 1e-4)")
+    ap.add_argument("--epsilon", type=lambda v: v if v == "auto" else float(v), default=1e-4,
+                    help="stopping threshold: a number (default: the paper's 1e-4) or 'auto'")
+    ap.add_argument("--batch", nargs="+", choices=("off", "on"), default=["off"],
+                    help="one step per pass (off) and/or several steps per pass (on); each case runs every choice")
+    ap.add_argument("--disk", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--backend", choices=("zarr", "memmap"), default="zarr")
     ap.add_argument("--resume", action="store_true",
                     help="continue the case's store if an earlier (interrupted) run left one; implies --keep")
@@ -236,19 +283,25 @@ def main(argv=None):
     if args.child:
         args.case = args.child
         args.workers = args.workers[0]
+        args.batch = args.batch[0]
+        args.disk = [float(x) for x in args.disk.split(",")] if args.disk else [math.nan, math.nan]
         return child(args)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     rows = []
-    for case, workers in [(c, w) for c in args.cases for w in args.workers]:
+    for case, workers, batch in [(c, w, b) for c in args.cases for w in args.workers for b in args.batch]:
         cells = math.prod(BN30_CARDS) if case == "bn30" else 2 ** int(case)
         need = 3 * 8 * cells
         free = shutil.disk_usage(args.dir).free
         if need * 1.05 > free:
             print(f"skip {case}: needs {format_bytes(need)} of disk, {format_bytes(free)} free in {args.dir}")
             continue
-        print(f"case {case}: {cells:,} cells, disk {format_bytes(need)}, memory cap {format_bytes(args.cap)}", flush=True)
+        dw, dr = disk_throughput(args.dir)
+        print(f"case {case} (batch {batch}): {cells:,} cells, disk {format_bytes(need)}, memory cap "
+              f"{format_bytes(args.cap)}; disk direct I/O write {dw / 1e6:.0f} MB/s, read {dr / 1e6:.0f} MB/s; "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
         cmd = [sys.executable, __file__, "--child", case, "--cap", str(args.cap), "--dir", args.dir, "--n", str(args.n),
-               "--workers", str(workers), "--backend", args.backend, "--epsilon", repr(args.epsilon)]
+               "--workers", str(workers), "--backend", args.backend, "--epsilon", str(args.epsilon),
+               "--batch", batch, "--disk", f"{dw},{dr}"]
         if args.resume:
             cmd += ["--resume", "--keep"]
         if args.max_iter is not None:
@@ -280,8 +333,8 @@ def main(argv=None):
 def table(rows) -> str:
     from fsll_ooc.planner import format_bytes
 
-    head = ("| case | cells | chunk cells | iterations | s/iteration | bytes/iteration | first iteration s | fit s | "
-            "peak RSS | cgroup peak (incl. page cache) | disk | KL(p_d‖p) | held-out KL(p*‖p) est. |")
+    head = ("| case | batch | cells | iterations | terms | passes | passes/term | GB moved | fit s | pass MB/s | "
+            "disk MB/s (read/write) | peak RSS | cgroup peak | held-out log-lik | held-out KL(p*‖p) est. |")
     out = [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if "failed" in r:
@@ -289,10 +342,12 @@ def table(rows) -> str:
             continue
         conv = "" if r["converged"] else " (capped)"
         cg = format_bytes(r["cgroup_peak"]) if r.get("cgroup_peak") else "n/a"
-        out.append(f"| {r['case']} | 2^{math.log2(r['cells']):.2f} | {math.prod(r['chunk']):,} | {r['n_iter']}{conv} | "
-                   f"{r['sec_per_iter_median']:.2f} | {format_bytes(r['bytes_per_iter'])} | {r['setup_seconds']:.1f} | "
-                   f"{r['fit_seconds']:.1f} | {format_bytes(r['rss_peak'])} | {cg} | {format_bytes(r['disk'])} | "
-                   f"{r['kl_data']:.3f} | {r['kl_heldout']:.4f} |")
+        mbs = r["bytes_moved"] / max(r["pass_seconds"], 1e-9) / 1e6
+        out.append(f"| {r['case']} | {r['batch']} | 2^{math.log2(r['cells']):.2f} | {r['n_iter']}{conv} | "
+                   f"{r['n_bases']} | {r['passes']} | {r['passes'] / max(r['n_bases'], 1):.3f} | "
+                   f"{r['bytes_moved'] / 1e9:.1f} | {r['fit_seconds']:.1f} | {mbs:.0f} | "
+                   f"{r['disk_read'] / 1e6:.0f}/{r['disk_write'] / 1e6:.0f} | {format_bytes(r['rss_peak'])} | {cg} | "
+                   f"{r['heldout_loglik']:.4f} | {r['kl_heldout']:.4f} |")
     return "\n".join(out) + "\n"
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fsll_ooc import FSLL, datasets
+from fsll_ooc.learn import LearnOptions
 from fsll_ooc.learn import greedy as learner
 from fsll_ooc.planner import PlanError, plan
 
@@ -23,6 +24,12 @@ def data():
     p, _ = datasets.random_bayesnet(CARDS, 2, seed=3)
     X = datasets.sample_table(p, 3000, seed=1)
     return X, FSLL(progress=False).fit(X)
+
+
+@pytest.fixture(scope="module")
+def batched(data):
+    """The in-core fit with several steps per pass."""
+    return FSLL(progress=False, learn_options=LearnOptions(batch=True)).fit(data[0])
 
 
 def assert_same_model(m, ref):
@@ -42,9 +49,21 @@ def assert_same_model(m, ref):
 def test_backends_and_chunkings_match_in_core(data, tmp_path, backend, layout):
     X, ref = data
     store = None if backend == "numpy" else tmp_path / "store"
-    m = FSLL(progress=False, store=store, backend=backend, layout=layout, scheduler="threads").fit(X)
+    m = FSLL(progress=False, store=store, backend=backend, layout=layout, scheduler="threads",
+             learn_options=LearnOptions(batch=False)).fit(X)
     assert_same_model(m, ref)
     np.testing.assert_allclose(np.asarray(m.probabilities()), ref.probabilities(), atol=1e-12)
+
+
+@pytest.mark.parametrize("backend,layout", [("numpy", (1, 2)), ("numpy", (2, 4)), ("memmap", (1, 3)),
+                                            ("zarr", (2, 2)), ("memmap", (0, 1))])
+def test_batched_fits_match_in_core_on_every_chunking(data, batched, tmp_path, backend, layout):
+    X, _ = data
+    store = None if backend == "numpy" else tmp_path / "store"
+    m = FSLL(progress=False, store=store, backend=backend, layout=layout, scheduler="threads",
+             learn_options=LearnOptions(batch=True)).fit(X)
+    assert any("batch" in h for h in m.history_)
+    assert_same_model(m, batched)
 
 
 def test_zarr_store_contents_match_plan(data, tmp_path):
@@ -63,7 +82,7 @@ def test_zarr_store_contents_match_plan(data, tmp_path):
     from fsll_ooc import basis
 
     tb = zarr.open_array(str(tmp_path / "s" / "thetabar"), mode="r")[...]
-    np.testing.assert_allclose(tb, basis.transform(ref.probabilities()), atol=1e-10)
+    np.testing.assert_allclose(tb, basis.transform(np.asarray(m.probabilities())), atol=1e-10)
     # the plan's disk estimate is what the tables take once written
     used = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(tmp_path / "s")
                for f in fs if f.startswith("c") or f[0].isdigit())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -22,7 +23,8 @@ from ..executors import Executor, make_executor
 from ..planner import Layout
 from .bands import global_to_band, n_bands
 from .tasks import (DBAR, SCRATCH, THETABAR, Context, ScanResult, Step, Table, combine, task_fill, task_gather,
-                    task_map, task_partner, task_top_candidates, task_uniform_duals, task_update_scan)
+                    task_map, task_partner, task_top_candidates, task_uniform_duals, task_update_many,
+                    task_update_scan)
 
 __all__ = ["Engine", "ScanResult", "Step", "Table", "PARALLEL_SCAN_MIN_CELLS"]
 
@@ -58,6 +60,8 @@ class Engine:
                            bool(executor.parallel_kernels))
         self.executor = executor
         self.passes = 0  # band passes run so far (each reads and/or writes whole tables)
+        self.bytes_moved = 0  # table bytes those passes read and wrote
+        self.pass_seconds = 0.0  # wall time spent in them
         self.progress = False  # per-pass bars (set by the estimator when bars are shown)
 
     @classmethod
@@ -89,6 +93,13 @@ class Engine:
         nb = n_bands(self.layout, kind)
         args = [argfn(i) for i in range(nb)]
         self.passes += 1
+        started = time.perf_counter()
+        tables = _TABLES_MOVED.get(fn, 2)
+        if fn in (task_update_scan, task_update_many) and args and not (
+                args[0][3] or (fn is task_update_many and args[0][-1] is not None)):
+            tables = 2  # a scan only: the duals are not written
+        elif fn is task_update_scan and args and args[0][4] == SCRATCH:
+            tables = 4  # the second pass of a two-pass update also reads the partner
         bar = None
         if self.progress and nb >= 8 and not self.executor.distributed:
             from tqdm.auto import tqdm
@@ -108,6 +119,8 @@ class Engine:
                 bar.close()
         for s in self.ctx.specs:
             storage.flush(s)
+        self.bytes_moved += tables * self.layout.size * 8
+        self.pass_seconds += time.perf_counter() - started
         return res
 
     def _parallel(self, kind: str) -> bool:
@@ -181,6 +194,44 @@ class Engine:
 
         return self._run(kind, task_update_scan, arg)
 
+    @property
+    def out_of_core(self) -> bool:
+        """Do the tables live in files (a persistent backend), so that a pass is a trip to the disk?"""
+        return bool(self.ctx.specs[THETABAR].backend_impl.persistent)
+
+    def batch_pass(self, axes) -> str | None:
+        """The kind of band ("A" or "B") whose variables hold ``axes`` (one pass applies
+        updates on them), or None (they need an exact re-derivation)."""
+        passes = self.layout.passes_for(tuple(axes))
+        return passes[0] if len(passes) == 1 else None
+
+    def update_scan_batch(self, steps: Sequence[Step], support: np.ndarray, top: int,
+                          multiplier: tuple | None = None) -> ScanResult:
+        """Apply several updates (factors that commute; docs/design.md, "Several terms per
+        pass") to ``thetabar`` in one pass and scan: the best append candidate, the duals
+        and targets at ``support``, and the ``top`` best append candidates
+        (``top_pos``/``top_delta``, exact cost changes).  Every step's variables must be local
+        to one kind of band (:meth:`batch_pass`); without steps, a scan only.  ``multiplier``:
+        ``(V, m)`` of :func:`fsll_ooc.learn.batch.marginal_multiplier` instead of ``steps``."""
+        axes = sorted(set().union(*[s.axes for s in steps])) if steps else []
+        if multiplier is not None:
+            axes = sorted(set(axes) | set(multiplier[0]))
+        kind = self.batch_pass(axes) if axes else "A"
+        if kind is None:
+            raise ValueError(f"updates on variables {axes} do not fit one band pass of layout "
+                             f"a={self.layout.a}, c={self.layout.c}")
+        support = np.asarray(support, np.int64)
+        groups = self._group(kind, support)
+        par = self._parallel(kind)
+        empty = np.zeros(0, np.int64)
+        steps = tuple(steps)
+
+        def arg(i):
+            loc, glob, _ = groups.get(i, (empty, empty, None))
+            return (self.ctx, kind, i, steps, loc, glob, int(top), par, multiplier)
+
+        return self._run(kind, task_update_many, arg)
+
     def resync(self, support: np.ndarray, theta: np.ndarray, log_z: float) -> float:
         """Re-derive ``thetabar`` exactly from ``theta`` (full transforms); returns exact ``log Z``.
 
@@ -246,3 +297,8 @@ class Engine:
         score = np.concatenate([p[1] for p in parts])
         order = np.lexsort((flat, score))[:k]
         return flat[order], score[order]
+
+
+#: Whole tables each kind of band pass reads plus writes (for ``Engine.bytes_moved``).
+_TABLES_MOVED = {task_fill: 1, task_uniform_duals: 1, task_map: 2, task_partner: 2, task_update_scan: 3,
+                 task_update_many: 3}

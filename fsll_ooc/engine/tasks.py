@@ -22,7 +22,7 @@ from .bands import band_geometry, band_key, band_vars, fixed_digits, local_to_gl
 
 __all__ = ["Table", "DBAR", "THETABAR", "SCRATCH", "Context", "ScanResult", "Step", "combine", "uniform_dual_vector",
            "task_fill", "task_uniform_duals", "task_map", "task_update_scan", "task_partner", "task_gather",
-           "task_top_candidates"]
+           "task_top_candidates", "task_update_many"]
 
 
 class Table(enum.IntEnum):
@@ -56,6 +56,10 @@ class ScanResult:
     supp_t: np.ndarray = field(default_factory=lambda: np.zeros(0))
     supp_d: np.ndarray = field(default_factory=lambda: np.zeros(0))
     total: float = 0.0  # sums reduced by some passes (normalisers)
+    # the best append candidates of a batch pass (:func:`task_update_many`): global flat
+    # positions and exact cost changes, unsorted across bands
+    top_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    top_delta: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 def combine(a: ScanResult, b: ScanResult) -> ScanResult:
@@ -68,7 +72,9 @@ def combine(a: ScanResult, b: ScanResult) -> ScanResult:
                       np.concatenate([a.supp_pos, b.supp_pos]),
                       np.concatenate([a.supp_t, b.supp_t]),
                       np.concatenate([a.supp_d, b.supp_d]),
-                      a.total + b.total)
+                      a.total + b.total,
+                      np.concatenate([a.top_pos, b.top_pos]),
+                      np.concatenate([a.top_delta, b.top_delta]))
 
 
 @dataclass(frozen=True)
@@ -270,6 +276,69 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
     if pos >= 0:
         out.best, out.t, out.d = float(best), float(tf[pos]), float(df[pos])
         out.pos = int(local_to_global(L, kind, idx, pos))
+    return out
+
+
+def task_update_many(ctx: Context, kind: str, idx: int, steps: tuple, supp_local: np.ndarray,
+                     supp_global: np.ndarray, top: int, parallel: bool, multiplier=None) -> ScanResult:
+    """Several dual updates of one band (docs/design.md, "Several terms per pass"), then a scan.
+
+    ``steps``: factors ``cosh + sinh Phi_y`` whose variables are all local to this kind of
+    band, applied in the order given; or ``multiplier = (V, m)``: the band becomes
+    ``T_V(m * T_V(band))`` (Walsh-Hadamard variables ``V``).  The scan reports the best
+    append candidate and the ``top`` best by exact cost change (:func:`fsll_ooc.kernels.top_appends`).
+    """
+    L = ctx.layout
+    key, r_const = ctx.band(kind, idx)
+    shape, j, P, Q, rP, rQ = ctx.geometry(kind)
+    t = storage.read(ctx.specs[THETABAR], key)
+    in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata  # a view of the table
+    t = t.reshape(P, Q)
+    d = storage.read(ctx.specs[DBAR], key).reshape(P, Q)
+    skip = 0 if idx == 0 else -1
+    bv = band_vars(L, kind)
+    if multiplier is not None:
+        V, m = multiplier
+        band = t.reshape(shape)
+        pos = _positions(ctx, kind, V)
+        _transform_band(band, pos, False, parallel)
+        bshape = [1] * len(shape)
+        for p_, v in zip(pos, V):
+            bshape[p_] = L.cards[v]
+        band *= np.asarray(m, np.float64).reshape(bshape)
+        _transform_band(band, pos, False, parallel)
+    for step in steps:  # the fused kernels with a threshold no cell beats: updates only
+        ch, sh = math.cosh(step.delta), math.sinh(step.delta)
+        inv_den = 1.0 / (ch + sh * step.t)
+        if all(basis.is_walsh(L.cards[v]) for v in step.axes):
+            flipsP = [(bv.index(v), step.digits[v]) for v in step.axes if bv.index(v) < j]
+            flipsQ = [(bv.index(v) - j, step.digits[v]) for v in step.axes if bv.index(v) >= j]
+            mp, mq = xor_mask(shape[:j], flipsP), xor_mask(shape[j:], flipsQ)
+            if mp is not None and mq is not None:
+                kernels.update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold=-math.inf,
+                                        skip=skip, parallel=parallel)
+            else:
+                kernels.update_scan_perm(t, d, rP, rQ, r_const, xor_perm(shape[:j], flipsP),
+                                         xor_perm(shape[j:], flipsQ), ch, sh, inv_den, threshold=-math.inf,
+                                         skip=skip, parallel=parallel)
+        else:
+            part = t.reshape(shape)
+            for v in step.axes:
+                part = basis.apply_product(part, bv.index(v), step.digits[v])
+            part = np.ascontiguousarray(part).reshape(P, Q)
+            kernels.update_scan_explicit(t, part, d, rP, rQ, r_const, ch, sh, inv_den, update=True,
+                                         threshold=-math.inf, skip=skip, parallel=parallel)
+    if (steps or multiplier is not None) and not in_place:
+        storage.write(ctx.specs[THETABAR], key, t.reshape(shape))
+    val, pos = kernels.top_appends(t, d, rP, rQ, r_const, max(int(top), 1), skip)
+    used = pos >= 0
+    val, pos = val[used], pos[used]
+    tf, df = t.reshape(-1), d.reshape(-1)
+    out = ScanResult(supp_pos=supp_global, supp_t=tf[supp_local].copy(), supp_d=df[supp_local].copy(),
+                     top_pos=local_to_global(L, kind, idx, pos), top_delta=val.copy())
+    if len(pos):
+        out.best, out.t, out.d = float(val[0]), float(tf[pos[0]]), float(df[pos[0]])
+        out.pos = int(out.top_pos[0])
     return out
 
 

@@ -62,7 +62,7 @@ from numba.core.extending import intrinsic
 from . import threadpool
 
 __all__ = ["update_scan_xor", "update_scan_perm", "update_scan_explicit", "reduce_rows", "support_moves",
-           "warmup", "PassArgs", "SUB", "CHUNK", "BLOCK_CELLS"]
+           "top_appends", "warmup", "PassArgs", "SUB", "CHUNK", "BLOCK_CELLS"]
 
 SUB = 64  # cells per branch-free bound test
 CHUNK = 1024  # cells per gathered partner chunk (8 KiB: stays in L1)
@@ -498,6 +498,71 @@ def support_moves(ys, t, d, theta, r):
     return best, bi, bm
 
 
+@njit(cache=True, nogil=True)
+def top_appends(t, d, rP, rQ, r_const, k, skip):
+    """The ``k`` best *append* candidates of block ``t`` by exact cost change (paper Eq. 15),
+    among those that lower the cost: ``(delta, position)`` arrays sorted by change, then
+    position (unused entries: position -1, change 0).
+
+    A read-only scan (the block is not changed): runs of :data:`SUB` cells go through the
+    division-free bound against the worst change kept so far, as in the fused kernels;
+    the exact change is computed only for cells that pass.  Ties go to the lowest
+    position, so every block decomposition keeps the same set.
+    """
+    P, Q = t.shape
+    val = np.zeros(k)
+    pos = np.full(k, -1, dtype=np.int64)
+    big = np.int64(P) * Q
+    worst = 0.0
+    wpos = big  # an empty entry: change 0, position "infinity" (replaced first)
+    wi = 0
+    for p in range(P):
+        rp = r_const + rP[p]
+        tp = t[p]
+        dp = d[p]
+        for s0 in range(0, Q, SUB):
+            n = min(SUB, Q - s0)
+            if not _test(tp, dp, rQ, s0, n, rp, worst):
+                continue
+            for i in range(n):
+                q = s0 + i
+                na = tp[q]
+                da = dp[q]
+                r = rp + rQ[q]
+                if not (r - worst) * (1.0 - na * na) < (na - da) * (na - da):
+                    continue
+                at = np.int64(p) * Q + q
+                if at == skip:
+                    continue
+                ex = _exact(na, da, r)
+                if ex < worst or (ex == worst and at < wpos):
+                    val[wi] = ex
+                    pos[wi] = at
+                    worst = -np.inf
+                    for j in range(k):  # the new worst entry (largest change, then largest position)
+                        pj = pos[j] if pos[j] >= 0 else big
+                        if val[j] > worst or (val[j] == worst and pj > wpos):
+                            worst = val[j]
+                            wpos = pj
+                            wi = j
+    order = np.argsort(val, kind="mergesort")
+    val = val[order]
+    pos = pos[order]
+    # equal changes: lowest position first (empty entries last)
+    i = 0
+    while i < k:
+        j = i
+        while j + 1 < k and val[j + 1] == val[i]:
+            j += 1
+        if j > i:
+            seg = pos[i:j + 1].copy()
+            seg_key = np.where(seg >= 0, seg, big)
+            o = np.argsort(seg_key, kind="mergesort")
+            pos[i:j + 1] = seg[o]
+        i = j + 1
+    return val, pos
+
+
 def warmup() -> None:
     """Compile (or load from numba's cache) every kernel variant on tiny inputs (every kind
     of pass and thread count runs the one driver ``_blocks``)."""
@@ -508,3 +573,4 @@ def warmup() -> None:
     update_scan_perm(t, d, *r, 0.0, np.array([0, 1]), np.array([0, 2, 1, 3]), 1.0, 0.0, 1.0)
     update_scan_explicit(t, None, d, *r, 0.0, update=False)
     support_moves(np.zeros(1, np.int64), np.zeros(1), np.zeros(1), np.ones(1), np.zeros(1))
+    top_appends(t, d, *r, 0.0, 2, -1)

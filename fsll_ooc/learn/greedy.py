@@ -29,10 +29,10 @@ from typing import Callable
 
 import numpy as np
 
-from . import corrective
+from . import batch as B, corrective
 from .state import FitState
-from .. import cost as C
-from ..engine import Engine, Step
+from .. import basis, cost as C
+from ..engine import Engine, Step, Table
 
 __all__ = ["LearnOptions", "learn", "auto_epsilon", "resolve_epsilon", "resolve_refine", "AUTO_C",
            "REFINE_MODES"]
@@ -165,6 +165,11 @@ class LearnOptions:
         many unused terms on the support's variable sets every iteration at their
         marginal code length (:func:`fsll_ooc.learn.corrective.family_move`); 0: only the
         scan's best append is re-priced.  No effect under the paper's code.
+    batch : None, bool, BatchOptions or dict
+        Several steps per table pass (:mod:`fsll_ooc.learn.batch`, :func:`fsll_ooc.learn.batch.resolve_batch`):
+        ``None`` or ``False``: one step per pass (the default; with ``epsilon=1e-4`` the
+        paper's algorithm); ``True`` or a :class:`~fsll_ooc.learn.batch.BatchOptions`
+        turns it on.
     on_finish : callable or None
         ``on_finish(engine, state)`` runs once when the search has ended, before
         :func:`learn` returns; what it leaves in ``state`` (and in the engine's dual
@@ -184,6 +189,7 @@ class LearnOptions:
     joint_closure: int = 512
     joint_max_new: int = 32
     family_terms: int = 512
+    batch: B.BatchOptions | bool | None = None
     on_finish: Callable[[Engine, FitState], None] | None = None
 
     def __post_init__(self):
@@ -202,6 +208,9 @@ class LearnOptions:
             if not (_is_int(v) and v >= low):
                 kind = "positive" if low else "non-negative"
                 raise ValueError(f"{name} must be a {kind} int, got {v!r}")
+        if isinstance(self.batch, dict):  # as to_json writes it
+            object.__setattr__(self, "batch", B.resolve_batch(self.batch, self.epsilon, out_of_core=True))
+        B.resolve_batch(self.batch, self.epsilon, out_of_core=False)  # raises ValueError naming the value
         if self.on_finish is not None and not callable(self.on_finish):
             raise ValueError(f"on_finish must be callable or None, got {self.on_finish!r}")
 
@@ -212,6 +221,8 @@ class LearnOptions:
             if f.name == "on_finish":
                 continue
             v = getattr(self, f.name)
+            if isinstance(v, B.BatchOptions):
+                v = v.to_json()
             out[f.name] = v.item() if isinstance(v, (np.generic,)) else v
         return out
 
@@ -241,6 +252,15 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     ``"added"``, their predicted gains under ``"added_gain"``).  The search always ends
     on a scan of the final state in which no single-coordinate move gains ``epsilon``
     (an axis minimum of the same cost), unless ``max_iter`` stopped it first.
+
+    ``batch`` (:class:`fsll_ooc.learn.batch.BatchOptions`, None: one step per pass, the
+    paper's search): several steps per pass.  Each scan also reports the best append
+    candidates; the variables of the best of them (:func:`fsll_ooc.learn.batch.choose_variables`)
+    define a marginal sub-table on which the search takes steps
+    (:func:`fsll_ooc.learn.batch.search_marginal`) until none gains ``epsilon``; one pass
+    then applies them to the dual table (or an exact re-derivation, when their variables
+    are not local to one kind of band).  Every step is one history entry (``"batch"``:
+    the number of the pass that applied it); ``"passes"`` counts table passes so far.
     """
     if options is None:
         options = LearnOptions()
@@ -252,6 +272,10 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     joint_candidates, joint_closure, joint_max_new = o.joint_candidates, o.joint_closure, o.joint_max_new
     eps = resolve_epsilon(epsilon, state.n_samples)
     mode = resolve_refine(refine, epsilon)
+    batch = B.resolve_batch(o.batch, epsilon, out_of_core=engine.out_of_core)
+    if batch is not None and state.penalty_code != "paper":
+        raise ValueError(f"batch needs the paper's penalty (the sub-table search prices terms by it), "
+                         f"got penalty code {state.penalty_code!r}; use penalty='paper' or batch=False")
     support = lambda: np.fromiter(state.theta.keys(), dtype=np.int64, count=len(state.theta))  # noqa: E731
     values = lambda: np.fromiter(state.theta.values(), dtype=np.float64, count=len(state.theta))  # noqa: E731
     # history times count fitting seconds since the start, across resumed sessions
@@ -261,17 +285,27 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     if not state.history:
         state.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0,
                               "cost": state.cost(), "n_bases": 0, "time": 0.0})
-    res = engine.update_scan(None, support())
+    def scan():
+        return engine.update_scan(None, support()) if batch is None else engine.update_scan_batch(
+            [], support(), batch.top)
+
+    res = scan()
     since_sync = 0
+    n_batches = 0
     refined = False  # a corrective phase ran since the last append/remove
     products = corrective._Products(state.cards) if mode != "off" else None
     cand_products = corrective._Products(state.cards) if mode != "off" else None  # joint candidates' pairs
 
-    def record(entry):
+    def record(entry, persist_now=True):
+        entry["passes"] = engine.passes
         state.history.append(entry)
         if progress is not None:
             progress.update(1)
             progress.set_postfix(cost=f"{entry['cost']:.6f}", bases=len(state.theta), refresh=False)
+        if callback is not None and persist_now:
+            callback(state)
+
+    def persist():
         if callback is not None:
             callback(state)
 
@@ -290,7 +324,7 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
                 since_sync = 0
                 joint_tried = False
                 state.n_iter += 1
-                res = engine.update_scan(None, support())
+                res = scan()
                 c = state.cost()
                 record({"iter": state.n_iter, "move": "refine", "y": None, "value": float(rr.rounds),
                         "delta": c - before, "cost": c, "n_bases": len(state.theta),
@@ -308,7 +342,7 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
                 refined = True
                 joint_tried = False
                 state.n_iter += 1
-                res = engine.update_scan(None, support())
+                res = scan()
                 c = state.cost()
                 record({"iter": state.n_iter, "move": "joint-append", "y": None, "value": float(len(ja.added)),
                         "delta": c - before, "cost": c, "n_bases": len(state.theta),
@@ -318,6 +352,16 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
         if stop:
             state.converged = True
             break
+        if batch is not None:
+            V = B.choose_variables(state.cards, _batch_moves(state, res, delta, y), factor=batch.factor,
+                                   max_cells=batch.max_cells)
+            if V is not None:
+                n_batches += 1
+                since_sync, res = _batch_step(engine, state, V, eps, batch, max_iter, since_sync, resync_every,
+                                              support, values, record, persist, t0, n_batches)
+                refined = False
+                joint_tried = False
+                continue
         old = state.theta.get(y, 0.0)
         if move == "remove":
             new = 0.0
@@ -338,8 +382,10 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
         since_sync += 1
         if since_sync >= resync_every:
             state.log_z = engine.resync(support(), values(), state.log_z)
-            res = engine.update_scan(None, support())
+            res = scan()
             since_sync = 0
+        elif batch is not None and engine.batch_pass(step.axes) is not None:
+            res = engine.update_scan_batch([step], support(), batch.top)
         else:
             res = engine.update_scan(step, support())
         record({"iter": state.n_iter, "move": move, "y": list(step.digits), "value": new,
@@ -348,3 +394,53 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     if o.on_finish is not None:
         o.on_finish(engine, state)
     return state
+
+
+def _batch_moves(state: FitState, res, delta: float, y: int):
+    """``(gain, flat)`` of the best move, then of the scan's best append candidates (not in the
+    support), by decreasing gain: what :func:`fsll_ooc.learn.batch.choose_variables` reads."""
+    yield -delta, y
+    order = np.lexsort((res.top_pos, res.top_delta))
+    for i in order.tolist():
+        p = int(res.top_pos[i])
+        if p != y and p not in state.theta:
+            yield -float(res.top_delta[i]), p
+
+
+def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOptions, max_iter, since_sync: int,
+                resync_every: int, support, values, record, persist, t0: float, n_batch: int):
+    """Steps on the marginal sub-table over ``V``, then one pass that applies them (or an exact
+    re-derivation); returns ``(since_sync, scan result)``."""
+    cells = B.marginal_cells(state.cards, V).reshape(-1)
+    tb0 = engine.gather(cells)
+    db = engine.gather(cells, table=Table.DBAR)
+    sub = tb0.copy()
+    limit = opts.max_steps if max_iter is None else min(opts.max_steps, max_iter - state.n_iter)
+    steps = []
+    weights = C.penalty_weights(state.cards, state.n_samples)
+    for s in B.search_marginal(state.cards, V, sub, db, state.theta, weights, eps, limit):
+        steps.append(s)
+        if s.move == "remove":
+            state.dbar.pop(s.flat, None)
+        else:
+            state.dbar[s.flat] = s.d
+        state.log_z += s.log_den
+        state.n_iter += 1
+        record({"iter": state.n_iter, "move": s.move, "y": list(state.digits(s.flat)), "value": s.new,
+                "delta": s.delta, "cost": state.cost(), "n_bases": len(state.theta),
+                "time": time.perf_counter() - t0, "batch": n_batch}, persist_now=False)
+    factors, _ = B.merge_steps(state.cards, V, tb0, steps)
+    since_sync += len(factors)
+    if since_sync >= resync_every or engine.batch_pass(V) is None:
+        state.log_z = engine.resync(support(), values(), state.log_z)
+        res = engine.update_scan_batch([], support(), opts.top)
+        since_sync = 0
+    elif len(factors) >= B.MULTIPLIER_MIN_FACTORS and all(basis.is_walsh(state.cards[v]) for v in V):
+        m = B.marginal_multiplier(state.cards, V, tb0, factors)
+        res = engine.update_scan_batch([], support(), opts.top, multiplier=(tuple(V), m))
+    else:
+        res = engine.update_scan_batch([Step(dg, dl, t) for dg, dl, t in factors], support(), opts.top)
+    if steps:
+        state.history[-1]["passes"] = engine.passes
+    persist()
+    return since_sync, res

@@ -1,0 +1,342 @@
+"""Several greedy steps per table pass: the paper's steps, run on a marginal sub-table.
+
+The duals of the terms supported on a set of variables ``V`` (every ``y`` with
+``y_i = 0`` outside ``V``) are the moments of the model's marginal over ``V``.  An
+update by a term supported on ``V`` maps them onto themselves: the partner
+``<Phi_y Phi_y'>`` of two such terms is again supported on ``V`` (a Walsh-Hadamard
+axis gives ``y_i XOR y'_i``, a +-1 axis one of ``0, y_i, y'_i``), so the incremental
+update of ``docs/design.md`` ("What one iteration costs") restricted to these
+``prod_{i in V} k_i`` cells is exact.  The greedy search over candidates supported on
+``V`` (append, adjust, remove, with the paper's closed forms) can therefore run on the
+gathered sub-table alone, for as many steps as it likes; the big dual table is then
+brought up to date in one pass that applies every changed term's factor
+``cosh(D) + sinh(D) Phi_y`` (the factors commute, and several steps on the same term
+merge into one), followed by the usual scan.  ``docs/design.md`` ("Several terms per
+pass") has the derivation and the batch rule.
+
+The batch rule (:func:`choose_variables`): start from the best move of the last scan;
+add the variables of the next best append candidates, in order of predicted gain,
+while their gain is at least ``1 / factor`` of the best and the sub-table stays within
+``max_cells`` cells.  When the batch's variables are local to one kind of band (always
+in core) one band pass applies every step; otherwise an exact re-derivation does.  The sub-table search then continues while
+some move on ``V`` gains at least ``epsilon``: every step it takes is one the paper's
+search could take, with the same closed forms, but the order differs (candidates
+outside ``V`` wait for the next scan).  The search still ends on a scan of the whole
+table in which no single-coordinate move gains ``epsilon``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .. import basis, cost as C
+
+__all__ = ["BatchOptions", "resolve_batch", "marginal_multiplier", "MULTIPLIER_MIN_FACTORS", "marginal_cells", "choose_variables", "SubStep", "search_marginal", "merge_steps"]
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How many steps one pass may carry.
+
+    ``factor``: append candidates join the batch's variables while their predicted
+    gain is at least ``1 / factor`` of the best move's; ``max_cells``: the marginal
+    sub-table (``prod k_i`` over the batch's variables) holds at most this many cells;
+    ``top``: how many of the best append candidates each scan reports;
+    ``max_steps``: steps of one sub-table search at most.
+    """
+
+    factor: float = 10.0
+    max_cells: int = 2**14
+    top: int = 64
+    max_steps: int = 4096
+
+    def to_json(self) -> dict:
+        """The options as a JSON-ready dict (``BatchOptions(**d)`` reads it back)."""
+        return {"factor": float(self.factor), "max_cells": int(self.max_cells), "top": int(self.top),
+                "max_steps": int(self.max_steps)}
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.factor, (int, float)) and self.factor >= 1.0 and math.isfinite(self.factor)):
+            raise ValueError(f"batch factor must be a finite number >= 1, got {self.factor!r}")
+        for name in ("max_cells", "top", "max_steps"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, np.integer)) and v >= 1):
+                raise ValueError(f"batch {name} must be a positive integer, got {v!r}")
+
+
+def resolve_batch(batch, epsilon, out_of_core: bool) -> BatchOptions | None:
+    """The batch options of a fit (None: one step per pass, the paper's search).
+
+    ``batch``: ``None`` or ``False`` (one step per pass, the default for now), ``True``
+    (:class:`BatchOptions` defaults), a :class:`BatchOptions` or a dict of its fields (as a
+    store's state keeps it).  ``epsilon`` and ``out_of_core`` are where an automatic choice
+    will look (``docs/benchmarks.md`` section 4 measures both rules in and out of core).
+    """
+    if batch is None or batch is False:
+        return None
+    if batch is True:
+        return BatchOptions()
+    if isinstance(batch, BatchOptions):
+        return batch
+    if isinstance(batch, dict):
+        unknown = set(batch) - set(BatchOptions.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown batch option(s) {sorted(unknown)}; valid: "
+                             f"{', '.join(BatchOptions.__dataclass_fields__)}")
+        return BatchOptions(**batch)
+    raise ValueError(f"batch must be None, True, False or a BatchOptions, got {batch!r}")
+
+
+def _strides(cards: Sequence[int]) -> np.ndarray:
+    s = np.ones(len(cards), dtype=np.int64)
+    for i in range(len(cards) - 2, -1, -1):
+        s[i] = s[i + 1] * cards[i + 1]
+    return s
+
+
+def marginal_cells(cards: Sequence[int], V: Sequence[int]) -> np.ndarray:
+    """Flat (C-order) indices of the terms supported on the variables ``V`` (sorted), as an
+    array of shape ``(k_i for i in V)``: entry ``[x_V]`` is the term with digits ``x_V`` on ``V``
+    and 0 elsewhere.
+
+    >>> marginal_cells((2, 3, 2), (0, 2)).tolist()
+    [[0, 1], [6, 7]]
+    """
+    V = tuple(int(v) for v in V)
+    if list(V) != sorted(set(V)):
+        raise ValueError(f"variables must be sorted and distinct, got {V}")
+    strides = _strides(cards)
+    out = np.zeros(tuple(cards[v] for v in V), dtype=np.int64)
+    for ax, v in enumerate(V):
+        sh = [1] * len(V)
+        sh[ax] = cards[v]
+        out = out + (np.arange(cards[v], dtype=np.int64) * strides[v]).reshape(sh)
+    return out
+
+
+def _axes_of(cards: Sequence[int], flat: int) -> frozenset:
+    axes = []
+    for i in range(len(cards) - 1, -1, -1):
+        flat, x = divmod(int(flat), cards[i])
+        if x:
+            axes.append(i)
+    return frozenset(axes)
+
+
+def choose_variables(cards: Sequence[int], moves: Iterable[tuple[float, int]], *, factor: float,
+                     max_cells: int) -> tuple[int, ...] | None:
+    """The variables ``V`` of the next batch, or None (the best move alone, one step per pass).
+
+    ``moves``: ``(gain, flat)`` pairs, the best move first, then append candidates by
+    decreasing gain.  A candidate's variables join while its gain is at least
+    ``gain_best / factor`` and ``prod_{i in V} k_i <= max_cells``; a candidate that does
+    not fit is skipped.  None when the best move's variables alone exceed ``max_cells``.
+    """
+    it = iter(moves)
+    try:
+        g0, y0 = next(it)
+    except StopIteration:
+        return None
+    V = set(_axes_of(cards, y0))
+    if not V or math.prod(cards[i] for i in V) > max_cells:
+        return None
+    floor = g0 / factor
+    for g, y in it:
+        if not g >= floor:
+            break
+        W = V | _axes_of(cards, y)
+        if math.prod(cards[i] for i in W) <= max_cells:
+            V = W
+    return tuple(sorted(V))
+
+
+@dataclass
+class SubStep:
+    """One step of the sub-table search: ``theta_y`` moved from ``old`` to ``new``."""
+
+    flat: int  # global flat index of the term
+    move: str  # "append", "adjust" or "remove"
+    old: float
+    new: float
+    t: float  # thetabar_y before the step
+    d: float  # dbar_y
+    delta: float  # predicted cost change (< 0)
+    log_den: float  # ln of the update's normaliser: the change of log Z
+
+
+def _partner(sub: np.ndarray, digits: Sequence[int]) -> np.ndarray:
+    """``<Phi_y Phi_y'>`` of every cell of the sub-table, for ``y'`` with sub-table ``digits``.
+
+    All axes Walsh-Hadamard: the digits own disjoint bits of the flat index, so the
+    partner is one flat XOR; otherwise the product rule axis by axis."""
+    if all(basis.is_walsh(k) for k in sub.shape):
+        mask = 0
+        for k, b in zip(sub.shape, digits):
+            mask = (mask << (int(k).bit_length() - 1)) | int(b)
+        return sub.reshape(-1)[np.arange(sub.size) ^ mask].reshape(sub.shape)
+    part = sub
+    for ax, b in enumerate(digits):
+        if b:
+            part = basis.apply_product(part, ax, int(b))
+    return part
+
+
+def _update(sub: np.ndarray, digits: Sequence[int], delta: float, t: float) -> float:
+    """The incremental dual update of the sub-table (in place); returns ``ln`` of its normaliser."""
+    part = _partner(sub, digits)
+    ch, sh = math.cosh(delta), math.sinh(delta)
+    den = ch + sh * t
+    sub *= ch / den
+    sub += (sh / den) * part
+    return math.log(den)
+
+
+def _best_append(t: np.ndarray, d: np.ndarray, r: np.ndarray, member: np.ndarray) -> tuple[float, int]:
+    """``(delta, i)`` of the best append among cells not ``member``: the lower bound of
+    :func:`fsll_ooc.cost.lower_bound` first, the exact change of :func:`fsll_ooc.cost.delta_append`
+    only where the bound is negative; ties go to the lowest index; ``i = -1`` when none gains."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        diff = t - d
+        lb = r - diff * diff / (1.0 - t * t)
+    cand = np.flatnonzero(lb < 0.0)
+    cand = cand[~member[cand]]
+    if cand.size == 0:
+        return math.inf, -1
+    tc, dc = t[cand], d[cand]
+    ex = 0.5 * ((1.0 + dc) * (np.log1p(tc) - np.log1p(dc)) + (1.0 - dc) * (np.log1p(-tc) - np.log1p(-dc))) + r[cand]
+    j = int(np.argmin(ex))  # the first of equal minima: the lowest index
+    return float(ex[j]), int(cand[j])
+
+
+def marginal_penalties(cards: Sequence[int], V: Sequence[int], weights) -> np.ndarray:
+    """``r_y`` of the terms :func:`marginal_cells` ``(cards, V)`` names (same shape), from
+    ``weights = (r0, w)`` of :func:`fsll_ooc.cost.penalty_weights`, summed in the order of
+    :func:`fsll_ooc.cost.penalty` (the same numbers)."""
+    r0, w = weights
+    acc = np.zeros(tuple(cards[v] for v in V))
+    for ax, v in enumerate(V):
+        sh = [1] * len(V)
+        sh[ax] = cards[v]
+        acc = acc + (w[v] * (np.arange(cards[v]) != 0)).reshape(sh)
+    return r0 + acc
+
+
+def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: np.ndarray,
+                    theta: dict, weights, epsilon: float, max_steps: int) -> Iterator[SubStep]:
+    """The paper's greedy search over the terms supported on ``V``, on their gathered duals.
+
+    ``tb``, ``db``: ``thetabar`` and ``dbar`` at :func:`marginal_cells` ``(cards, V)``
+    (flattened, C order); ``theta``: the model's parameters (flat index -> value; only
+    those supported on ``V`` are read, and they are updated in place); ``weights``:
+    ``(r0, w)`` of the penalty (:func:`fsll_ooc.cost.penalty_weights`).  Every step takes the best move on ``V`` (append at the 1-D optimum, adjust,
+    remove; the closed forms of :mod:`fsll_ooc.cost`) while it gains at least
+    ``epsilon``, at most ``max_steps``.  Yields each step (with the ``ln`` of its
+    normaliser, the change of ``log Z``) after applying it to ``theta`` and to ``tb``
+    (updated in place), so a caller may stop between two steps with both consistent.
+    """
+    V = tuple(V)
+    shape = tuple(cards[v] for v in V)
+    flats = marginal_cells(cards, V).reshape(-1)
+    sub = np.asarray(tb, np.float64).reshape(shape)
+    dflat = np.asarray(db, np.float64).reshape(-1)
+    r = marginal_penalties(cards, V, weights).reshape(-1)
+    r[0] = np.inf  # y = 0 is the constant, never a parameter
+    pos_of = {int(y): i for i, y in enumerate(flats)}
+    members = [pos_of[y] for y in theta if y in pos_of]
+    member = np.zeros(flats.size, bool)
+    member[members] = True
+    for _ in range(max_steps):
+        tf = sub.reshape(-1)
+        dy, i = _best_append(tf, dflat, r, member)
+        best = (dy, "append", i)
+        if members:
+            mi = np.array(members, np.int64)
+            th = np.array([theta[int(flats[j])] for j in members])
+            dy, k, mv = C.best_support_move(flats[mi], tf[mi].copy(), dflat[mi].copy(), th, r[mi].copy())
+            if k >= 0 and (dy < best[0] or best[2] < 0):
+                best = (float(dy), ("adjust", "remove")[mv], int(mi[k]))
+        delta, move, i = best
+        if not delta < -epsilon:
+            break
+        y = int(flats[i])
+        t, d = float(tf[i]), float(dflat[i])
+        old = theta.get(y, 0.0)
+        new = 0.0 if move == "remove" else C.optimum_theta(old, d, t)
+        log_den = _update(sub, np.unravel_index(i, shape), new - old, t)
+        if move == "remove":
+            del theta[y]
+            members.remove(i)
+            member[i] = False
+        else:
+            if move == "append":
+                members.append(i)
+                member[i] = True
+            theta[y] = new
+        yield SubStep(y, move, old, new, t, d, delta, log_den)
+
+
+def merge_steps(cards: Sequence[int], V: Sequence[int], tb0: np.ndarray, steps: Sequence[SubStep]):
+    """The factors that bring the big dual table up to date after ``steps``.
+
+    Steps on the same term merge (``(cosh a + sinh a Phi)(cosh b + sinh b Phi) = cosh(a+b) +
+    sinh(a+b) Phi``); the factors commute, so they are applied in order of first
+    occurrence.  Each factor's normaliser needs ``thetabar_y`` just before it, which the
+    sub-table replayed from ``tb0`` (the gathered duals before the search) gives exactly.
+    Returns ``[(digits, delta, t), ...]`` (full-length digit tuples) and the summed ``ln``
+    of the normalisers (the change of ``log Z``).
+    """
+    V = tuple(V)
+    shape = tuple(cards[v] for v in V)
+    flats = marginal_cells(cards, V).reshape(-1)
+    pos_of = {int(y): i for i, y in enumerate(flats)}
+    total: dict[int, float] = {}
+    for s in steps:
+        total[s.flat] = total.get(s.flat, 0.0) + (s.new - s.old)
+    sub = np.array(tb0, np.float64).reshape(shape)
+    out, dlogz = [], 0.0
+    for y, delta in total.items():
+        if delta == 0.0:
+            continue
+        i = pos_of[y]
+        sd = np.unravel_index(i, shape)
+        t = float(sub.reshape(-1)[i])
+        dlogz += _update(sub, sd, delta, t)
+        digits = [0] * len(cards)
+        for v, x in zip(V, sd):
+            digits[v] = int(x)
+        out.append((tuple(digits), delta, t))
+    return out, dlogz
+
+
+#: From this many changed terms on, a batch on Walsh-Hadamard variables only is applied as
+#: one multiplier between two partial transforms (:func:`marginal_multiplier`), whose cost
+#: does not grow with the number of terms, instead of one factor per term.
+MULTIPLIER_MIN_FACTORS = 4
+
+
+def marginal_multiplier(cards: Sequence[int], V: Sequence[int], tb0: np.ndarray,
+                        factors: Sequence[tuple]) -> np.ndarray:
+    """The whole batch as one multiplier: ``thetabar' = T_V(m * T_V(thetabar))`` on every cell.
+
+    For Walsh-Hadamard variables ``V`` only.  The batch multiplies ``p_theta`` by
+    ``g(x_V) = exp(sum_y D_y Phi_y(x_V))`` (``factors``: :func:`merge_steps`' ``(digits,
+    D, t)``) and renormalises; along ``V`` the duals are ``T_V`` of the partial density
+    ``T_V^-1 thetabar = T_V thetabar / K`` (``K = prod_{i in V} k_i``), so
+    ``m = g / (K Z')`` with ``Z'`` the new normaliser, read off the sub-table ``tb0``
+    (the gathered duals before the batch: the marginal's moments).
+    """
+    V = tuple(V)
+    shape = tuple(cards[v] for v in V)
+    if not all(basis.is_walsh(k) for k in shape):
+        raise ValueError(f"a multiplier needs Walsh-Hadamard variables, got cardinalities {shape}")
+    D = np.zeros(shape)
+    for digits, delta, _ in factors:
+        D[tuple(digits[v] for v in V)] += delta
+    l = basis.transform(D)  # T^T = T on Walsh-Hadamard axes: l(x_V) = sum_y D_y Phi_y(x_V)
+    g = np.exp(l - l.max())
+    K = float(D.size)
+    new = basis.transform(g * basis.transform(np.asarray(tb0, np.float64).reshape(shape)) / K)
+    return g / (K * float(new.reshape(-1)[0]))

@@ -1,0 +1,218 @@
+"""Several steps per pass: the marginal sub-table search against brute force (tests/oracle.py)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fsll_ooc import basis, cost as C, datasets
+from fsll_ooc.learn import batch
+
+import oracle
+
+CASES = [((2, 3, 4, 5), 600, 0, (1, 3)), ((2, 3, 4, 5), 600, 1, (0, 1, 2)), ((2, 2, 2, 2, 2), 500, 2, (0, 2, 4)),
+         ((3, 2, 5), 2000, 3, (0, 2)), ((4, 2, 2, 3), 800, 4, (0, 1, 3))]
+
+
+def _problem(cards, n, seed):
+    p, _ = datasets.random_bayesnet(cards, 2, seed=seed)
+    X = datasets.sample_table(p, n, seed=seed + 100)
+    Phi = oracle.phi_matrix(cards)
+    q = oracle.target(X, cards)
+    return Phi, q, oracle.r_vec(cards, n)
+
+
+def test_marginal_cells_are_the_terms_supported_on_v():
+    cards = (2, 3, 4, 5)
+    for V in [(0,), (1, 3), (0, 1, 2, 3), (2,)]:
+        cells = batch.marginal_cells(cards, V)
+        assert cells.shape == tuple(cards[v] for v in V)
+        want = [y for y in range(math.prod(cards))
+                if all(d == 0 for i, d in enumerate(np.unravel_index(y, cards)) if i not in V)]
+        assert sorted(cells.reshape(-1).tolist()) == want
+    with pytest.raises(ValueError, match="sorted"):
+        batch.marginal_cells(cards, (2, 1))
+
+
+@pytest.mark.parametrize("cards,n,seed,V", CASES)
+def test_sub_table_search_is_exact_and_merged_factors_update_the_whole_table(cards, n, seed, V):
+    Phi, q, r = _problem(cards, n, seed)
+    rng = np.random.default_rng(seed)
+    theta = np.zeros(len(q))
+    sup = rng.choice(np.arange(1, len(q)), size=5, replace=False)
+    theta[sup] = rng.normal(0, 0.3, size=5)
+    p = oracle.model(theta, Phi)
+    tb_full = Phi @ p
+    dbar = Phi @ q
+    cells = batch.marginal_cells(cards, V).reshape(-1)
+    th = {int(y): float(theta[y]) for y in np.nonzero(theta)[0]}
+    sub = tb_full[cells].copy()
+    steps = list(batch.search_marginal(cards, V, sub, dbar[cells], th, C.penalty_weights(cards, n), 1e-5, 500))
+    assert steps, "the sub-table search took no step"
+    new = theta.copy()
+    new[cells] = 0.0
+    for y, v in th.items():
+        new[y] = v
+    assert np.array_equal(new[np.setdiff1d(np.arange(len(q)), cells)], theta[np.setdiff1d(np.arange(len(q)), cells)])
+    p_new = oracle.model(new, Phi)
+    tb_exact = Phi @ p_new
+    # (a) the sub-table is the exact duals of the new model on V
+    np.testing.assert_allclose(sub, tb_exact[cells], atol=1e-11)
+    # every step's predicted change is the brute-force cost change, and log Z moves by log_den
+    cost_now = oracle.cost(theta, q, Phi, r)
+    cur = theta.copy()
+    for s in steps:
+        cur[s.flat] = s.new
+        c = oracle.cost(cur, q, Phi, r)
+        assert c - cost_now == pytest.approx(s.delta, abs=1e-11)
+        assert s.delta < -1e-5
+        cost_now = c
+    logz = lambda th_: math.log(np.exp(Phi.T @ th_).sum())  # noqa: E731
+    assert logz(new) - logz(theta) == pytest.approx(sum(s.log_den for s in steps), abs=1e-11)
+    # (b) merged factors, one per changed term, bring the whole dual table to the exact one
+    factors, dlogz = batch.merge_steps(cards, V, tb_full[cells], steps)
+    net = {}
+    for s in steps:
+        net[s.flat] = net.get(s.flat, 0.0) + (s.new - s.old)
+    assert len(factors) == sum(1 for v in net.values() if v != 0.0)  # a term appended then removed: none
+    tb = tb_full.reshape(cards).copy()
+    for digits, delta, t in factors:
+        part = tb
+        for ax, b in enumerate(digits):
+            if b:
+                part = basis.apply_product(part, ax, b)
+        ch, sh = math.cosh(delta), math.sinh(delta)
+        tb = (ch * tb + sh * part) / (ch + sh * t)
+    np.testing.assert_allclose(tb.reshape(-1), tb_exact, atol=1e-11)
+    assert dlogz == pytest.approx(logz(new) - logz(theta), abs=1e-11)
+    # the search stops at a point where no move on V gains epsilon (brute force)
+    for y in cells[1:]:
+        y = int(y)
+        trial = new.copy()
+        trial[y] = oracle.coord_optimum(new, y, q, Phi)
+        assert oracle.cost(trial, q, Phi, r) > oracle.cost(new, q, Phi, r) - 1e-5 - 1e-12
+        if new[y] != 0:
+            trial[y] = 0.0
+            assert oracle.cost(trial, q, Phi, r) > oracle.cost(new, q, Phi, r) - 1e-5 - 1e-12
+
+
+def test_marginal_penalties_are_the_penalties():
+    cards, n = (2, 3, 4, 5), 700
+    r0, w = C.penalty_weights(cards, n)
+    for V in [(1, 3), (0, 1, 2, 3)]:
+        got = batch.marginal_penalties(cards, V, (r0, w)).reshape(-1)
+        want = [C.penalty(np.unravel_index(y, cards), r0, w) for y in batch.marginal_cells(cards, V).reshape(-1)]
+        assert got.tolist() == want  # the same numbers, bit for bit
+        np.testing.assert_allclose(got, oracle.r_vec(cards, n)[batch.marginal_cells(cards, V).reshape(-1)], rtol=1e-13)
+
+
+def test_choose_variables_follows_gains_and_cells():
+    cards = (2, 3, 4, 5, 2)
+    flat = lambda *d: int(np.ravel_multi_index(d, cards))  # noqa: E731
+    moves = [(1.0, flat(1, 0, 0, 0, 0)), (0.9, flat(0, 0, 0, 0, 1)), (0.8, flat(0, 0, 0, 3, 0)),
+             (0.3, flat(0, 2, 0, 0, 0)), (0.2, flat(0, 0, 1, 0, 0))]
+    assert batch.choose_variables(cards, moves, factor=4.0, max_cells=1000) == (0, 1, 3, 4)
+    assert batch.choose_variables(cards, moves, factor=2.0, max_cells=1000) == (0, 3, 4)
+    # a candidate that does not fit is skipped, later ones still join
+    assert batch.choose_variables(cards, moves, factor=10.0, max_cells=24) == (0, 3, 4)
+    assert batch.choose_variables(cards, moves, factor=10.0, max_cells=12) == (0, 1, 4)
+    # the best move alone too wide: one step (None)
+    assert batch.choose_variables(cards, [(1.0, flat(0, 0, 3, 4, 1))], factor=4.0, max_cells=16) is None
+    assert batch.choose_variables(cards, [], factor=4.0, max_cells=100) is None
+
+
+def test_batch_options_validated_resolved_and_kept():
+    from fsll_ooc.learn import LearnOptions
+
+    with pytest.raises(ValueError, match="factor"):
+        batch.BatchOptions(factor=0.5)
+    with pytest.raises(ValueError, match="max_cells"):
+        batch.BatchOptions(max_cells=0)
+    with pytest.raises(ValueError, match="batch must be"):
+        LearnOptions(batch="yes")
+    with pytest.raises(ValueError, match="unknown batch option"):
+        LearnOptions(batch={"factor": 2.0, "size": 3})
+    # the default stays one step per pass (the paper's search with epsilon=1e-4)
+    assert batch.resolve_batch(None, "auto", out_of_core=True) is None
+    assert batch.resolve_batch(None, 1e-4, out_of_core=True) is None
+    assert batch.resolve_batch(True, 1e-4, out_of_core=False) == batch.BatchOptions()
+    o = LearnOptions(batch=batch.BatchOptions(factor=3.0, max_cells=64))
+    assert LearnOptions.from_json(o.to_json()) == o
+
+
+def _engine(cards, X, layout=(0, 0)):
+    from fsll_ooc import storage
+    from fsll_ooc.engine import Engine
+    from fsll_ooc.learn import FitState
+    from fsll_ooc.planner import Layout
+
+    L = Layout(tuple(cards), *layout)
+    specs = [storage.create_table("numpy", None, nm, cards, L.chunk_shape) for nm in ("dbar", "thetabar", "scratch")]
+    N = len(X)
+    flat = np.ravel_multi_index(tuple(np.asarray(X).T), cards)
+    eng = Engine.create(L, specs, N, "serial", sample_flat=flat)
+    _, counts = np.unique(flat, return_counts=True)
+    state = FitState(tuple(cards), N, C.target_entropy(counts, N, math.prod(cards)), log_z=math.log(math.prod(cards)))
+    return eng, state
+
+
+@pytest.mark.parametrize("cards,n,seed,layout", [((2, 3, 4, 5), 3000, 0, (0, 0)), ((2, 3, 4, 5), 3000, 0, (1, 2)),
+                                                 ((2, 2, 2, 2, 2, 2), 2000, 1, (0, 0)),
+                                                 ((2, 2, 2, 2, 2, 2), 2000, 1, (2, 4)), ((3, 2, 5), 4000, 3, (1, 1))])
+def test_batched_search_keeps_exact_duals_and_ends_at_an_axis_minimum(cards, n, seed, layout):
+    from fsll_ooc.learn import LearnOptions, learn
+
+    p, _ = datasets.random_bayesnet(cards, 2, seed=seed)
+    X = datasets.sample_table(p, n, seed=seed + 100)
+    Phi, q, r = oracle.phi_matrix(cards), oracle.target(X, cards), oracle.r_vec(cards, n)
+    eng, state = _engine(cards, X, layout)
+    size = math.prod(cards)
+    checked = []
+
+    def check(st):  # after every pass that brought the dual table up to date
+        theta = np.zeros(size)
+        for y, v in st.theta.items():
+            theta[y] = v
+        exact = Phi @ oracle.model(theta, Phi)
+        np.testing.assert_allclose(eng.gather(np.arange(size)), exact, atol=1e-10)
+        l = Phi.T @ theta
+        assert st.log_z == pytest.approx(math.log(np.exp(l).sum()), abs=1e-10)
+        checked.append(st.n_iter)
+
+    eps = 1e-5
+    learn(eng, state, LearnOptions(epsilon=eps, batch=batch.BatchOptions(max_cells=12, factor=8.0)), callback=check)
+    assert state.converged
+    sizes = np.bincount([h["batch"] for h in state.history if "batch" in h])
+    assert sizes.max() >= 3, "no batch of several steps ran"
+    assert len(checked) < state.n_iter  # fewer table passes than steps, each one checked
+    theta = np.zeros(size)
+    for y, v in state.theta.items():
+        theta[y] = v
+    base = oracle.assert_axis_minimum(theta, q, Phi, r, eps)
+    assert base == pytest.approx(state.cost(), abs=1e-10)
+    passes = [h["passes"] for h in state.history[1:]]
+    assert passes == sorted(passes) and passes[-1] == eng.passes
+
+
+@pytest.mark.parametrize("cards,n,seed", [((2, 3, 4, 5), 2000, 5), ((2, 2, 2, 2, 2), 1500, 6)])
+def test_batched_fit_through_the_estimator(cards, n, seed, tmp_path):
+    from fsll_ooc import FSLL
+    from fsll_ooc.learn import LearnOptions
+
+    p, _ = datasets.random_bayesnet(cards, 2, seed=seed)
+    X = datasets.sample_table(p, n, seed=seed + 100)
+    Phi, q, r = oracle.phi_matrix(cards), oracle.target(X, cards), oracle.r_vec(cards, n)
+    on = LearnOptions(epsilon=1e-5, batch=True)
+    m = FSLL(cardinalities=cards, epsilon=1e-5, learn_options=on, progress=False).fit(X)
+    o = FSLL(cardinalities=cards, epsilon=1e-5, learn_options=on, progress=False, store=tmp_path / "s",
+             backend="memmap", layout=(1, 2)).fit(X)
+    for mm in (m, o):
+        theta = np.zeros(math.prod(cards))
+        for y, v in mm.theta_.items():
+            theta[np.ravel_multi_index(y, cards)] = v
+        assert oracle.assert_axis_minimum(theta, q, Phi, r, 1e-5) == pytest.approx(mm.cost_, abs=1e-10)
+    assert set(o.theta_) == set(m.theta_) and o.n_iter_ == m.n_iter_
+    assert any("batch" in h for h in m.history_)
+    costs = np.array([h["cost"] for h in m.history_])
+    np.testing.assert_allclose(np.diff(costs), [h["delta"] for h in m.history_[1:]], atol=1e-10)
