@@ -217,7 +217,7 @@ def child(args) -> None:
         m = FSLL.resume(store, scheduler=client, progress=args.progress)
     else:
         m = FSLL(store=store, backend=args.backend, memory_limit=args.cap, max_iter=args.max_iter,
-                 epsilon=args.epsilon, progress=args.progress, scheduler=client,
+                 epsilon=args.epsilon, progress=args.progress, scheduler=client, penalty="paper",
                  learn_options=LearnOptions(epsilon=args.epsilon, batch=args.batch == "on"))
         m.fit(X)
     total = time.perf_counter() - t0

@@ -122,6 +122,16 @@ def test_choose_variables_follows_gains_and_cells():
     assert batch.choose_variables(cards, [], factor=4.0, max_cells=100) is None
 
 
+def test_batch_needs_the_papers_penalty():
+    from fsll_ooc import FSLL
+    from fsll_ooc.learn import LearnOptions
+
+    p, _ = datasets.random_bayesnet((2, 3, 4), 2, seed=0)
+    X = datasets.sample_table(p, 500, seed=1)
+    with pytest.raises(ValueError, match="paper's penalty"):
+        FSLL(penalty="family", progress=False, learn_options=LearnOptions(batch=True)).fit(X)
+
+
 def test_batch_options_validated_resolved_and_kept():
     from fsll_ooc.learn import LearnOptions
 

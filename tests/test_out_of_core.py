@@ -29,7 +29,7 @@ def data():
 @pytest.fixture(scope="module")
 def batched(data):
     """The in-core fit with several steps per pass."""
-    return FSLL(progress=False, learn_options=LearnOptions(batch=True)).fit(data[0])
+    return FSLL(progress=False, penalty="paper", learn_options=LearnOptions(batch=True)).fit(data[0])
 
 
 def assert_same_model(m, ref):
@@ -60,7 +60,7 @@ def test_backends_and_chunkings_match_in_core(data, tmp_path, backend, layout):
 def test_batched_fits_match_in_core_on_every_chunking(data, batched, tmp_path, backend, layout):
     X, _ = data
     store = None if backend == "numpy" else tmp_path / "store"
-    m = FSLL(progress=False, store=store, backend=backend, layout=layout, scheduler="threads",
+    m = FSLL(progress=False, store=store, backend=backend, layout=layout, scheduler="threads", penalty="paper",
              learn_options=LearnOptions(batch=True)).fit(X)
     assert any("batch" in h for h in m.history_)
     assert_same_model(m, batched)
