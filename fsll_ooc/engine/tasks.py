@@ -230,52 +230,65 @@ def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple) -> float:
     return total
 
 
+def _open_band(ctx: Context, kind: str, idx: int):
+    """``(key, r_const, geometry, t, d, in_place, skip)`` of band ``idx``: its duals ``t`` and
+    targets ``d`` as ``(P, Q)`` arrays (``in_place``: ``t`` is a view of the table itself)."""
+    key, r_const = ctx.band(kind, idx)
+    geom = ctx.geometry(kind)
+    t = storage.read(ctx.specs[THETABAR], key)
+    in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata
+    t = t.reshape(geom.P, geom.Q)
+    d = storage.read(ctx.specs[DBAR], key).reshape(geom.P, geom.Q)
+    skip = 0 if idx == 0 else -1  # y = 0 is the first cell of band 0 of either kind
+    return key, r_const, geom, t, d, in_place, skip
+
+
+def _update_band(ctx: Context, kind: str, key, geom, t, d, r_const, step: Step, partner_src: Table,
+                 partner_vars: tuple, threshold: float, skip: int, parallel: bool):
+    """The fused update of band ``t`` by ``step`` and its scan against ``threshold``: ``(best, pos)``."""
+    L = ctx.layout
+    shape, j, P, Q, rP, rQ = geom
+    ch, sh = math.cosh(step.delta), math.sinh(step.delta)
+    inv_den = 1.0 / (ch + sh * step.t)
+    bv = band_vars(L, kind)
+    walsh = all(basis.is_walsh(L.cards[v]) for v in partner_vars)
+    if partner_src == THETABAR and walsh:
+        flipsP = [(bv.index(v), step.digits[v]) for v in partner_vars if bv.index(v) < j]
+        flipsQ = [(bv.index(v) - j, step.digits[v]) for v in partner_vars if bv.index(v) >= j]
+        mp, mq = xor_mask(shape[:j], flipsP), xor_mask(shape[j:], flipsQ)
+        if mp is not None and mq is not None:
+            return kernels.update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold=threshold,
+                                           skip=skip, parallel=parallel)
+        return kernels.update_scan_perm(t, d, rP, rQ, r_const, xor_perm(shape[:j], flipsP),
+                                        xor_perm(shape[j:], flipsQ), ch, sh, inv_den, threshold=threshold,
+                                        skip=skip, parallel=parallel)
+    src = t if partner_src == THETABAR else storage.read(ctx.specs[partner_src], key)
+    part = src.reshape(shape)
+    for v in partner_vars:
+        part = basis.apply_product(part, bv.index(v), step.digits[v])
+    part = np.ascontiguousarray(part).reshape(P, Q)
+    return kernels.update_scan_explicit(t, part, d, rP, rQ, r_const, ch, sh, inv_den, update=True,
+                                        threshold=threshold, skip=skip, parallel=parallel)
+
+
 def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partner_src: Table,
                      partner_vars: tuple, supp_local: np.ndarray, supp_global: np.ndarray,
                      parallel: bool) -> ScanResult:
     """Fused dual update (if ``step``) and candidate scan of one band."""
-    L = ctx.layout
-    key, r_const = ctx.band(kind, idx)
-    shape, j, P, Q, rP, rQ = ctx.geometry(kind)
-    t = storage.read(ctx.specs[THETABAR], key)
-    in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata  # a view of the table
-    t = t.reshape(P, Q)
-    d = storage.read(ctx.specs[DBAR], key).reshape(P, Q)
-    skip = 0 if idx == 0 else -1  # y = 0 is the first cell of band 0 of either kind
+    key, r_const, geom, t, d, in_place, skip = _open_band(ctx, kind, idx)
     if step is None:
-        best, pos = kernels.update_scan_explicit(t, None, d, rP, rQ, r_const, update=False, skip=skip,
+        best, pos = kernels.update_scan_explicit(t, None, d, geom.rP, geom.rQ, r_const, update=False, skip=skip,
                                                  parallel=parallel)
     else:
-        ch, sh = math.cosh(step.delta), math.sinh(step.delta)
-        inv_den = 1.0 / (ch + sh * step.t)
-        bv = band_vars(L, kind)
-        walsh = all(basis.is_walsh(L.cards[v]) for v in partner_vars)
-        if partner_src == THETABAR and walsh:
-            flipsP = [(bv.index(v), step.digits[v]) for v in partner_vars if bv.index(v) < j]
-            flipsQ = [(bv.index(v) - j, step.digits[v]) for v in partner_vars if bv.index(v) >= j]
-            mp, mq = xor_mask(shape[:j], flipsP), xor_mask(shape[j:], flipsQ)
-            if mp is not None and mq is not None:
-                best, pos = kernels.update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den,
-                                                    skip=skip, parallel=parallel)
-            else:
-                best, pos = kernels.update_scan_perm(t, d, rP, rQ, r_const, xor_perm(shape[:j], flipsP),
-                                                     xor_perm(shape[j:], flipsQ), ch, sh, inv_den,
-                                                     skip=skip, parallel=parallel)
-        else:
-            src = t if partner_src == THETABAR else storage.read(ctx.specs[partner_src], key)
-            part = src.reshape(shape)
-            for v in partner_vars:
-                part = basis.apply_product(part, bv.index(v), step.digits[v])
-            part = np.ascontiguousarray(part).reshape(P, Q)
-            best, pos = kernels.update_scan_explicit(t, part, d, rP, rQ, r_const, ch, sh, inv_den,
-                                                     update=True, skip=skip, parallel=parallel)
+        best, pos = _update_band(ctx, kind, key, geom, t, d, r_const, step, partner_src, partner_vars, 0.0, skip,
+                                 parallel)
         if not in_place:
-            storage.write(ctx.specs[THETABAR], key, t.reshape(shape))
+            storage.write(ctx.specs[THETABAR], key, t.reshape(geom.shape))
     tf, df = t.reshape(-1), d.reshape(-1)
     out = ScanResult(supp_pos=supp_global, supp_t=tf[supp_local].copy(), supp_d=df[supp_local].copy())
     if pos >= 0:
         out.best, out.t, out.d = float(best), float(tf[pos]), float(df[pos])
-        out.pos = int(local_to_global(L, kind, idx, pos))
+        out.pos = int(local_to_global(ctx.layout, kind, idx, pos))
     return out
 
 
@@ -289,48 +302,22 @@ def task_update_many(ctx: Context, kind: str, idx: int, steps: tuple, supp_local
     append candidate and the ``top`` best by exact cost change (:func:`fsll_ooc.kernels.top_appends`).
     """
     L = ctx.layout
-    key, r_const = ctx.band(kind, idx)
-    shape, j, P, Q, rP, rQ = ctx.geometry(kind)
-    t = storage.read(ctx.specs[THETABAR], key)
-    in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata  # a view of the table
-    t = t.reshape(P, Q)
-    d = storage.read(ctx.specs[DBAR], key).reshape(P, Q)
-    skip = 0 if idx == 0 else -1
-    bv = band_vars(L, kind)
+    key, r_const, geom, t, d, in_place, skip = _open_band(ctx, kind, idx)
     if multiplier is not None:
         V, m = multiplier
-        band = t.reshape(shape)
+        band = t.reshape(geom.shape)
         pos = _positions(ctx, kind, V)
         _transform_band(band, pos, False, parallel)
-        bshape = [1] * len(shape)
+        bshape = [1] * len(geom.shape)
         for p_, v in zip(pos, V):
             bshape[p_] = L.cards[v]
         band *= np.asarray(m, np.float64).reshape(bshape)
         _transform_band(band, pos, False, parallel)
     for step in steps:  # the fused kernels with a threshold no cell beats: updates only
-        ch, sh = math.cosh(step.delta), math.sinh(step.delta)
-        inv_den = 1.0 / (ch + sh * step.t)
-        if all(basis.is_walsh(L.cards[v]) for v in step.axes):
-            flipsP = [(bv.index(v), step.digits[v]) for v in step.axes if bv.index(v) < j]
-            flipsQ = [(bv.index(v) - j, step.digits[v]) for v in step.axes if bv.index(v) >= j]
-            mp, mq = xor_mask(shape[:j], flipsP), xor_mask(shape[j:], flipsQ)
-            if mp is not None and mq is not None:
-                kernels.update_scan_xor(t, d, rP, rQ, r_const, mp, mq, ch, sh, inv_den, threshold=-math.inf,
-                                        skip=skip, parallel=parallel)
-            else:
-                kernels.update_scan_perm(t, d, rP, rQ, r_const, xor_perm(shape[:j], flipsP),
-                                         xor_perm(shape[j:], flipsQ), ch, sh, inv_den, threshold=-math.inf,
-                                         skip=skip, parallel=parallel)
-        else:
-            part = t.reshape(shape)
-            for v in step.axes:
-                part = basis.apply_product(part, bv.index(v), step.digits[v])
-            part = np.ascontiguousarray(part).reshape(P, Q)
-            kernels.update_scan_explicit(t, part, d, rP, rQ, r_const, ch, sh, inv_den, update=True,
-                                         threshold=-math.inf, skip=skip, parallel=parallel)
+        _update_band(ctx, kind, key, geom, t, d, r_const, step, THETABAR, step.axes, -math.inf, skip, parallel)
     if (steps or multiplier is not None) and not in_place:
-        storage.write(ctx.specs[THETABAR], key, t.reshape(shape))
-    val, pos = kernels.top_appends(t, d, rP, rQ, r_const, max(int(top), 1), skip)
+        storage.write(ctx.specs[THETABAR], key, t.reshape(geom.shape))
+    val, pos = kernels.top_appends(t, d, geom.rP, geom.rQ, r_const, max(int(top), 1), skip)
     used = pos >= 0
     val, pos = val[used], pos[used]
     tf, df = t.reshape(-1), d.reshape(-1)
