@@ -240,22 +240,10 @@ def test_sample_and_plot_never_overwrite_a_foreign_file(csv_file, tmp_path):
 
 
 def _interrupted_store(df, store, monkeypatch, after=4):
-    class Stop(Exception):
-        pass
+    import interrupts
 
-    from fsll_ooc.storage.fit_store import FitStore
-
-    calls = [0]
-    orig = FitStore.write_state
-
-    def persist(self, *a, **k):
-        orig(self, *a, **k)
-        calls[0] += 1
-        if calls[0] == after:
-            raise Stop()
-
-    monkeypatch.setattr(FitStore, "write_state", persist)
-    with pytest.raises(Stop):
+    interrupts.stop_after(monkeypatch, after)
+    with pytest.raises(interrupts.Crash):
         FSLL(progress=False, store=str(store), layout=(1, 2), scheduler="serial", epsilon=1e-4).fit(df)
     monkeypatch.undo()
 

@@ -4,6 +4,8 @@ import json
 import numpy as np
 import pytest
 
+import interrupts
+
 from fsll_ooc import FSLL, storage
 from fsll_ooc.learn import FitState
 from fsll_ooc.planner import plan as make_plan
@@ -73,20 +75,8 @@ def test_a_new_fit_forgets_the_old_state_and_labels(tmp_path):
 
 @pytest.mark.parametrize("stop_after", [1, 2, 6])  # starting / running at iteration 0 / running later
 def test_resume_from_each_status(X, ref, tmp_path, monkeypatch, stop_after):
-    calls = [0]
-    orig = FitStore.write_state
-
-    class Stop(Exception):
-        pass
-
-    def write_state(self, *a):
-        orig(self, *a)
-        calls[0] += 1
-        if calls[0] == stop_after:
-            raise Stop
-
-    monkeypatch.setattr(FitStore, "write_state", write_state)
-    with pytest.raises(Stop):
+    interrupts.stop_after(monkeypatch, stop_after)
+    with pytest.raises(interrupts.Crash):
         FSLL(progress=False, store=tmp_path / "s", layout=LAYOUT, scheduler="serial").fit(
             X, feature_names=["a", "b", "c"])
     monkeypatch.undo()

@@ -130,25 +130,13 @@ def test_family_fit_is_an_axis_minimum_of_the_family_cost(cards, n, seed):
 def test_family_code_survives_resume_save_and_load(tmp_path, monkeypatch):
     """An interrupted out-of-core fit resumes under the family code to the in-core model; the
     model file keeps the parameter."""
-    from fsll_ooc.storage.fit_store import FitStore
+    import interrupts
 
     X, _ = _data((3, 4, 2, 5), 3000, 4)
     ref = FSLL(progress=False).fit(X)
     assert any(h["move"] == "append" for h in ref.history_) and ref._state.penalty_code == "family"
-    calls = [0]
-    orig = FitStore.write_state
-
-    class Stop(Exception):
-        pass
-
-    def write_state(self, *a):
-        orig(self, *a)
-        calls[0] += 1
-        if calls[0] == 6:
-            raise Stop
-
-    monkeypatch.setattr(FitStore, "write_state", write_state)
-    with pytest.raises(Stop):
+    interrupts.stop_after(monkeypatch, 6)
+    with pytest.raises(interrupts.Crash):
         FSLL(progress=False, store=tmp_path / "s", layout=(1, 2), scheduler="serial").fit(X)
     monkeypatch.undo()
     m = FSLL.resume(tmp_path / "s", progress=False)

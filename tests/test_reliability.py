@@ -25,6 +25,8 @@ from fsll_ooc.storage.lock import StoreLock, StoreLockedError
 from fsll_ooc.planner import PlanError
 from fsll_ooc.storage import DiskFullError, IntegrityError
 
+from interrupts import Crash, on_persist, stop_after  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = (1, 2)
 
@@ -61,30 +63,9 @@ def status(store):
     return storage.read_json(Path(store) / "fsll_state.json", checksum=True)["status"]
 
 
-class Crash(Exception):
-    pass
-
-
-def on_persist(monkeypatch, n: int, action) -> None:
-    """Run ``action()`` right after the fit's ``n``-th state write (undo: ``monkeypatch.undo()``)."""
-    calls = [0]
-    orig = FitStore.write_state
-
-    def persist(self, *a, **k):
-        orig(self, *a, **k)
-        calls[0] += 1
-        if calls[0] == n:
-            action()
-
-    monkeypatch.setattr(FitStore, "write_state", persist)
-
-
 def interrupted_fit(X, store, backend="zarr", after=6, monkeypatch=None):
     """A fit stopped (in-process) right after its ``after``-th state write: status 'running'."""
-    def crash():
-        raise Crash()
-
-    on_persist(monkeypatch, after, crash)
+    stop_after(monkeypatch, after)
     with pytest.raises(Crash):
         FSLL(progress=False, store=store, backend=backend, layout=LAYOUT, scheduler="serial").fit(X)
     monkeypatch.undo()
