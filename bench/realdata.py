@@ -56,7 +56,7 @@ for p in (ROOT, HERE):
         sys.path.insert(0, p)
 
 from fsll_ooc import FSLL  # noqa: E402
-from reproduce_paper import _fit_params, _frame, _pgmpy, fix_hash_seed, machine_line  # noqa: E402
+from reproduce_paper import _fit_params, _frame, _pgmpy, fix_hash_seed, machine_line, search_edges  # noqa: E402
 
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 ADULT_COLUMNS = ("workclass", "education", "marital-status", "occupation", "relationship", "race", "sex",
@@ -103,28 +103,9 @@ def load_set(name, data_dir):
 # --------------------------------------------------------------------------- pgmpy peers
 def _structure(kind, X, queue):
     """Child process: the edges of one pgmpy structure search (or the error text)."""
-    import logging
     try:
-        HillClimbSearch, TreeSearch, BIC, _ = _pgmpy()
-        logging.getLogger("pgmpy").setLevel(logging.ERROR)
-        df = _frame(X)
-        t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if kind == "HC-BIC":
-                dag = HillClimbSearch(df).estimate(scoring_method=BIC(df), show_progress=False)
-            elif kind == "Chow-Liu":
-                dag = TreeSearch(df).estimate(estimator_type="chow-liu", show_progress=False)
-            elif kind == "MMHC":
-                from pgmpy.estimators import MmhcEstimator
-                dag = MmhcEstimator(df).estimate(scoring_method=BIC(df), significance_level=0.01)
-            elif kind == "PC":
-                from pgmpy.estimators import PC
-                dag = PC(df).estimate(variant="stable", ci_test="chi_square", significance_level=0.01,
-                                      return_type="dag", n_jobs=1, show_progress=False)
-            else:
-                raise ValueError(kind)
-        queue.put(("ok", [tuple(e) for e in dag.edges()], time.perf_counter() - t0))
+        edges, seconds = search_edges(kind, X)
+        queue.put(("ok", edges, seconds))
     except Exception as exc:  # reported in the table, the run goes on
         queue.put(("error", f"{type(exc).__name__}: {exc}", 0.0))
 

@@ -152,6 +152,30 @@ def _frame(X):
 _STRUCTURE_CACHE: dict = {}
 
 
+def search_edges(kind: str, X: np.ndarray):
+    """Edges found by one pgmpy structure search on ``X`` and its seconds: ``"HC"`` (alias
+    ``"HC-BIC"``, hill climbing + BIC), ``"CL"`` (``"Chow-Liu"``), ``"MMHC"`` or ``"PC"``."""
+    HillClimbSearch, TreeSearch, BIC, _ = _pgmpy()
+    df = _frame(X)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if kind in ("HC", "HC-BIC"):
+            dag = HillClimbSearch(df).estimate(scoring_method=BIC(df), show_progress=False)
+        elif kind in ("CL", "Chow-Liu"):
+            dag = TreeSearch(df).estimate(estimator_type="chow-liu", show_progress=False)
+        elif kind == "MMHC":
+            from pgmpy.estimators import MmhcEstimator
+            dag = MmhcEstimator(df).estimate(scoring_method=BIC(df), significance_level=0.01)
+        elif kind == "PC":
+            from pgmpy.estimators import PC
+            dag = PC(df).estimate(variant="stable", ci_test="chi_square", significance_level=0.01,
+                                  return_type="dag", n_jobs=1, show_progress=False)
+        else:
+            raise ValueError(kind)
+    return [tuple(e) for e in dag.edges()], time.perf_counter() - t0
+
+
 def pgmpy_structure(kind: str, X: np.ndarray):
     """Edges found by a pgmpy structure search on ``X`` and the search's seconds
     (cached per data set, so the MLE and BDeu variants share one search)."""
@@ -159,19 +183,9 @@ def pgmpy_structure(kind: str, X: np.ndarray):
 
     key = (kind, X.shape, hashlib.sha1(np.ascontiguousarray(X).tobytes()).hexdigest())
     if key not in _STRUCTURE_CACHE:
-        HillClimbSearch, TreeSearch, BIC, _ = _pgmpy()
-        df = _frame(X)
-        t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if kind == "HC":
-                dag = HillClimbSearch(df).estimate(scoring_method=BIC(df), show_progress=False)
-            elif kind == "CL":
-                dag = TreeSearch(df).estimate(estimator_type="chow-liu", show_progress=False)
-            else:
-                raise ValueError(kind)
+        result = search_edges(kind, X)
         _STRUCTURE_CACHE.clear()          # keep only the current data set
-        _STRUCTURE_CACHE[key] = (list(dag.edges()), time.perf_counter() - t0)
+        _STRUCTURE_CACHE[key] = result
     return _STRUCTURE_CACHE[key]
 
 
