@@ -1,0 +1,36 @@
+"""Fingerprint of the learner's results, to check that a refactor or a speed-up keeps the bits.
+
+Fits the paper's six datasets at ``epsilon=1e-4`` (the paper's algorithm) and at the
+default, plus short out-of-core fits on both persistent backends, and prints (or writes)
+each fit's cost, iterations, terms, log Z and KL(p_d || p_theta) as exact reprs.
+Compare two runs with ``diff``:
+
+    python bench/fingerprint.py /tmp/after.json && diff docs/data/fingerprint/reference.json /tmp/after.json
+
+``docs/data/fingerprint/reference.json`` holds the figures of the code before the package
+restructuring (commit 42d3508); every change since that did not mean to change results
+reproduces it exactly. Takes 1-2 minutes on an idle 2-core machine.
+"""
+import json
+import sys
+import tempfile
+
+from fsll_ooc import FSLL, datasets
+
+out = {}
+for name in datasets.PAPER_DATASETS:
+    X, _ = datasets.paper_dataset(name, seed=0)
+    for eps in (1e-4, "auto"):
+        m = FSLL(epsilon=eps, progress=False).fit(X)
+        out[f"{name}/{eps}"] = [repr(m.cost_), m.n_iter_, m.n_bases_, repr(m.log_z_), repr(m.kl_data_)]
+X, _ = datasets.paper_dataset("BN20-37S", seed=0)
+for backend in ("memmap", "zarr"):
+    with tempfile.TemporaryDirectory() as d:
+        m = FSLL(epsilon=1e-4, store=d + "/s", backend=backend, memory_limit="1GiB", progress=False,
+                 layout=(3, 10), max_iter=40).fit(X)
+        out[f"ooc/{backend}"] = [repr(m.cost_), m.n_iter_, m.n_bases_, repr(m.log_z_)]
+text = json.dumps(out, indent=1)
+if len(sys.argv) > 1:
+    with open(sys.argv[1], "w") as fh:
+        fh.write(text)
+print(text)
