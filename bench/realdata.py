@@ -44,7 +44,6 @@ import multiprocessing as mp
 import os
 import sys
 import time
-import warnings
 from datetime import datetime, timezone
 
 import numpy as np
@@ -56,7 +55,7 @@ for p in (ROOT, HERE):
         sys.path.insert(0, p)
 
 from fsll_ooc import FSLL  # noqa: E402
-from reproduce_paper import _fit_params, _frame, _pgmpy, fix_hash_seed, machine_line, search_edges  # noqa: E402
+from reproduce_paper import cpd_tables, fit_network, fix_hash_seed, machine_line, search_edges  # noqa: E402
 
 DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 ADULT_COLUMNS = ("workclass", "education", "marital-status", "occupation", "relationship", "race", "sex",
@@ -137,18 +136,10 @@ def bn_log_prob(model, cards, X):
     """
     out = np.zeros(len(X))
     n_params = 0
-    for cpd in model.get_cpds():
-        names = list(cpd.variables)
-        axes = [int(v[1:]) for v in names]
-        vals = np.asarray(cpd.values, dtype=np.float64)
-        full = np.zeros(tuple(cards[a] for a in axes))
-        full[np.ix_(*[np.asarray(cpd.state_names[v], dtype=np.int64) for v in names])] = vals
-        colsum = np.nansum(full, axis=0, keepdims=True)
-        bad = ~(colsum > 0) | np.isnan(full).any(axis=0, keepdims=True)
-        full = np.where(np.broadcast_to(bad, full.shape), 1.0 / cards[axes[0]], full)
+    for axes, full, k in cpd_tables(model, cards):
         with np.errstate(divide="ignore"):
             out += np.log(full[tuple(X[:, a] for a in axes)])
-        n_params += (cards[axes[0]] - 1) * int(np.prod([cards[a] for a in axes[1:]], dtype=np.int64))
+        n_params += k
     return out, n_params
 
 
@@ -156,16 +147,8 @@ def fit_peer(kind, Xtr, Xte, cards, cap):
     edges, t_struct, status = structure(kind, Xtr, cap)
     if edges is None:
         return {"status": status, "time": t_struct}
-    _, _, _, BayesNet = _pgmpy()
-    df = _frame(Xtr)
-    states = {c: list(range(k)) for c, k in zip(df.columns, cards)}
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = BayesNet(edges)
-        model.add_nodes_from(df.columns)
-        _fit_params(model, df, states, 1.0)
-    seconds = t_struct + time.perf_counter() - t0
+    model, t_params = fit_network(edges, Xtr, cards, 1.0)
+    seconds = t_struct + t_params
     ll, n_params = bn_log_prob(model, cards, Xte)
     return {"status": "ok", "time": seconds, "size": n_params, "ll": ll, "edges": len(edges)}
 

@@ -120,27 +120,34 @@ def _expand(factor, axes, ndim):
     return factor.reshape(shape)
 
 
-def bn_joint(model, cards) -> tuple[np.ndarray, int]:
-    """Dense joint table of a fitted pgmpy network over variables ``X0..X{n-1}``, and
-    its number of free parameters.  CPD columns of parent configurations never seen
-    in the data (NaN or all-zero) are taken as uniform."""
-    n = len(cards)
-    p = np.ones(tuple(cards))
-    n_params = 0
+def cpd_tables(model, cards):
+    """Each CPD of a fitted pgmpy network over variables ``X0..X{n-1}`` as ``(axes, table,
+    free parameters)``: ``axes`` are (child, parents...), ``table`` the dense CPD over them.
+    CPD columns of parent configurations never seen in the data (NaN or all-zero) are
+    taken as uniform."""
     for cpd in model.get_cpds():
         names = list(cpd.variables)
         axes = [int(v[1:]) for v in names]
         vals = np.asarray(cpd.values, dtype=np.float64)
         full = np.zeros(tuple(cards[a] for a in axes))
-        index = np.ix_(*[np.asarray(cpd.state_names[v], dtype=np.int64) for v in names])
-        full[index] = vals
+        full[np.ix_(*[np.asarray(cpd.state_names[v], dtype=np.int64) for v in names])] = vals
         colsum = np.nansum(full, axis=0, keepdims=True)
         bad = ~(colsum > 0) | np.isnan(full).any(axis=0, keepdims=True)
         full = np.where(np.broadcast_to(bad, full.shape), 1.0 / cards[axes[0]], full)
+        yield axes, full, (cards[axes[0]] - 1) * int(np.prod([cards[a] for a in axes[1:]], dtype=np.int64))
+
+
+def bn_joint(model, cards) -> tuple[np.ndarray, int]:
+    """Dense joint table of a fitted pgmpy network (:func:`cpd_tables`) and its number of
+    free parameters."""
+    n = len(cards)
+    p = np.ones(tuple(cards))
+    n_params = 0
+    for axes, full, k in cpd_tables(model, cards):
         # CPD axes are (child, parents...); order them as the table's axes
         order = np.argsort(axes)
         p *= _expand(full.transpose(order), sorted(axes), n)
-        n_params += (cards[axes[0]] - 1) * int(np.prod([cards[a] for a in axes[1:]], dtype=np.int64))
+        n_params += k
     return p, n_params
 
 
@@ -195,6 +202,14 @@ def fit_pgmpy(name: str, X: np.ndarray, cards):
     kind = "HC" if name.startswith("HC") else "CL"
     prior = 1.0 if name.endswith("+BDeu") else None
     edges, t_struct = pgmpy_structure(kind, X)
+    model, t_params = fit_network(edges, X, cards, prior)
+    p, n_params = bn_joint(model, cards)
+    return p, n_params, t_struct + t_params
+
+
+def fit_network(edges, X: np.ndarray, cards, prior):
+    """A pgmpy network on ``edges`` with its tables fitted to ``X`` (BDeu with equivalent
+    sample size ``prior``, or maximum likelihood for ``None``), and the fit's seconds."""
     _, _, _, BayesNet = _pgmpy()
     df = _frame(X)
     states = {c: list(range(k)) for c, k in zip(df.columns, cards)}
@@ -204,9 +219,7 @@ def fit_pgmpy(name: str, X: np.ndarray, cards):
         model = BayesNet(edges)
         model.add_nodes_from(df.columns)
         _fit_params(model, df, states, prior)
-    seconds = t_struct + time.perf_counter() - t0
-    p, n_params = bn_joint(model, cards)
-    return p, n_params, seconds
+    return model, time.perf_counter() - t0
 
 
 # --------------------------------------------------------------------------- FL + BMs
