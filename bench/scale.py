@@ -217,7 +217,7 @@ def child(args) -> None:
         m = FSLL.resume(store, scheduler=client, progress=args.progress)
     else:
         m = FSLL(store=store, backend=args.backend, memory_limit=args.cap, max_iter=args.max_iter,
-                 epsilon=args.epsilon, progress=args.progress, scheduler=client, penalty="paper",
+                 epsilon=args.epsilon, progress=args.progress, scheduler=client, penalty=args.penalty,
                  learn_options=LearnOptions(epsilon=args.epsilon, batch=args.batch == "on"))
         m.fit(X)
     total = time.perf_counter() - t0
@@ -268,6 +268,8 @@ def main(argv=None):
                     help="stopping threshold: a number (default: the paper's 1e-4) or 'auto'")
     ap.add_argument("--batch", nargs="+", choices=("off", "on"), default=["off"],
                     help="one step per pass (off) and/or several steps per pass (on); each case runs every choice")
+    ap.add_argument("--penalty", choices=("paper", "family"), default=None,
+                    help="the code of the terms (default: the library's, 'family' with epsilon 'auto')")
     ap.add_argument("--disk", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--backend", choices=("zarr", "memmap"), default="zarr")
     ap.add_argument("--resume", action="store_true",
@@ -302,6 +304,8 @@ def main(argv=None):
         cmd = [sys.executable, __file__, "--child", case, "--cap", str(args.cap), "--dir", args.dir, "--n", str(args.n),
                "--workers", str(workers), "--backend", args.backend, "--epsilon", str(args.epsilon),
                "--batch", batch, "--disk", f"{dw},{dr}"]
+        if args.penalty:
+            cmd += ["--penalty", args.penalty]
         if args.resume:
             cmd += ["--resume", "--keep"]
         if args.max_iter is not None:

@@ -83,6 +83,30 @@ def coord_optimum(theta_vec, y, q, Phi):
     return 0.5 * (lo + hi)
 
 
+def brute_code(cards, N, support, kind):
+    """Description length / N of a support, from the definitions: families found by
+    grouping the digit vectors, ``M_A`` by counting every index with that exact set of
+    non-zero digits, ``C(M_A, m)`` by ``math.comb``."""
+    n = len(cards)
+    states = list(itertools.product(*[range(k) for k in cards]))
+    fams = {}
+    for y in support:
+        a = tuple(i for i, v in enumerate(states[y]) if v)
+        fams[a] = fams.get(a, 0) + 1
+    total = 0.0
+    for a, m in fams.items():
+        M = sum(1 for s in states if tuple(i for i, v in enumerate(s) if v) == a)
+        if kind == "paper":
+            total += m * (math.log(N) / 2 + sum(math.log(n * (cards[i] - 1)) for i in a))
+        else:
+            total += m * math.log(N) / 2 + len(a) * math.log(n) + math.log(math.comb(M, m))
+    return total / N
+
+
+def brute_cost(theta_vec, q, Phi, cards, N, kind):
+    return kl(q, model(theta_vec, Phi)) + brute_code(cards, N, np.nonzero(theta_vec)[0], kind)
+
+
 def assert_axis_minimum(theta_vec, q, Phi, r, eps):
     """Assert that no single-coordinate move (append, adjust or remove) lowers the cost
     by ``eps`` or more, each recomputed from scratch; returns the cost of ``theta_vec``."""

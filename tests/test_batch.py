@@ -35,9 +35,17 @@ def test_marginal_cells_are_the_terms_supported_on_v():
         batch.marginal_cells(cards, (2, 1))
 
 
+@pytest.mark.parametrize("kind", ["paper", "family"])
 @pytest.mark.parametrize("cards,n,seed,V", CASES)
-def test_sub_table_search_is_exact_and_merged_factors_update_the_whole_table(cards, n, seed, V):
+def test_sub_table_search_is_exact_and_merged_factors_update_the_whole_table(cards, n, seed, V, kind):
+    """Under either code: every step's predicted change is the brute-force change of that
+    code's cost (the family code prices appends and removes by the change of the code
+    length, which depends on the family's other members)."""
     Phi, q, r = _problem(cards, n, seed)
+    if kind == "family":
+        cost_of = lambda th_: oracle.brute_cost(th_, q, Phi, cards, n, "family")  # noqa: E731
+    else:
+        cost_of = lambda th_: oracle.cost(th_, q, Phi, r)  # noqa: E731
     rng = np.random.default_rng(seed)
     theta = np.zeros(len(q))
     sup = rng.choice(np.arange(1, len(q)), size=5, replace=False)
@@ -48,7 +56,9 @@ def test_sub_table_search_is_exact_and_merged_factors_update_the_whole_table(car
     cells = batch.marginal_cells(cards, V).reshape(-1)
     th = {int(y): float(theta[y]) for y in np.nonzero(theta)[0]}
     sub = tb_full[cells].copy()
-    steps = list(batch.search_marginal(cards, V, sub, dbar[cells], th, C.penalty_weights(cards, n), 1e-5, 500))
+    code = C.TermCode(cards, n, kind)
+    steps = list(batch.search_marginal(cards, V, sub, dbar[cells], th, C.penalty_weights(cards, n), 1e-5, 500,
+                                       code=code))
     assert steps, "the sub-table search took no step"
     new = theta.copy()
     new[cells] = 0.0
@@ -60,11 +70,11 @@ def test_sub_table_search_is_exact_and_merged_factors_update_the_whole_table(car
     # (a) the sub-table is the exact duals of the new model on V
     np.testing.assert_allclose(sub, tb_exact[cells], atol=1e-11)
     # every step's predicted change is the brute-force cost change, and log Z moves by log_den
-    cost_now = oracle.cost(theta, q, Phi, r)
+    cost_now = cost_of(theta)
     cur = theta.copy()
     for s in steps:
         cur[s.flat] = s.new
-        c = oracle.cost(cur, q, Phi, r)
+        c = cost_of(cur)
         assert c - cost_now == pytest.approx(s.delta, abs=1e-11)
         assert s.delta < -1e-5
         cost_now = c
@@ -91,10 +101,16 @@ def test_sub_table_search_is_exact_and_merged_factors_update_the_whole_table(car
         y = int(y)
         trial = new.copy()
         trial[y] = oracle.coord_optimum(new, y, q, Phi)
-        assert oracle.cost(trial, q, Phi, r) > oracle.cost(new, q, Phi, r) - 1e-5 - 1e-12
+        assert cost_of(trial) > cost_of(new) - 1e-5 - 1e-12
         if new[y] != 0:
             trial[y] = 0.0
-            assert oracle.cost(trial, q, Phi, r) > oracle.cost(new, q, Phi, r) - 1e-5 - 1e-12
+            assert cost_of(trial) > cost_of(new) - 1e-5 - 1e-12
+    if kind == "family" and max(cards[v] for v in V) > 2:
+        fams = {}
+        for y in np.nonzero(new)[0]:
+            a = tuple(i for i, dg in enumerate(np.unravel_index(y, cards)) if dg)
+            fams[a] = fams.get(a, 0) + 1
+        assert max(fams.values()) >= 2 or len(steps) < 3, "no family got a second member"
 
 
 def test_marginal_penalties_are_the_penalties():
@@ -122,14 +138,89 @@ def test_choose_variables_follows_gains_and_cells():
     assert batch.choose_variables(cards, [], factor=4.0, max_cells=100) is None
 
 
-def test_batch_needs_the_papers_penalty():
-    from fsll_ooc import FSLL
-    from fsll_ooc.learn import LearnOptions
+@pytest.mark.parametrize("cards,n,seed,layout", [((2, 3, 4, 5), 3000, 0, (0, 0)), ((2, 3, 4, 5), 3000, 0, (1, 2)),
+                                                 ((3, 2, 5), 4000, 3, (1, 1)), ((4, 4, 3), 3000, 2, (0, 0))])
+def test_batched_search_under_the_family_code(cards, n, seed, layout):
+    """The family code: the duals exact after every pass, the first step the one-step learner's,
+    fewer passes than steps, and the end an axis minimum of the family cost (brute force)."""
+    from fsll_ooc.learn import LearnOptions, learn
 
-    p, _ = datasets.random_bayesnet((2, 3, 4), 2, seed=0)
-    X = datasets.sample_table(p, 500, seed=1)
-    with pytest.raises(ValueError, match="paper's penalty"):
-        FSLL(penalty="family", progress=False, learn_options=LearnOptions(batch=True)).fit(X)
+    p, _ = datasets.random_bayesnet(cards, 2, seed=seed)
+    X = datasets.sample_table(p, n, seed=seed + 100)
+    Phi, q = oracle.phi_matrix(cards), oracle.target(X, cards)
+    size = math.prod(cards)
+    eps = 1e-5
+
+    def vec(st):
+        theta = np.zeros(size)
+        for y, v in st.theta.items():
+            theta[y] = v
+        return theta
+
+    eng, state = _engine(cards, X, layout)
+    state.penalty_code = "family"
+    checked = []
+
+    def check(st):
+        exact = Phi @ oracle.model(vec(st), Phi)
+        np.testing.assert_allclose(eng.gather(np.arange(size)), exact, atol=1e-10)
+        checked.append(st.n_iter)
+
+    learn(eng, state, LearnOptions(epsilon=eps, batch=batch.BatchOptions(max_cells=20, factor=8.0)), callback=check)
+    assert state.converged
+    assert len(checked) < state.n_iter
+    sizes = np.bincount([h["batch"] for h in state.history if "batch" in h])
+    assert sizes.max() >= 3, "no batch of several steps ran"
+    theta = vec(state)
+    base = oracle.brute_cost(theta, q, Phi, cards, n, "family")
+    assert state.cost() == pytest.approx(base, abs=1e-10)
+    costs = np.array([h["cost"] for h in state.history])
+    np.testing.assert_allclose(np.diff(costs), [h["delta"] for h in state.history[1:]], atol=1e-10)
+    for h in state.history[1:]:  # every step's change is the brute-force change of the family cost
+        assert h["delta"] < -eps
+    for y in range(1, size):
+        th = theta.copy()
+        th[y] = oracle.coord_optimum(theta, y, q, Phi)
+        assert oracle.brute_cost(th, q, Phi, cards, n, "family") > base - eps, f"moving {y} gains epsilon"
+        if theta[y] != 0:
+            th[y] = 0.0
+            assert oracle.brute_cost(th, q, Phi, cards, n, "family") > base - eps, f"removing {y} gains epsilon"
+    # against the one-step learner: the same first step, and a final cost as low within 1 %
+    eng1, one = _engine(cards, X, layout)
+    one.penalty_code = "family"
+    learn(eng1, one, LearnOptions(epsilon=eps))
+    assert state.history[1]["y"] == one.history[1]["y"]
+    assert state.history[1]["value"] == pytest.approx(one.history[1]["value"], abs=1e-12)
+    drop = one.history[0]["cost"] - one.cost()
+    assert state.cost() <= one.cost() + 0.01 * drop
+    assert eng.passes < eng1.passes
+
+
+def test_batched_default_fit_under_the_family_code():
+    """The library's default (family code, epsilon="auto", corrective phases) with batching:
+    an axis minimum of the family cost by brute force."""
+    from fsll_ooc import FSLL
+    from fsll_ooc.learn import LearnOptions, auto_epsilon
+
+    cards, n = (2, 3, 4, 5), 2000
+    p, _ = datasets.random_bayesnet(cards, 2, seed=7)
+    X = datasets.sample_table(p, n, seed=107)
+    m = FSLL(cardinalities=cards, progress=False, learn_options=LearnOptions(batch=True)).fit(X)
+    assert m._state.penalty_code == "family" and any("batch" in h for h in m.history_)
+    Phi, q = oracle.phi_matrix(cards), oracle.target(X, cards)
+    theta = np.zeros(math.prod(cards))
+    for y, v in m.theta_.items():
+        theta[np.ravel_multi_index(y, cards)] = v
+    base = oracle.brute_cost(theta, q, Phi, cards, n, "family")
+    assert m.cost_ == pytest.approx(base, abs=1e-10)
+    eps = auto_epsilon(n)
+    for y in range(1, len(q)):
+        th = theta.copy()
+        th[y] = oracle.coord_optimum(theta, y, q, Phi)
+        assert oracle.brute_cost(th, q, Phi, cards, n, "family") > base - eps, f"moving {y} gains epsilon"
+        if theta[y] != 0:
+            th[y] = 0.0
+            assert oracle.brute_cost(th, q, Phi, cards, n, "family") > base - eps, f"removing {y} gains epsilon"
 
 
 def test_batch_options_validated_resolved_and_kept():

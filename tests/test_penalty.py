@@ -11,35 +11,12 @@ from fsll_ooc import FSLL, cost as C, datasets
 from fsll_ooc.learn import auto_epsilon
 
 import oracle
+from oracle import brute_code, brute_cost
 
 
 def _data(cards, n, seed, n_parents=2):
     p, _ = datasets.random_bayesnet(cards, n_parents, seed=seed)
     return datasets.sample_table(p, n, seed=seed + 100), p
-
-
-def brute_code(cards, N, support, kind):
-    """Description length / N of a support, from the definitions: families found by
-    grouping the digit vectors, ``M_A`` by counting every index with that exact set of
-    non-zero digits, ``C(M_A, m)`` by ``math.comb``."""
-    n = len(cards)
-    states = list(itertools.product(*[range(k) for k in cards]))
-    fams = {}
-    for y in support:
-        a = tuple(i for i, v in enumerate(states[y]) if v)
-        fams[a] = fams.get(a, 0) + 1
-    total = 0.0
-    for a, m in fams.items():
-        M = sum(1 for s in states if tuple(i for i, v in enumerate(s) if v) == a)
-        if kind == "paper":
-            total += m * (math.log(N) / 2 + sum(math.log(n * (cards[i] - 1)) for i in a))
-        else:
-            total += m * math.log(N) / 2 + len(a) * math.log(n) + math.log(math.comb(M, m))
-    return total / N
-
-
-def brute_cost(theta_vec, q, Phi, cards, N, kind):
-    return oracle.kl(q, oracle.model(theta_vec, Phi)) + brute_code(cards, N, np.nonzero(theta_vec)[0], kind)
 
 
 def _state(cards, N, support, kind):

@@ -224,14 +224,75 @@ def marginal_penalties(cards: Sequence[int], V: Sequence[int], weights) -> np.nd
     return r0 + acc
 
 
+class _Prices:
+    """The code length of every move on the sub-table, kept current as the support changes.
+
+    ``r[i]``: what appending cell ``i`` costs (a non-member) or what removing it gives back
+    (a member).  Under the paper's code it is the fixed ``r_y``.  Under the family code
+    (``docs/design.md``, "The family code") it is the marginal code length of the cell's
+    family ``A`` (its non-zero variables), which depends on how many members ``m_A`` the
+    support holds there: ``add(A, m_A)`` for a non-member, ``add(A, m_A - 1)`` for a member.
+    Every family of a term supported on ``V`` is a subset of ``V``, so every member of it is
+    a cell of the sub-table: the counts, hence the prices, are exact from the sub-table
+    alone.  A family of one possible member (binary variables) is priced as the paper does.
+    """
+
+    def __init__(self, cards, V, weights, code, member: np.ndarray):
+        shape = tuple(cards[v] for v in V)
+        self.r = marginal_penalties(cards, V, weights).reshape(-1)
+        self.r[0] = np.inf  # y = 0 is the constant, never a parameter
+        self.code = code if code is not None and code.kind != "paper" else None
+        if self.code is None:
+            return
+        self.V, self.member = tuple(V), member
+        fam = np.zeros(shape, np.int64)
+        for ax, k in enumerate(shape):
+            sh = [1] * len(shape)
+            sh[ax] = k
+            fam = fam + ((np.arange(k) != 0).astype(np.int64) << ax).reshape(sh)
+        self.fam = fam.reshape(-1)
+        self.cells: dict[int, np.ndarray] = {}
+        self.counts: dict[int, int] = {}
+        for f in self.fam[member].tolist():
+            self.counts[f] = self.counts.get(f, 0) + 1
+        for f in list(self.counts):
+            self._reprice(f)
+
+    def _axes(self, f: int) -> tuple[int, ...]:
+        return tuple(v for ax, v in enumerate(self.V) if f >> ax & 1)
+
+    def _reprice(self, f: int) -> None:
+        axes = self._axes(f)
+        if self.code.members(axes) <= 1:
+            return  # one possible member: the paper's price (the family code equals it)
+        idx = self.cells.get(f)
+        if idx is None:
+            idx = self.cells[f] = np.flatnonzero(self.fam == f)
+        m = self.counts.get(f, 0)
+        self.r[idx] = np.where(self.member[idx], self.code.add(axes, m - 1) if m else np.inf,
+                               self.code.add(axes, m))
+
+    def changed(self, i: int, appended: bool) -> None:
+        """Cell ``i`` joined (``appended``) or left the support (``member`` already updated)."""
+        if self.code is None:
+            return
+        f = int(self.fam[i])
+        self.counts[f] = self.counts.get(f, 0) + (1 if appended else -1)
+        self._reprice(f)
+
+
 def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: np.ndarray,
-                    theta: dict, weights, epsilon: float, max_steps: int) -> Iterator[SubStep]:
+                    theta: dict, weights, epsilon: float, max_steps: int,
+                    code: C.TermCode | None = None) -> Iterator[SubStep]:
     """The paper's greedy search over the terms supported on ``V``, on their gathered duals.
 
     ``tb``, ``db``: ``thetabar`` and ``dbar`` at :func:`marginal_cells` ``(cards, V)``
     (flattened, C order); ``theta``: the model's parameters (flat index -> value; only
     those supported on ``V`` are read, and they are updated in place); ``weights``:
-    ``(r0, w)`` of the penalty (:func:`fsll_ooc.cost.penalty_weights`).  Every step takes the best move on ``V`` (append at the 1-D optimum, adjust,
+    ``(r0, w)`` of the penalty (:func:`fsll_ooc.cost.penalty_weights`); ``code``: the
+    support's code (:class:`fsll_ooc.cost.TermCode`; None or the paper's: ``r_y`` from
+    ``weights``; the family code: every append and remove priced by the change of the
+    code length, which the sub-table knows exactly, :class:`_Prices`).  Every step takes the best move on ``V`` (append at the 1-D optimum, adjust,
     remove; the closed forms of :mod:`fsll_ooc.cost`) while it gains at least
     ``epsilon``, at most ``max_steps``.  Yields each step (with the ``ln`` of its
     normaliser, the change of ``log Z``) after applying it to ``theta`` and to ``tb``
@@ -242,12 +303,12 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
     flats = marginal_cells(cards, V).reshape(-1)
     sub = np.asarray(tb, np.float64).reshape(shape)
     dflat = np.asarray(db, np.float64).reshape(-1)
-    r = marginal_penalties(cards, V, weights).reshape(-1)
-    r[0] = np.inf  # y = 0 is the constant, never a parameter
     pos_of = {int(y): i for i, y in enumerate(flats)}
     members = [pos_of[y] for y in theta if y in pos_of]
     member = np.zeros(flats.size, bool)
     member[members] = True
+    prices = _Prices(cards, V, weights, code, member)
+    r = prices.r
     for _ in range(max_steps):
         tf = sub.reshape(-1)
         dy, i = _best_append(tf, dflat, r, member)
@@ -270,10 +331,12 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
             del theta[y]
             members.remove(i)
             member[i] = False
+            prices.changed(i, False)
         else:
             if move == "append":
                 members.append(i)
                 member[i] = True
+                prices.changed(i, True)
             theta[y] = new
         yield SubStep(y, move, old, new, t, d, delta, log_den)
 

@@ -273,9 +273,6 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     eps = resolve_epsilon(epsilon, state.n_samples)
     mode = resolve_refine(refine, epsilon)
     batch = B.resolve_batch(o.batch, epsilon, out_of_core=engine.out_of_core)
-    if batch is not None and state.penalty_code != "paper":
-        raise ValueError(f"batch needs the paper's penalty (the sub-table search prices terms by it), "
-                         f"got penalty code {state.penalty_code!r}; use penalty='paper' or batch=False")
     support = lambda: np.fromiter(state.theta.keys(), dtype=np.int64, count=len(state.theta))  # noqa: E731
     values = lambda: np.fromiter(state.theta.values(), dtype=np.float64, count=len(state.theta))  # noqa: E731
     # history times count fitting seconds since the start, across resumed sessions
@@ -398,13 +395,21 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
 
 def _batch_moves(state: FitState, res, delta: float, y: int):
     """``(gain, flat)`` of the best move, then of the scan's best append candidates (not in the
-    support), by decreasing gain: what :func:`fsll_ooc.learn.batch.choose_variables` reads."""
+    support), by decreasing gain: what :func:`fsll_ooc.learn.batch.choose_variables` reads.
+
+    Under the family code the scan prices every cell as a family's first member; a
+    candidate on a family the support names costs less, so its gain is re-priced to its
+    marginal code length (as :func:`fsll_ooc.learn.corrective.family_move` does for the best)."""
     yield -delta, y
-    order = np.lexsort((res.top_pos, res.top_delta))
-    for i in order.tolist():
-        p = int(res.top_pos[i])
-        if p != y and p not in state.theta:
-            yield -float(res.top_delta[i]), p
+    pos = np.asarray(res.top_pos, np.int64)
+    gain = -np.asarray(res.top_delta, np.float64)
+    keep = np.fromiter((p != y and p not in state.theta for p in pos.tolist()), bool, len(pos))
+    pos, gain = pos[keep], gain[keep]
+    if state.penalty_code != "paper" and len(pos):
+        ys = pos.tolist()
+        gain = gain - (np.array(state.marginal_penalties(ys)) - np.array([state.penalty(p) for p in ys]))
+    for i in np.lexsort((pos, -gain)).tolist():
+        yield float(gain[i]), int(pos[i])
 
 
 def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOptions, max_iter, since_sync: int,
@@ -418,7 +423,7 @@ def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOpt
     limit = opts.max_steps if max_iter is None else min(opts.max_steps, max_iter - state.n_iter)
     steps = []
     weights = C.penalty_weights(state.cards, state.n_samples)
-    for s in B.search_marginal(state.cards, V, sub, db, state.theta, weights, eps, limit):
+    for s in B.search_marginal(state.cards, V, sub, db, state.theta, weights, eps, limit, code=state.term_code()):
         steps.append(s)
         if s.move == "remove":
             state.dbar.pop(s.flat, None)
