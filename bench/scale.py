@@ -20,7 +20,8 @@ session ended), continues it with ``FSLL.resume``; the wall time of every sessio
 recorded next to the store (``*.sessions.json``) and summed into the fit time.
 ``--epsilon`` defaults to the paper's 1e-4 (``auto`` is the library's default rule);
 ``--backend memmap`` uses raw files instead of Zarr; ``--batch off on`` runs each case
-one step per pass (the paper's search) and with several steps per pass, interleaved.
+one step per pass (the paper's search) and with several steps per pass, interleaved
+(default ``auto``: the library's rule).
 
 Disk: before each case the script measures the disk's sequential throughput under
 ``--dir`` with direct I/O (``O_DIRECT``, as ``dd iflag=direct``; 1 GiB written then read
@@ -218,7 +219,8 @@ def child(args) -> None:
     else:
         m = FSLL(store=store, backend=args.backend, memory_limit=args.cap, max_iter=args.max_iter,
                  epsilon=args.epsilon, progress=args.progress, scheduler=client, penalty=args.penalty,
-                 learn_options=LearnOptions(epsilon=args.epsilon, batch=args.batch == "on"))
+                 learn_options=LearnOptions(epsilon=args.epsilon,
+                                            batch={"off": False, "on": True, "auto": "auto"}[args.batch]))
         m.fit(X)
     total = time.perf_counter() - t0
     beat.stop()
@@ -266,8 +268,9 @@ def main(argv=None):
     ap.add_argument("--max-iter", type=int, default=None)
     ap.add_argument("--epsilon", type=lambda v: v if v == "auto" else float(v), default=1e-4,
                     help="stopping threshold: a number (default: the paper's 1e-4) or 'auto'")
-    ap.add_argument("--batch", nargs="+", choices=("off", "on"), default=["off"],
-                    help="one step per pass (off) and/or several steps per pass (on); each case runs every choice")
+    ap.add_argument("--batch", nargs="+", choices=("off", "on", "auto"), default=["auto"],
+                    help="one step per pass (off), several steps per pass (on), the library's rule (auto, "
+                         "the default); each case runs every choice")
     ap.add_argument("--penalty", choices=("paper", "family"), default=None,
                     help="the code of the terms (default: the library's, 'family' with epsilon 'auto')")
     ap.add_argument("--disk", default=None, help=argparse.SUPPRESS)

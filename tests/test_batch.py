@@ -234,10 +234,16 @@ def test_batch_options_validated_resolved_and_kept():
         LearnOptions(batch="yes")
     with pytest.raises(ValueError, match="unknown batch option"):
         LearnOptions(batch={"factor": 2.0, "size": 3})
-    # the default stays one step per pass (the paper's search with epsilon=1e-4)
-    assert batch.resolve_batch(None, "auto", out_of_core=True) is None
-    assert batch.resolve_batch(None, 1e-4, out_of_core=True) is None
-    assert batch.resolve_batch(True, 1e-4, out_of_core=False) == batch.BatchOptions()
+    # "auto" (the default): on for the default rule from AUTO_MIN_CELLS cells; never with a
+    # numeric epsilon (epsilon=1e-4 is the paper's search), nor for smaller tables
+    big, small = batch.AUTO_MIN_CELLS, batch.AUTO_MIN_CELLS - 1
+    assert LearnOptions().batch == "auto"
+    assert batch.resolve_batch("auto", "auto", cells=big) == batch.BatchOptions()
+    assert batch.resolve_batch("auto", "auto", cells=small) is None
+    assert batch.resolve_batch("auto", 1e-4, cells=2**40) is None
+    assert batch.resolve_batch(None, "auto", cells=big) is None
+    assert batch.resolve_batch(False, "auto", cells=big) is None
+    assert batch.resolve_batch(True, 1e-4, cells=16) == batch.BatchOptions()
     o = LearnOptions(batch=batch.BatchOptions(factor=3.0, max_cells=64))
     assert LearnOptions.from_json(o.to_json()) == o
 
@@ -317,3 +323,27 @@ def test_batched_fit_through_the_estimator(cards, n, seed, tmp_path):
     assert any("batch" in h for h in m.history_)
     costs = np.array([h["cost"] for h in m.history_])
     np.testing.assert_allclose(np.diff(costs), [h["delta"] for h in m.history_[1:]], atol=1e-10)
+
+
+def test_auto_batches_default_fits_of_large_tables_alike_in_and_out_of_core(monkeypatch, tmp_path):
+    """``batch="auto"`` (the default) from the table size only: with the threshold lowered to
+    this tiny table, a default fit batches, in core and out of core to the same model; a
+    fit at ``epsilon=1e-4`` stays one step per pass (the paper's search, brute force)."""
+    from fsll_ooc import FSLL
+
+    cards, n = (2, 3, 4, 5), 2000
+    p, _ = datasets.random_bayesnet(cards, 2, seed=5)
+    X = datasets.sample_table(p, n, seed=105)
+    off = FSLL(cardinalities=cards, progress=False).fit(X)
+    assert not any("batch" in h for h in off.history_)  # 120 cells: below the threshold
+    monkeypatch.setattr(batch, "AUTO_MIN_CELLS", math.prod(cards))
+    m = FSLL(cardinalities=cards, progress=False).fit(X)
+    assert any("batch" in h for h in m.history_)
+    o = FSLL(cardinalities=cards, progress=False, store=tmp_path / "s", backend="memmap", layout=(1, 2)).fit(X)
+    assert set(o.theta_) == set(m.theta_) and o.n_iter_ == m.n_iter_
+    assert o.cost_ == pytest.approx(m.cost_, abs=1e-10)
+    paper = FSLL(cardinalities=cards, epsilon=1e-4, progress=False).fit(X)
+    assert not any("batch" in h for h in paper.history_)
+    want, costs = oracle.learn(X, cards)
+    assert {int(np.ravel_multi_index(y, cards)) for y in paper.theta_} == set(np.nonzero(want)[0].tolist())
+    assert paper.cost_ == pytest.approx(costs[-1], abs=1e-10)

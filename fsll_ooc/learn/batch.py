@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import basis, cost as C
 
-__all__ = ["BatchOptions", "resolve_batch", "marginal_multiplier", "MULTIPLIER_MIN_FACTORS", "marginal_cells", "choose_variables", "SubStep", "search_marginal", "merge_steps"]
+__all__ = ["BatchOptions", "AUTO_MIN_CELLS", "resolve_batch", "marginal_multiplier", "MULTIPLIER_MIN_FACTORS", "marginal_cells", "choose_variables", "SubStep", "search_marginal", "merge_steps"]
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,27 @@ class BatchOptions:
                 raise ValueError(f"batch {name} must be a positive integer, got {v!r}")
 
 
-def resolve_batch(batch, epsilon, out_of_core: bool) -> BatchOptions | None:
+#: ``batch="auto"`` (the default) batches a default-rule fit (``epsilon="auto"``) of at least
+#: this many cells: a pass over its three tables moves at least 96 MiB, and the measured
+#: fits from there on (``docs/benchmarks.md`` section 4) took 5-8x fewer passes and less
+#: time at the same held-out quality.  Smaller tables are fitted one step per pass.
+AUTO_MIN_CELLS = 2**22
+
+
+def resolve_batch(batch, epsilon, cells: int) -> BatchOptions | None:
     """The batch options of a fit (None: one step per pass, the paper's search).
 
-    ``batch``: ``None`` or ``False`` (one step per pass, the default for now), ``True``
-    (:class:`BatchOptions` defaults), a :class:`BatchOptions` or a dict of its fields (as a
-    store's state keeps it).  ``epsilon`` and ``out_of_core`` are where an automatic choice
-    will look (``docs/benchmarks.md`` section 4 measures both rules in and out of core).
+    ``batch``: ``"auto"`` (the default: :class:`BatchOptions` defaults when ``epsilon`` is
+    ``"auto"`` and the table has at least :data:`AUTO_MIN_CELLS` cells, else one step per
+    pass, so ``epsilon=1e-4`` stays the paper's algorithm and a table's model does not
+    depend on whether it is fitted in core or out of core); ``None`` or ``False`` (one step
+    per pass); ``True`` (:class:`BatchOptions` defaults, with any epsilon); a
+    :class:`BatchOptions` or a dict of its fields (as a store's state keeps it).
+    ``cells``: ``|X|``, the number of cells of the fit's tables.
     """
+    if isinstance(batch, str) and batch == "auto":
+        auto_rule = isinstance(epsilon, str) and epsilon == "auto"
+        return BatchOptions() if auto_rule and int(cells) >= AUTO_MIN_CELLS else None
     if batch is None or batch is False:
         return None
     if batch is True:
@@ -87,7 +100,7 @@ def resolve_batch(batch, epsilon, out_of_core: bool) -> BatchOptions | None:
             raise ValueError(f"unknown batch option(s) {sorted(unknown)}; valid: "
                              f"{', '.join(BatchOptions.__dataclass_fields__)}")
         return BatchOptions(**batch)
-    raise ValueError(f"batch must be None, True, False or a BatchOptions, got {batch!r}")
+    raise ValueError(f"batch must be 'auto', None, True, False or a BatchOptions, got {batch!r}")
 
 
 def _strides(cards: Sequence[int]) -> np.ndarray:

@@ -165,11 +165,12 @@ class LearnOptions:
         many unused terms on the support's variable sets every iteration at their
         marginal code length (:func:`fsll_ooc.learn.corrective.family_move`); 0: only the
         scan's best append is re-priced.  No effect under the paper's code.
-    batch : None, bool, BatchOptions or dict
+    batch : "auto", None, bool, BatchOptions or dict
         Several steps per table pass (:mod:`fsll_ooc.learn.batch`, :func:`fsll_ooc.learn.batch.resolve_batch`):
-        ``None`` or ``False``: one step per pass (the default; with ``epsilon=1e-4`` the
-        paper's algorithm); ``True`` or a :class:`~fsll_ooc.learn.batch.BatchOptions`
-        turns it on.
+        ``"auto"`` (the default): on for ``epsilon="auto"`` and tables of at least
+        :data:`fsll_ooc.learn.batch.AUTO_MIN_CELLS` cells, else one step per pass (so
+        ``epsilon=1e-4`` is the paper's algorithm); ``None`` or ``False``: one step per pass;
+        ``True`` or a :class:`~fsll_ooc.learn.batch.BatchOptions` turns it on.
     on_finish : callable or None
         ``on_finish(engine, state)`` runs once when the search has ended, before
         :func:`learn` returns; what it leaves in ``state`` (and in the engine's dual
@@ -189,7 +190,7 @@ class LearnOptions:
     joint_closure: int = 512
     joint_max_new: int = 32
     family_terms: int = 512
-    batch: B.BatchOptions | bool | None = None
+    batch: B.BatchOptions | bool | str | None = "auto"
     on_finish: Callable[[Engine, FitState], None] | None = None
 
     def __post_init__(self):
@@ -209,8 +210,8 @@ class LearnOptions:
                 kind = "positive" if low else "non-negative"
                 raise ValueError(f"{name} must be a {kind} int, got {v!r}")
         if isinstance(self.batch, dict):  # as to_json writes it
-            object.__setattr__(self, "batch", B.resolve_batch(self.batch, self.epsilon, out_of_core=True))
-        B.resolve_batch(self.batch, self.epsilon, out_of_core=False)  # raises ValueError naming the value
+            object.__setattr__(self, "batch", B.resolve_batch(self.batch, self.epsilon, cells=0))
+        B.resolve_batch(self.batch, self.epsilon, cells=0)  # raises ValueError naming the value
         if self.on_finish is not None and not callable(self.on_finish):
             raise ValueError(f"on_finish must be callable or None, got {self.on_finish!r}")
 
@@ -253,8 +254,8 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     on a scan of the final state in which no single-coordinate move gains ``epsilon``
     (an axis minimum of the same cost), unless ``max_iter`` stopped it first.
 
-    ``batch`` (:class:`fsll_ooc.learn.batch.BatchOptions`, None: one step per pass, the
-    paper's search): several steps per pass.  Each scan also reports the best append
+    ``batch`` (resolved by :func:`fsll_ooc.learn.batch.resolve_batch`; off: one step per
+    pass, the paper's search): several steps per pass.  Each scan also reports the best append
     candidates; the variables of the best of them (:func:`fsll_ooc.learn.batch.choose_variables`)
     define a marginal sub-table on which the search takes steps
     (:func:`fsll_ooc.learn.batch.search_marginal`) until none gains ``epsilon``; one pass
@@ -272,7 +273,7 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     joint_candidates, joint_closure, joint_max_new = o.joint_candidates, o.joint_closure, o.joint_max_new
     eps = resolve_epsilon(epsilon, state.n_samples)
     mode = resolve_refine(refine, epsilon)
-    batch = B.resolve_batch(o.batch, epsilon, out_of_core=engine.out_of_core)
+    batch = B.resolve_batch(o.batch, epsilon, cells=math.prod(state.cards))
     support = lambda: np.fromiter(state.theta.keys(), dtype=np.int64, count=len(state.theta))  # noqa: E731
     values = lambda: np.fromiter(state.theta.values(), dtype=np.float64, count=len(state.theta))  # noqa: E731
     # history times count fitting seconds since the start, across resumed sessions
