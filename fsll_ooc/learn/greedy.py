@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import batch as B, corrective
+from . import batch as B, checks, corrective
 from .state import FitState
 from .. import basis, cost as C
 from ..engine import Engine, Step, Table
@@ -283,9 +283,13 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     if not state.history:
         state.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0,
                               "cost": state.cost(), "n_bases": 0, "time": 0.0})
+    def checked(r):  # the duals every scan hands over lie in [-1, 1] (docs/design.md, "The learner's invariants")
+        checks.check_scan(engine, r, state.n_iter)
+        return r
+
     def scan():
-        return engine.update_scan(None, support()) if batch is None else engine.update_scan_batch(
-            [], support(), batch.top)
+        return checked(engine.update_scan(None, support()) if batch is None else engine.update_scan_batch(
+            [], support(), batch.top))
 
     res = scan()
     since_sync = 0
@@ -357,6 +361,7 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
                 n_batches += 1
                 since_sync, res = _batch_step(engine, state, V, eps, batch, max_iter, since_sync, resync_every,
                                               support, values, record, persist, t0, n_batches)
+                checked(res)
                 refined = False
                 joint_tried = False
                 continue
@@ -379,13 +384,17 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
         state.n_iter += 1
         since_sync += 1
         if since_sync >= resync_every:
+            # a few support duals by the incremental identity, against the exact re-derivation
+            probe = np.fromiter(state.theta, np.int64, len(state.theta))[-checks.PROBE_CELLS:]
+            predicted = checks.predict_step(state.cards, engine, probe, step)
             state.log_z = engine.resync(support(), values(), state.log_z)
             res = scan()
+            checks.check_support(engine, res, probe, predicted, state.n_iter, "after a re-derivation")
             since_sync = 0
         elif batch is not None and engine.batch_pass(step.axes) is not None:
-            res = engine.update_scan_batch([step], support(), batch.top)
+            res = checked(engine.update_scan_batch([step], support(), batch.top))
         else:
-            res = engine.update_scan(step, support())
+            res = checked(engine.update_scan(step, support()))
         record({"iter": state.n_iter, "move": move, "y": list(step.digits), "value": new,
                 "delta": delta, "cost": state.cost(), "n_bases": len(state.theta),
                 "time": time.perf_counter() - t0})
@@ -420,6 +429,8 @@ def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOpt
     cells = B.marginal_cells(state.cards, V).reshape(-1)
     tb0 = engine.gather(cells)
     db = engine.gather(cells, table=Table.DBAR)
+    checks.check_range(engine, cells, tb0, state.n_iter, "dual")
+    checks.check_range(engine, cells, db, state.n_iter, "target")
     sub = tb0.copy()
     limit = opts.max_steps if max_iter is None else min(opts.max_steps, max_iter - state.n_iter)
     steps = []
@@ -446,6 +457,8 @@ def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOpt
         res = engine.update_scan_batch([], support(), opts.top, multiplier=(tuple(V), m))
     else:
         res = engine.update_scan_batch([Step(dg, dl, t) for dg, dl, t in factors], support(), opts.top)
+    # the table after its pass (or re-derivation) against the sub-table's incremental duals
+    checks.check_support(engine, res, cells, sub, state.n_iter, "after a batch pass")
     if steps:
         state.history[-1]["passes"] = engine.passes
     persist()
