@@ -384,6 +384,11 @@ class FSLL:
             m = cls._from_stored(fs, stored, scheduler, progress, memory_limit)
             if stored.status == "complete" and not restart:
                 return cls._open_finished(fs, stored, scheduler, progress, memory_limit)
+            if fs.extra("em") is not None:  # an EM fit (missing cells, hidden variables)
+                from . import missing
+
+                missing.resume_in_store(m, fs, stored, restart)
+                return m
             state = FitState.from_json(stored.state)
             cards, N = tuple(state.cards), state.n_samples
             plan = fs.account(m._make_plan(cards, storage.get_backend(stored.backend),
@@ -417,6 +422,10 @@ class FSLL:
         specs = fs.open_tables(state.cards, plan.layout.chunk_shape, reader_owner=m)
         m._set_fitted(state, plan=plan, engine=m._make_engine(plan, specs, state.n_samples), cost=state.cost(),
                       kl_data=stored.kl_data, feature_names=stored.feature_names, categories=stored.categories)
+        if fs.extra("em") is not None:
+            from . import missing
+
+            missing.finished_attributes(m, fs)
         return m
 
     # ------------------------------------------------------------------ using the model

@@ -143,12 +143,13 @@ def split_missing(X, *, codes_missing: bool = True, fill: Sequence | None = None
     return X, mask
 
 
-def group_rows(codes: np.ndarray, cards: Sequence[int]) -> list[Group]:
+def group_rows(codes: np.ndarray, cards: Sequence[int], counts: np.ndarray | None = None) -> list[Group]:
     """Group the rows of ``codes`` (``MISSING`` = -1 marks a missing cell): identical rows
     become one distinct row with a count, and distinct rows whose missing variables have
     the same cardinalities form one :class:`Group` (the complete rows first, then by
     number of missing cells).  The work of a group is a few array operations, whatever
-    the number of missingness patterns in it.
+    the number of missingness patterns in it.  ``counts``: how many data rows each row of
+    ``codes`` stands for (default one each).
 
     >>> gs = group_rows(np.array([[0, 1], [-1, 1], [0, 1], [1, -1]]), (2, 2))
     >>> [(g.kmiss, g.codes.tolist(), g.counts.tolist()) for g in gs]
@@ -172,7 +173,8 @@ def group_rows(codes: np.ndarray, cards: Sequence[int]) -> list[Group]:
         _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
     dmiss = miss[first]  # (u, n) missing cells of each distinct row
-    counts = np.bincount(inv, minlength=len(first)).astype(np.float64)
+    counts = np.bincount(inv, None if counts is None else np.asarray(counts, np.float64),
+                         minlength=len(first)).astype(np.float64)
     # the signature of a distinct row: the cardinalities of its missing variables, in order
     masks, mask_of = np.unique(dmiss.astype(np.int64) @ _bits(n), return_inverse=True) if n <= 62 else \
         np.unique(np.packbits(dmiss, axis=1), axis=0, return_inverse=True)
@@ -231,35 +233,54 @@ def _row_chunks(u: int, k: int):
         yield slice(s, min(u, s + b))
 
 
+def needed_cells(groups: Sequence[Group], cards: Sequence[int]) -> np.ndarray:
+    """Every cell the E-step reads: the completions of every distinct row (flat, increasing)."""
+    st = _strides(cards)
+    parts = [np.unique(_cells(g, sl, st)) for g in groups for sl in _row_chunks(len(g.codes), g.size)]
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+
+
+def soft_counts(groups: Sequence[Group], cards: Sequence[int], cells: np.ndarray, P: np.ndarray):
+    """The E-step from the model's probabilities ``P`` at :func:`needed_cells` ``cells``.
+
+    Returns ``(cells, weights, loglik, p)``: the occupied cells (flat, increasing), their
+    expected counts (summing to the number of rows), the observed-data log-likelihood
+    ``sum_rows log p(observed cells of the row)`` in nats, and ``P`` at those cells.
+    """
+    st = _strides(cards)
+    soft = np.zeros(cells.size)
+    ll = 0.0
+    parts: list = []  # (positions, weights) not yet added: rows of one group may share cells
+    held = 0
+    for g in groups:
+        for sl in _row_chunks(len(g.codes), g.size):
+            pos = np.searchsorted(cells, _cells(g, sl, st))
+            Pg = P[pos]
+            s = Pg.sum(axis=1)
+            cnt = g.counts[sl]
+            ll += float(cnt @ np.log(s))
+            parts.append((pos.reshape(-1), (Pg * (cnt / s)[:, None]).reshape(-1)))
+            held += pos.size
+            if held >= cells.size:
+                soft += _add_up(parts, cells.size)
+                parts, held = [], 0
+    if parts:
+        soft += _add_up(parts, cells.size)
+    keep = np.flatnonzero(soft)
+    return cells[keep], soft[keep], ll, P[keep]
+
+
 def e_step(p: np.ndarray, groups: Sequence[Group]) -> tuple[np.ndarray, np.ndarray, float]:
     """Soft counts of the data under the normalised dense table ``p``.
 
     Returns ``(cells, weights, loglik)``: the occupied cells (flat, increasing), their
     expected counts (summing to the number of rows), and the observed-data
     log-likelihood ``sum_rows log p(observed cells of the row)`` in nats.
+    (:func:`soft_counts` on the cells read from ``p``.)
     """
-    pf = p.reshape(-1)
-    st = _strides(p.shape)
-    soft = np.zeros(pf.size)
-    ll = 0.0
-    parts: list = []  # (cells, weights) not yet added: rows of one group may share cells
-    held = 0
-    for g in groups:
-        for sl in _row_chunks(len(g.codes), g.size):
-            idx = _cells(g, sl, st)
-            P = pf[idx]
-            s = P.sum(axis=1)
-            cnt = g.counts[sl]
-            ll += float(cnt @ np.log(s))
-            parts.append((idx.reshape(-1), (P * (cnt / s)[:, None]).reshape(-1)))
-            held += idx.size
-            if held >= pf.size:
-                soft += _add_up(parts, pf.size)
-                parts, held = [], 0
-    if parts:
-        soft += _add_up(parts, pf.size)
-    cells = np.flatnonzero(soft)
-    return cells, soft[cells], ll
+    cells = needed_cells(groups, p.shape)
+    c, w, ll, _ = soft_counts(groups, p.shape, cells, p.reshape(-1)[cells])
+    return c, w, ll
 
 
 def _add_up(parts, size: int) -> np.ndarray:
@@ -289,54 +310,84 @@ def objective(loglik: float, n_samples: int, mean_u_log_p: float, penalty: float
 
 # --------------------------------------------------------------------------- the first round
 
-def initial_table(codes: np.ndarray, cards: Sequence[int], n_hidden: int = 0, seed=None,
-                  rounds: int = 30) -> np.ndarray:
-    """The first round's model: a dense table over ``cards`` (the last ``n_hidden`` variables hidden).
-
-    Without hidden variables: the product of each column's observed frequencies (plus
-    one pseudo-count spread over its categories).  With them: a latent-class model
-    ``pi(h) prod_i f_i(x_i | h)`` over the joint hidden state ``h``, fitted by ``rounds``
-    EM steps on the observed cells from Dirichlet-random responsibilities drawn with
-    ``seed``; it gives the hidden variables a distinct role from the first round.
-    """
+def distinct_rows(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, counts)``: the distinct rows of ``codes`` in increasing (lexicographic) order
+    and how often each occurs.  EM depends on the data only through them."""
     codes = np.asarray(codes, np.int64)
+    if codes.shape[0] == 0:
+        return codes, np.zeros(0, np.int64)
+    rows, counts = np.unique(codes, axis=0, return_counts=True)
+    return rows.astype(np.int64), counts.astype(np.int64)
+
+
+def initial_model(rows: np.ndarray, counts: np.ndarray, cards: Sequence[int], n_hidden: int = 0, seed=None,
+                  rounds: int = 30) -> tuple[np.ndarray, list]:
+    """The first round's model as factors ``(pi, f)``: ``p(x) = pi[h] prod_i f[i][h, x_i]``
+    over the observed variables ``x`` and the joint state ``h`` of the last ``n_hidden``.
+
+    ``rows`` (``-1`` at missing cells, the hidden columns included or not) occur
+    ``counts`` times.  Without hidden variables: the product of each column's observed
+    frequencies (plus one pseudo-count spread over its categories).  With them: a
+    latent-class model fitted by ``rounds`` EM steps on the observed cells from
+    Dirichlet-random responsibilities of each distinct row drawn with ``seed``; it gives
+    the hidden variables a distinct role from the first round.
+    """
+    rows = np.asarray(rows, np.int64)
+    counts = np.asarray(counts, np.float64)
     cards = tuple(int(k) for k in cards)
     n_obs = len(cards) - n_hidden
-    obs_cards = cards[:n_obs]
-    N = codes.shape[0]
+    u = rows.shape[0]
+    N = float(counts.sum())
     K = math.prod(cards[n_obs:])
     rng = np.random.default_rng(seed)
     if K == 1:
-        resp = np.ones((N, 1))
+        resp = np.ones((u, 1))
         rounds = 0
     else:
-        resp = rng.dirichlet(np.ones(K), size=N)
+        resp = rng.dirichlet(np.ones(K), size=u)
     for it in range(rounds + 1):
-        pi = (resp.sum(axis=0) + 1.0) / (N + K)
+        pi = (counts @ resp + 1.0) / (N + K)
         f = []
-        for i, k in enumerate(obs_cards):
-            col = codes[:, i]
+        for i, k in enumerate(cards[:n_obs]):
+            col = rows[:, i]
             seen = col >= 0
             t = np.ones((K, k)) / k  # one pseudo-count per class, spread
-            np.add.at(t.T, col[seen], resp[seen])
+            np.add.at(t.T, col[seen], resp[seen] * counts[seen, None])
             f.append(t / t.sum(axis=1, keepdims=True))
         if it == rounds:
             break
-        logr = np.log(pi)[None, :].repeat(N, axis=0)
+        logr = np.log(pi)[None, :].repeat(u, axis=0)
         for i in range(n_obs):
-            col = codes[:, i]
+            col = rows[:, i]
             seen = col >= 0
             logr[seen] += np.log(f[i][:, col[seen]].T)
         logr -= logr.max(axis=1, keepdims=True)
         resp = np.exp(logr)
         resp /= resp.sum(axis=1, keepdims=True)
-    table = np.zeros(obs_cards + (K,))
-    for h in range(K):
-        t = np.array(pi[h])
-        for i in range(n_obs):
-            t = np.multiply.outer(t, f[i][h])
-        table[..., h] = t
-    return (table / table.sum()).reshape(cards)
+    return pi, f
+
+
+def initial_values(model: tuple, cards: Sequence[int], n_hidden: int, cells: np.ndarray) -> np.ndarray:
+    """The probabilities of :func:`initial_model`'s ``model`` at flat cells ``cells`` (no table built)."""
+    pi, f = model
+    cards = tuple(int(k) for k in cards)
+    n_obs = len(cards) - n_hidden
+    digits = np.unravel_index(np.asarray(cells, np.int64), cards)
+    h = np.ravel_multi_index(digits[n_obs:], cards[n_obs:]) if n_hidden else np.zeros(len(cells), np.int64)
+    v = pi[h]
+    for i in range(n_obs):
+        v = v * f[i][h, digits[i]]
+    return v
+
+
+def initial_table(codes: np.ndarray, cards: Sequence[int], n_hidden: int = 0, seed=None,
+                  rounds: int = 30) -> np.ndarray:
+    """The first round's model (:func:`initial_model` of the rows ``codes``) as a dense table over ``cards``."""
+    cards = tuple(int(k) for k in cards)
+    rows, counts = distinct_rows(codes)
+    size = math.prod(cards)
+    return initial_values(initial_model(rows, counts, cards, n_hidden, seed, rounds), cards, n_hidden,
+                          np.arange(size)).reshape(cards)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -354,92 +405,161 @@ class EMResult:
     seed: int | None = None
     restart: int = 0
     kl_soft: float = math.nan  # KL(completed data || p) at the end
+    state: object = None  # the run's final FitState
+
+    def to_json(self) -> dict:
+        """The run's record (not its learner) as plain JSON, the state included."""
+        return {"objective": _num(self.objective), "loglik": _num(self.loglik), "rounds": self.rounds,
+                "converged": self.converged, "history": self.history, "seed": self.seed, "restart": self.restart,
+                "kl_soft": _num(self.kl_soft), "state": None if self.state is None else self.state.to_json()}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "EMResult":
+        from .learn import FitState
+
+        return cls(_unnum(obj["objective"], math.inf), _unnum(obj["loglik"], -math.inf), int(obj["rounds"]),
+                   bool(obj["converged"]), list(obj["history"]), None, obj.get("seed"), int(obj.get("restart", 0)),
+                   _unnum(obj.get("kl_soft"), math.nan),
+                   None if obj.get("state") is None else FitState.from_json(obj["state"]))
 
 
-def run_em(learner, codes: np.ndarray, cards: Sequence[int], *, n_hidden: int = 0, tol: float,
-           max_rounds: int = 100, seed=None, progress: Callable[[dict], None] | None = None) -> EMResult:
-    """EM from the first round's table (:func:`initial_table` with ``seed``) to convergence.
+def _num(x: float):
+    return float(x) if math.isfinite(x) else None
 
-    ``learner`` is the M-step, an object with
 
-    * ``m_step(cells, weights)``: fit to the soft counts (the first call from
-      ``theta = 0``, later ones warm-started from the current ``theta``);
-    * ``table()``: the model's normalised dense table;
-    * ``uniform_mean_log_p()``, ``penalty()``: ``E_u[log p_theta]`` and ``sum r_y``;
-    * ``n_iter``: learner iterations so far.
+def _unnum(x, default: float) -> float:
+    return default if x is None else float(x)
 
-    The stopping rule: stop after the round whose objective fell by less than ``tol``
-    (nats per row), or whose M-step made no move (a fixed point), or after
-    ``max_rounds`` M-steps (then ``converged`` is False).
+
+def run_em(learner, rows: np.ndarray, counts: np.ndarray, cards: Sequence[int], *, n_hidden: int = 0, tol: float,
+           max_rounds: int = 100, seed=None, progress: Callable[[dict], None] | None = None, keeper=None,
+           resume: dict | None = None) -> EMResult:
+    """EM from the first round's model (:func:`initial_model` with ``seed``) to convergence.
+
+    ``rows`` (``-1`` at missing cells and hidden columns) occur ``counts`` times
+    (:func:`distinct_rows`).  ``learner`` is the M-step (:class:`MStep`): ``m_step(cells,
+    weights, shift)`` fits to the soft counts (warm-started from the current ``theta``),
+    ``values(cells)`` gives ``p_theta`` at ``cells`` (re-deriving the duals on the way),
+    ``uniform_mean_log_p()``, ``penalty()``, ``n_iter``, ``passes``, ``state``.
+
+    A round is the M-step, then the E-step of its model (whose log-likelihood gives the
+    round's objective); the E-step's soft counts feed the next round.  The stopping
+    rule: stop after the round whose objective fell by less than ``tol`` (nats per
+    row), or whose M-step made no move (a fixed point), or after ``max_rounds`` M-steps
+    (then ``converged`` is False).
+
+    ``keeper`` (out of core: the store) is told each round's soft counts before the
+    M-step (``soft``) and the end of each M-step (``m_done``); ``resume`` is what it
+    kept (:meth:`StoreKeeper.resume_run`), to continue a run from there.
     """
     cards = tuple(int(k) for k in cards)
-    N = int(np.asarray(codes).shape[0])
-    groups = group_rows(codes, cards)
-    t0 = time.perf_counter()
-    cells, weights, _ = e_step(initial_table(codes, cards, n_hidden, seed), groups)
+    N = int(np.asarray(counts).sum())
+    groups = group_rows(rows, cards, counts)
+    needed = needed_cells(groups, cards)
     res = EMResult(learner=learner, seed=None if seed is None else int(seed))
-    prev = math.inf
+    t0 = time.perf_counter()
+    if resume is None:
+        first = initial_values(initial_model(rows, counts, cards, n_hidden, seed), cards, n_hidden, needed)
+        cells, weights, _, _ = soft_counts(groups, cards, needed, first)
+        prev, before, shift, phase = math.inf, learner.n_iter, None, "m-step"
+        if keeper is not None:
+            keeper.soft(learner, res, cells, weights, prev, before, shift)
+    else:
+        old = resume["run"]
+        res.rounds, res.history = old.rounds, old.history
+        res.objective, res.loglik, res.kl_soft = old.objective, old.loglik, old.kl_soft
+        prev, before, shift, phase = resume["prev"], resume["before"], resume["shift"], resume["phase"]
+        cells, weights = resume.get("cells"), resume.get("weights")
+        t0 -= res.history[-1]["time"] if res.history else 0.0
     while True:
-        before = learner.n_iter
-        learner.m_step(cells, weights)
-        res.rounds += 1
-        p = learner.table()
-        cells, weights, ll = e_step(p, groups)
+        passes = learner.passes
+        if phase == "m-step":
+            learner.m_step(cells, weights, shift)
+            res.rounds += 1
+            if keeper is not None:
+                keeper.m_done(learner, res, prev, before)
+        m_passes = learner.passes - passes
+        shift = learner.state.log_z
+        cells, weights, ll, pc = soft_counts(groups, cards, needed, learner.values(needed))
         j = objective(ll, N, learner.uniform_mean_log_p(), learner.penalty())
-        res.kl_soft = float(weights @ (np.log(weights / N) - np.log(p.reshape(-1)[cells]))) / N
+        res.kl_soft = float(weights @ (np.log(weights / N) - np.log(pc))) / N
         entry = {"round": res.rounds, "objective": j, "loglik": ll / N, "iters": learner.n_iter - before,
+                 "passes_m": m_passes, "passes_e": learner.passes - passes - m_passes,
                  "time": time.perf_counter() - t0}
         res.history.append(entry)
         if progress is not None:
             progress(entry)
         res.objective, res.loglik = j, ll / N
+        phase = "m-step"
         if prev - j < tol or learner.n_iter == before:
             res.converged = True
             break
         if res.rounds >= max_rounds:
             break
-        prev = j
+        prev, before = j, learner.n_iter
+        if keeper is not None:
+            keeper.soft(learner, res, cells, weights, prev, before, shift)
+    res.state = learner.state
     return res
 
 
 class MStep:
-    """The M-step of :func:`run_em` over an in-core engine and a fit state.
+    """The M-step of :func:`run_em`, and the E-step's reading of the model, over an engine
+    and a fit state: the same code in core and out of core.
 
-    ``run(engine, state, fresh)`` runs the learner (the estimator's, with its options);
-    ``scratch()`` returns the engine's scratch table as a numpy array (written by
-    ``engine.density``).  The first ``m_step`` starts from ``theta = 0`` (the state as
-    created, uniform duals); later ones re-read the targets on the support and
-    continue from the current ``theta`` (the learner re-derives the duals exactly).
+    ``run(engine, state, fresh)`` runs the learner (the estimator's, with its options and,
+    out of core, the store's checkpoint).  The first ``m_step`` of a run starts from
+    ``theta = 0`` (uniform duals); later ones continue from the current ``theta``, whose
+    duals :meth:`values` (the E-step) has just re-derived exactly.  ``fresh`` / ``synced``
+    describe a learner built from a stored state (resuming): ``fresh``, nothing learned
+    yet; else the duals are re-derived first (with the E-step's shift ``log Z`` when the
+    M-step had not started, which gives the same bits as the uninterrupted run).
     """
 
-    def __init__(self, engine, state, run, scratch, dbar_table=0):
-        self.engine, self.state, self.run, self.scratch = engine, state, run, scratch
-        self.dbar_table = dbar_table
-        self.fresh = True
+    def __init__(self, engine, state, run, fresh: bool = True, synced: bool = True):
+        self.engine, self.state, self.run = engine, state, run
+        self.fresh, self.synced = fresh, synced
 
     @property
     def n_iter(self) -> int:
         return self.state.n_iter
 
-    def m_step(self, cells: np.ndarray, weights: np.ndarray) -> None:
+    @property
+    def passes(self) -> int:
+        """Table passes of the engine so far."""
+        return self.engine.passes
+
+    def _support(self):
+        st = self.state
+        return (np.fromiter(st.theta.keys(), np.int64, len(st.theta)),
+                np.fromiter(st.theta.values(), np.float64, len(st.theta)))
+
+    def m_step(self, cells: np.ndarray, weights: np.ndarray, shift: float | None = None) -> None:
+        from .engine import Table
+
         st, eng = self.state, self.engine
         eng.compute_targets(cells, st.n_samples, weights=weights)
         st.entropy_q = C.target_entropy(weights, st.n_samples, math.prod(st.cards))
         if self.fresh:
             eng.init_duals()
+            self.run(eng, st, True)
         else:
-            sup = np.fromiter(st.theta.keys(), np.int64, len(st.theta))
-            st.dbar = dict(zip(sup.tolist(), eng.gather(sup, self.dbar_table).tolist()))
+            sup, val = self._support()
+            if not self.synced and shift is not None:  # resumed where the M-step starts: the E-step's resync
+                st.log_z = eng.resync(sup, val, shift)
+                self.synced = True
+            st.dbar = dict(zip(sup.tolist(), eng.gather(sup, Table.DBAR).tolist()))
             st.converged = False
-        self.run(eng, st, self.fresh)
-        self.fresh = False
+            self.run(eng, st, self.synced)
+        self.fresh = self.synced = False
 
-    def table(self) -> np.ndarray:
+    def values(self, cells: np.ndarray) -> np.ndarray:
+        """``p_theta`` at flat ``cells``, read in the passes that re-derive the duals exactly."""
         st = self.state
-        sup = np.fromiter(st.theta.keys(), np.int64, len(st.theta))
-        val = np.fromiter(st.theta.values(), np.float64, len(st.theta))
-        total = self.engine.density(sup, val, st.log_z)
-        return self.scratch().reshape(st.cards) / total
+        sup, val = self._support()
+        st.log_z, P = self.engine.resync_reading(sup, val, st.log_z, cells)
+        self.synced = True
+        return P
 
     def uniform_mean_log_p(self) -> float:
         st = self.state
@@ -449,21 +569,101 @@ class MStep:
         return float(sum(self.state.penalties(self.state.theta)))
 
 
-def fit_em(make_learner: Callable[[], MStep], codes: np.ndarray, cards: Sequence[int], *, n_hidden: int = 0,
-           n_restarts: int = 1, random_state=None, tol: float, max_rounds: int = 100,
-           progress: Callable[[dict], None] | None = None) -> EMResult:
-    """:func:`run_em` from ``n_restarts`` first-round tables (seeds drawn from ``random_state``);
-    returns the run with the lowest final objective (its ``learner`` holds the model)."""
-    seeds = np.random.SeedSequence(random_state if random_state is None else int(random_state)).generate_state(
-        max(1, int(n_restarts)))
-    best = None
-    for r, seed in enumerate(seeds.tolist()):
-        res = run_em(make_learner(), codes, cards, n_hidden=n_hidden, tol=tol, max_rounds=max_rounds, seed=seed,
+def restart_seeds(random_state, n_restarts: int) -> list[int]:
+    """The first-round seeds of ``n_restarts`` EM runs (drawn from ``random_state``)."""
+    return np.random.SeedSequence(random_state if random_state is None else int(random_state)).generate_state(
+        max(1, int(n_restarts))).tolist()
+
+
+def fit_em(make_learner: Callable[..., MStep], rows: np.ndarray, counts: np.ndarray, cards: Sequence[int], *,
+           n_hidden: int = 0, seeds: Sequence[int], tol: float, max_rounds: int = 100,
+           progress: Callable[[dict], None] | None = None, keeper=None, resume: dict | None = None) -> EMResult:
+    """:func:`run_em` from the first-round seeds ``seeds`` (:func:`restart_seeds`); returns the
+    run with the lowest final objective (its ``state`` holds the model).
+
+    ``make_learner(state=None)``: an :class:`MStep` over a new fit state (or, resuming, the
+    stored ``state``).  ``keeper``/``resume``: see :func:`run_em`; the keeper is also told
+    the best run after each restart (``restart_done``).
+    """
+    best = resume.get("best") if resume else None
+    start = resume["restart"] if resume else 0
+    for r in range(start, len(seeds)):
+        run = resume if resume is not None and r == start and resume.get("phase") != "start" else None
+        learner = make_learner(state=run["state"], fresh=run["fresh"]) if run else make_learner()
+        if keeper is not None:
+            keeper.restart = r
+        res = run_em(learner, rows, counts, cards, n_hidden=n_hidden, tol=tol, max_rounds=max_rounds,
+                     seed=seeds[r], keeper=keeper, resume=run,
                      progress=None if progress is None else (lambda e, r=r: progress({**e, "restart": r})))
         res.restart = r
         if best is None or res.objective < best.objective:
             best = res
+        if keeper is not None:
+            keeper.restart_done(r, best)
     return best
+
+
+class StoreKeeper:
+    """What EM keeps in an out-of-core store (a :class:`~fsll_ooc.storage.fit_store.FitStore`),
+    so that a killed fit resumes to the same model (``docs/design.md``, "Missing cells and
+    hidden variables").
+
+    Under ``"em"`` in the state: the restarts' seeds, the restart running, its phase
+    (``"m-step"``: the soft counts kept in the store feed the M-step under way;
+    ``"e-step"``: the M-step is done, the E-step of its model is next; ``"start"``: the
+    restart has not begun), the run's record so far and the best finished run.  The
+    soft counts are the file ``soft`` (cells and weights), replaced every round before
+    the state that names it.
+    """
+
+    def __init__(self, fs, seeds: Sequence[int]):
+        self.fs, self.seeds = fs, [int(x) for x in seeds]
+        self.restart = 0
+        self.best: EMResult | None = None
+
+    def _write(self, state, **em) -> None:
+        self.fs.set_extra("em", {"seeds": self.seeds, "restart": self.restart,
+                                 "best": None if self.best is None else self.best.to_json(), **em})
+        self.fs.checkpoint(state)
+
+    @staticmethod
+    def _run(res: EMResult) -> dict:
+        return {k: v for k, v in res.to_json().items() if k != "state"}
+
+    def start(self, state) -> None:
+        """The fit's tables are ready and no restart has begun."""
+        self._write(state, phase="start")
+
+    def soft(self, learner, res, cells, weights, prev, before, shift) -> None:
+        self.fs.keep("soft", np.stack([np.asarray(cells, np.float64), np.asarray(weights, np.float64)]))
+        self._write(learner.state, phase="m-step", run=self._run(res), prev=_num(prev), before=int(before),
+                    shift=shift)
+
+    def m_done(self, learner, res, prev, before) -> None:
+        self._write(learner.state, phase="e-step", run=self._run(res), prev=_num(prev), before=int(before),
+                    shift=None)
+
+    def restart_done(self, r: int, best: EMResult) -> None:
+        self.best, self.restart = best, r + 1
+        self._write(best.state, phase="start")
+
+    def resume_run(self, state) -> dict:
+        """What :func:`fit_em` needs to continue from the store's state (after ``fs.read()``)."""
+        em = self.fs.extra("em")
+        self.restart = int(em["restart"])
+        self.best = None if em.get("best") is None else EMResult.from_json(em["best"])
+        out = {"restart": self.restart, "best": self.best, "phase": em["phase"]}
+        if em["phase"] == "start":
+            return out
+        run = EMResult.from_json({**em["run"], "state": None})
+        before = int(em["before"])
+        out.update(run=run, prev=_unnum(em["prev"], math.inf), before=before, state=state,
+                   shift=em["shift"] if state.n_iter == before else None,
+                   fresh=em["phase"] == "m-step" and run.rounds == 0 and state.n_iter == 0)
+        if em["phase"] == "m-step":
+            soft = self.fs.read_kept("soft")
+            out.update(cells=soft[0].astype(np.int64), weights=np.ascontiguousarray(soft[1]))
+        return out
 
 
 # --------------------------------------------------------------------------- queries with missing cells
@@ -654,21 +854,15 @@ def _n_hidden(est) -> int:
 
 
 def fit(est, X, backend, feature_names=None, categories=None) -> bool:
-    """The EM fit of ``est`` on ``X`` (in core); ``False`` when ``X`` is complete and
-    nothing is hidden (the caller then runs the ordinary fit, with the same bits)."""
-    from . import storage
-    from ._machine import total_memory
+    """The EM fit of ``est`` on ``X`` (in core, or out of core in ``est.store``); ``False``
+    when ``X`` is complete and nothing is hidden (the caller then runs the ordinary fit,
+    with the same bits)."""
     from ._validation import validate_data
-    from .learn import FitState, learn, resolve_epsilon
-    from .storage.fit_store import TABLE_NAMES
 
     Xf, mask = split_missing(X)
     hidden = [int(k) for k in (est.hidden or ())]
     if mask is None and not hidden:
         return False
-    if backend.persistent:
-        raise ValueError("missing='em' and hidden= fit in core only (store=None); an out-of-core store cannot "
-                         "hold the EM rounds yet")
     codes_, cards, names, categories = est._encoded(Xf, feature_names, categories)
     codes_ = np.array(codes_, np.int64)
     if mask is not None:
@@ -683,7 +877,43 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
         if categories is not None:
             categories = list(categories) + [list(range(k)) for k in hidden]
         validate_data(np.zeros((1, len(cards)), np.int64), cards)  # the joint table's limits
+    rows, counts = distinct_rows(codes_)
+    del codes_
+    seeds = restart_seeds(est.random_state, est.n_restarts if est.n_restarts is not None else (3 if hidden else 1))
+    if backend.persistent:
+        _fit_in_store(est, backend, rows, counts, tuple(cards), len(hidden), seeds, names, categories)
+        return True
+    from . import storage
+    from ._machine import total_memory
+    from .learn import learn
+    from .storage.fit_store import TABLE_NAMES
+
     plan = est._make_plan(cards, backend, memory=total_memory())
+    options = est._options()
+
+    def run(engine, state, fresh):
+        learn(engine, state, options, fresh=fresh, progress=None, callback=None)
+
+    def make(state=None, fresh=True):
+        specs = [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
+        return MStep(est._make_engine(plan, specs, N), state or _new_state(cards, N), run, fresh, state is None)
+
+    res = _run_restarts(est, make, rows, counts, tuple(cards), len(hidden), seeds)
+    _set_fitted(est, res, plan, res.learner.engine, names, categories, len(hidden))
+    return True
+
+
+def _new_state(cards, N: int):
+    from .learn import FitState
+
+    return FitState(tuple(cards), int(N), 0.0, log_z=math.log(math.prod(cards)))
+
+
+def _run_restarts(est, make, rows, counts, cards, n_hidden: int, seeds, keeper=None, resume=None) -> EMResult:
+    """:func:`fit_em` with ``est``'s EM parameters and its progress bar (rounds, objective,
+    and each round's table passes: E-step and M-step)."""
+    from .learn import resolve_epsilon
+
     bar = None
     if est._show_progress():
         import sys
@@ -691,42 +921,127 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
         from tqdm.auto import tqdm
 
         bar = tqdm(desc="fsll EM rounds", unit="round", file=sys.stderr, dynamic_ncols=True)
-    options = est._options()
-    from .engine import Table
-
-    dbar, scratch = Table.DBAR, Table.SCRATCH
-
-    def run(engine, state, fresh):
-        learn(engine, state, options, fresh=fresh, progress=None, callback=None)
-
-    def make():
-        specs = [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
-        engine = est._make_engine(plan, specs, N)
-        state = FitState(cards, N, 0.0, log_z=math.log(math.prod(cards)))
-        lr = MStep(engine, state, run, lambda: storage.open_table(specs[scratch]), dbar_table=dbar)
-        lr.plan = plan
-        return lr
 
     def shown(e):
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(objective=f"{e['objective']:.6f}", restart=e["restart"], refresh=False)
+            bar.set_postfix(objective=f"{e['objective']:.6f}", restart=e["restart"],
+                            passes=f"E{e['passes_e']}+M{e['passes_m']}", refresh=False)
 
-    restarts = est.n_restarts if est.n_restarts is not None else (3 if hidden else 1)
+    N = int(np.sum(counts))
     tol = est.em_tol if est.em_tol is not None else resolve_epsilon(est.epsilon, N)
     try:
-        res = fit_em(make, codes_, cards, n_hidden=len(hidden), n_restarts=restarts, random_state=est.random_state,
-                     tol=tol, max_rounds=est.em_max_rounds, progress=shown)
+        return fit_em(make, rows, counts, cards, n_hidden=n_hidden, seeds=seeds, tol=tol,
+                      max_rounds=est.em_max_rounds, progress=shown, keeper=keeper, resume=resume)
     finally:
         if bar is not None:
             bar.close()
-    lr = res.learner
-    est._set_fitted(lr.state, plan=plan, engine=lr.engine, cost=lr.state.cost(), kl_data=res.kl_soft,
-                    feature_names=names, categories=categories)
+
+
+def _set_fitted(est, res: EMResult, plan, engine, names, categories, n_hidden: int) -> None:
+    st = res.state
+    est._set_fitted(st, plan=plan, engine=engine, cost=st.cost(), kl_data=res.kl_soft, feature_names=names,
+                    categories=categories)
+    _set_em_attributes(est, res, n_hidden)
+
+
+def _set_em_attributes(est, res: EMResult, n_hidden: int) -> None:
     est.em_objective_, est.em_loglik_ = res.objective, res.loglik
     est.em_history_, est.em_converged_, est.em_rounds_ = res.history, res.converged, res.rounds
-    est.n_hidden_ = len(hidden)
-    return True
+    est.n_hidden_ = n_hidden
+
+
+# --------------------------------------------------------------------------- out of core
+
+def _fit_in_store(est, backend, rows, counts, cards, n_hidden: int, seeds, names, categories) -> None:
+    """A new EM fit in ``est.store``: the data kept as distinct rows and counts (file
+    ``rows``), then :func:`_learn_in_store` from new tables."""
+    from pathlib import Path
+
+    from ._machine import free_disk
+    from .estimator import _json_or_none
+    from .model_file import jsonable_categories
+    from .storage.fit_store import FitStore
+
+    fs = FitStore(est.store, backend.name)
+    plan = est._make_plan(cards, backend, disk_free=free_disk(Path(est.store).resolve()))
+    fs.check_new()  # never replace or delete a user's files
+    plan = fs.account(plan)
+    N = int(counts.sum())
+    state = _new_state(cards, N)
+    empty = np.zeros(0, np.int64)
+    with fs.writing("fit", "fitting", plan):
+        fs.begin(plan, est._stored_params(), (names, _json_or_none(jsonable_categories(categories))), empty, empty,
+                 state, files={"rows": np.concatenate([rows, counts[:, None]], axis=1)},
+                 extra={"em": {"seeds": [int(x) for x in seeds], "restart": 0, "phase": "start", "best": None}})
+        _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, categories, state, fresh=True)
+
+
+def _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, categories, state, fresh) -> None:
+    """EM with the store's keeper: from new tables (``fresh``) or from the store's state; then
+    the finished model (queries in a private scratch table) and status ``complete``."""
+    from .engine import Engine
+    from .learn import learn
+
+    N = int(counts.sum())
+    chunks = plan.layout.chunk_shape
+    keeper = StoreKeeper(fs, seeds)
+    if fresh:
+        specs = fs.create_tables(cards, chunks)
+        fs.tables_ready(specs, state)
+        keeper.start(state)
+        resume = None
+    else:  # every table is rewritten before it is read: dbar's chunks are not looked at
+        specs = fs.open_tables(cards, chunks, check_targets=False)
+        resume = keeper.resume_run(state)
+    engine = est._make_engine(plan, specs, N)
+    options = est._options()
+
+    def run(eng, st, fresh_):
+        learn(eng, st, options, fresh=fresh_, progress=None, callback=fs.checkpoint)
+
+    def make(state=None, fresh=True):
+        return MStep(engine, state or _new_state(cards, N), run, fresh, state is None)
+
+    with fs.damage_hint():
+        res = _run_restarts(est, make, rows, counts, cards, n_hidden, seeds, keeper=keeper, resume=resume)
+    reader = Engine.create(plan, fs.open_tables(cards, chunks, reader_owner=est), N, est.scheduler)
+    _set_fitted(est, res, plan, reader, names, categories, n_hidden)
+    fs.set_extra("em", {"seeds": [int(x) for x in seeds], "result": {k: v for k, v in res.to_json().items()
+                                                                     if k != "state"}})
+    fs.complete(res.state, est.kl_data_)
+
+
+def resume_in_store(est, fs, stored, restart: bool) -> None:
+    """Continue the EM fit of store ``fs`` (under its writer lock, after ``fs.read()``) with
+    the estimator ``est`` of its parameters; ``restart``: from the start, new tables."""
+    from . import storage
+    from .learn import FitState
+    from .storage import IntegrityError
+
+    state = FitState.from_json(stored.state)
+    cards, N = tuple(state.cards), state.n_samples
+    plan = fs.account(est._make_plan(cards, storage.get_backend(stored.backend), disk_free=fs.disk_available()))
+    table = fs.read_kept("rows")
+    if table.ndim != 2 or table.shape[1] != len(cards) + 1 or int(table[:, -1].sum()) != N:
+        raise IntegrityError(fs.state_file, "the fit's rows file does not describe this fit")
+    rows, counts = np.ascontiguousarray(table[:, :-1]), np.ascontiguousarray(table[:, -1])
+    fs.reopen(plan, stored)
+    seeds = fs.extra("em")["seeds"]
+    fresh = stored.status == "starting" or restart
+    if fresh:
+        state = _new_state(cards, N)
+        fs.set_extra("em", {"seeds": seeds, "restart": 0, "phase": "start", "best": None})
+        fs.restart(state)
+    _learn_in_store(est, fs, plan, rows, counts, cards, len(est.hidden or ()), seeds, stored.feature_names,
+                    stored.categories, state, fresh)
+
+
+def finished_attributes(est, fs) -> None:
+    """The EM attributes of a finished out-of-core fit opened for reading."""
+    em = fs.extra("em") or {}
+    if em.get("result") is not None:
+        _set_em_attributes(est, EMResult.from_json({**em["result"], "state": None}), len(est.hidden or ()))
 
 
 def codes(est, X) -> tuple[np.ndarray, bool]:

@@ -286,8 +286,6 @@ def test_missing_cells_refused_without_the_option():
     df = pd.DataFrame({"a": ["x", "y", None], "b": pd.array([1, pd.NA, 0], dtype="Int64")})
     with pytest.raises(ValueError, match=r"column 1 \(b\), row 1 .*2 missing cells in 2 rows.*missing='em'"):
         FSLL(progress=False).fit(df)
-    with pytest.raises(ValueError, match="in core only"):
-        FSLL(progress=False, missing="em", store="/nonexistent/s").fit(X)
     with pytest.raises(ValueError, match="missing must be None or 'em'"):
         FSLL(missing="drop").fit(X)
     with pytest.raises(ValueError, match="hidden cardinalities must be integers >= 2"):

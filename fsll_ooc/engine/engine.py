@@ -244,30 +244,58 @@ class Engine:
                                                 (("T", L.a_axes, False), ("scale", 1.0 / total))))
         return log_z + math.log(total)
 
+    def resync_reading(self, support: np.ndarray, theta: np.ndarray, log_z: float,
+                       cells: np.ndarray) -> tuple[float, np.ndarray]:
+        """:meth:`resync`, reading ``p_theta`` at the global flat indices ``cells`` on the way
+        (the E-step of EM, :mod:`fsll_ooc.missing`): ``(exact log Z, p_theta[cells])``, in the
+        resync's own passes (three; one in core), the duals the same bits as :meth:`resync`'s."""
+        cells = np.asarray(cells, np.int64)
+        total, raw = self._density(support, theta, log_z, SCRATCH, forward=True, read_at=cells)
+        L = self.layout
+        if L.a > 0:
+            self._run("A", task_map, lambda i: (self.ctx, "A", i, SCRATCH, THETABAR,
+                                                (("T", L.a_axes, False), ("scale", 1.0 / total))))
+        return log_z + math.log(total), raw / total
+
     def density(self, support: np.ndarray, theta: np.ndarray, log_z: float) -> float:
         """Write ``exp(l_theta - log_z)`` into the scratch table; returns its sum."""
         return self._density(support, theta, log_z, SCRATCH, forward=False)
 
-    def _density(self, support, theta, log_z, dst, forward: bool) -> float:
+    def _density(self, support, theta, log_z, dst, forward: bool, read_at: np.ndarray | None = None):
+        """The density pass(es); with ``read_at`` (global flat indices) also the values
+        ``exp(l_theta - log_z)`` there, in that order: ``(total, values)``."""
         L = self.layout
         support = np.asarray(support, np.int64)
         theta = np.asarray(theta, np.float64)
         groups = self._group("A", support, theta)
         empty = (np.zeros(0, np.int64), None, np.zeros(0))
+        kind = "A" if L.a == 0 else "B"
+        reads = None if read_at is None else self._group(kind, read_at, np.arange(read_at.size, dtype=np.int64))
+
+        def take(i):  # the read-off op of band i, right after exp
+            if reads is None:
+                return ()
+            loc, _, keys = reads.get(i, (np.zeros(0, np.int64), None, np.zeros(0, np.int64)))
+            return (("take", loc, keys),)
+
         if L.a == 0:
             ops = (("T", L.a_axes, True), ("exp", log_z))
-            ops += (("normalize",), ("T", L.a_axes, False)) if forward else (("sum",),)
+            rest = (("normalize",), ("T", L.a_axes, False)) if forward else (("sum",),)
             res = self._run("A", task_fill, lambda i: (self.ctx, "A", i, THETABAR if forward else dst,
-                                                       groups.get(i, empty)[0], groups.get(i, empty)[2], ops))
+                                                       groups.get(i, empty)[0], groups.get(i, empty)[2],
+                                                       ops + take(i) + rest))
+        else:
+            self._run("A", task_fill, lambda i: (self.ctx, "A", i, dst, groups.get(i, empty)[0],
+                                                 groups.get(i, empty)[2], (("T", L.a_axes, True),)))
+            head = tuple(range(L.a))
+            ops = (("T", head, True), ("exp", log_z))
+            rest = (("sum",),) + ((("T", head, False),) if forward else ())
+            res = self._run("B", task_map, lambda i: (self.ctx, "B", i, dst, dst, ops + take(i) + rest))
+        if read_at is None:
             return res.total
-        self._run("A", task_fill, lambda i: (self.ctx, "A", i, dst, groups.get(i, empty)[0],
-                                             groups.get(i, empty)[2], (("T", L.a_axes, True),)))
-        head = tuple(range(L.a))
-        ops = (("T", head, True), ("exp", log_z), ("sum",))
-        if forward:
-            ops += (("T", head, False),)
-        res = self._run("B", task_map, lambda i: (self.ctx, "B", i, dst, dst, ops))
-        return res.total
+        values = np.empty(read_at.size)
+        values[np.asarray(res.supp_pos, np.int64)] = res.supp_t
+        return res.total, values
 
     # -- fully corrective step (fsll_ooc.learn.corrective): gathers and a top-k candidate pass ------
     def gather(self, flat: np.ndarray, table: Table = THETABAR) -> np.ndarray:

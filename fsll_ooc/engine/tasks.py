@@ -155,9 +155,10 @@ def task_fill(ctx: Context, kind: str, idx: int, table: Table, local: np.ndarray
     band = np.zeros(shape)
     if len(local):
         np.add.at(band.reshape(-1), local, values)
-    total = _apply_ops(ctx, kind, band, ops)
+    taken: list = []
+    total = _apply_ops(ctx, kind, band, ops, taken)
     storage.write(ctx.specs[table], band_key(ctx.layout, kind, idx), band)
-    return ScanResult(total=total)
+    return _with_taken(ScanResult(total=total), taken)
 
 
 def uniform_dual_vector(k: int) -> np.ndarray:
@@ -196,17 +197,28 @@ def task_map(ctx: Context, kind: str, idx: int, src: Table, dst: Table, ops: tup
     if band.base is not None and ctx.specs[src].backend_impl.supports_inplace_views and src != dst:
         band = band.copy()
     band = band.reshape(shape)
-    total = _apply_ops(ctx, kind, band, ops)
+    taken: list = []
+    total = _apply_ops(ctx, kind, band, ops, taken)
     storage.write(ctx.specs[dst], key, band)
-    return ScanResult(total=total)
+    return _with_taken(ScanResult(total=total), taken)
 
 
-def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple) -> float:
+def _with_taken(res: ScanResult, taken: list) -> ScanResult:
+    """``res`` with the cells read off by ``("take", ...)`` ops in ``supp_pos`` / ``supp_t``."""
+    if taken:
+        res.supp_pos = np.concatenate([k for k, _ in taken])
+        res.supp_t = np.concatenate([v for _, v in taken])
+    return res
+
+
+def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple, taken: list | None = None) -> float:
     """Apply ``ops`` to ``band`` in place, in order; returns the last sum taken (0.0 if none).
 
     ``("T", vars, transpose)``: the transform (``T^T`` with ``transpose``) along ``vars``;
     ``("exp", shift)``: ``exp(band - shift)``; ``("sum",)``: the sum; ``("normalize",)``:
-    divide by the sum (one band only); ``("scale", c)``, ``("add", c)``: times / plus ``c``.
+    divide by the sum (one band only); ``("scale", c)``, ``("add", c)``: times / plus ``c``;
+    ``("take", local, keys)``: read off the band's cells ``local`` (flat, band order) as they
+    are at that point, appended to ``taken`` as ``(keys, values)``.
     """
     total = 0.0
     for op in ops:
@@ -225,6 +237,8 @@ def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple) -> float:
             band *= op[1]
         elif op[0] == "add":
             band += op[1]
+        elif op[0] == "take":
+            taken.append((np.asarray(op[2], np.int64), band.reshape(-1)[op[1]].copy()))
         else:  # pragma: no cover
             raise ValueError(f"unknown op {op!r}")
     return total

@@ -142,7 +142,8 @@ class FitStore:
             raise IntegrityError(sf, f"fit state lacks parameters (has {params!r})")
         self.backend = obj["backend"]
         self._params = params
-        self._meta = {k: obj.get(k) for k in ("counts", "tables", "feature_names", "categories", "kl_data")}
+        self._meta = {k: obj.get(k) for k in ("counts", "tables", "feature_names", "categories", "kl_data",
+                                              "files", "extra")}
         return StoredFit(obj["status"], obj["backend"], tuple(obj["layout"]), params, obj["state"],
                          obj.get("feature_names"), obj.get("categories"), obj.get("kl_data"))
 
@@ -160,6 +161,23 @@ class FitStore:
                 or (a.size and (a[0].min() < 0 or a[0].max() >= math.prod(cards)))):
             raise IntegrityError(path, "the fit's data file does not describe this fit")
         return a[0], a[1]
+
+    def read_kept(self, name: str) -> np.ndarray:
+        """An array kept by :meth:`keep` (or ``begin(files=...)``), checked against the state's checksum
+        (after :meth:`read`)."""
+        info = (self._meta.get("files") or {}).get(name)
+        if not info:
+            raise IntegrityError(self.state_file, f"fit state names no {name!r} file")
+        path = self.root / info["file"]
+        if not path.exists():
+            raise IntegrityError(path, f"the fit's {name} file is missing; run fit() again")
+        if storage.file_sha256(path) != info.get("sha256"):
+            raise IntegrityError(path, f"the fit's {name} file does not match its checksum (altered or damaged)")
+        return storage.read_array_file(path)
+
+    def extra(self, key: str):
+        """What the fit's caller keeps under ``key`` in the state (``set_extra``; None if nothing)."""
+        return (self._meta.get("extra") or {}).get(key)
 
     def disk_available(self) -> int:
         """Free space for the fit: the file system's free bytes plus what its tables take already."""
@@ -199,8 +217,13 @@ class FitStore:
                 finally:
                     lock.release()
 
-    def begin(self, plan, params: dict, labels: tuple | None, uniq, counts, state) -> None:
-        """A new fit: old state out, leftovers gone, the data kept, status ``starting``."""
+    def begin(self, plan, params: dict, labels: tuple | None, uniq, counts, state, files: dict | None = None,
+              extra: dict | None = None) -> None:
+        """A new fit: old state out, leftovers gone, the data kept, status ``starting``.
+
+        ``files``: more arrays to keep with the data (``{name: array}``, read back by
+        :meth:`read_kept`); ``extra``: JSON the caller keeps in the state (:meth:`set_extra`).
+        """
         self.plan, self._params = plan, dict(params)
         names, categories = labels if labels is not None else (None, None)
         self._meta = {"feature_names": names, "categories": categories}
@@ -214,15 +237,38 @@ class FitStore:
         storage.write_bytes_atomic(path, data)
         self._meta["counts"] = {"file": COUNTS_FILE, "sha256": storage.file_sha256(path),
                                 "n_unique": int(len(uniq))}
+        for name, a in (files or {}).items():
+            self.keep(name, a)
+        for key, obj in (extra or {}).items():
+            self.set_extra(key, obj)
         self.write_state(state, "starting")
         self.resumable = True
 
     def reopen(self, plan, stored: StoredFit) -> None:
         """Continue the fit of this store (after :meth:`read` under the writer lock)."""
         self.plan = plan
-        self._meta = {k: self._meta.get(k) for k in ("counts", "tables", "feature_names", "categories")}
+        self._meta = {k: self._meta.get(k) for k in ("counts", "tables", "feature_names", "categories", "files",
+                                                     "extra")}
         self._tidy()
         self.resumable = True
+
+    def keep(self, name: str, a: np.ndarray) -> None:
+        """Keep array ``a`` as the file ``fsll_NAME.0.npy`` or ``fsll_NAME.1.npy``, the one the
+        state does not name (so the state's file stays intact until the next state write,
+        which records the new one and its checksum)."""
+        if not name.isidentifier():
+            raise ValueError(f"a kept file's name must be an identifier, got {name!r}")
+        old = ((self._meta.get("files") or {}).get(name) or {}).get("file")
+        fname = f"fsll_{name}.{1 if old == f'fsll_{name}.0.npy' else 0}.npy"
+        path = self.root / fname
+        storage.write_bytes_atomic(path, storage.array_file_bytes(np.asarray(a)))
+        self._meta.setdefault("files", {})
+        self._meta["files"] = {**(self._meta["files"] or {}), name: {"file": fname,
+                                                                     "sha256": storage.file_sha256(path)}}
+
+    def set_extra(self, key: str, obj) -> None:
+        """Keep JSON ``obj`` under ``key`` in the state from the next state write on."""
+        self._meta["extra"] = {**(self._meta.get("extra") or {}), key: obj}
 
     def restart(self, state) -> None:
         """Back to status ``starting`` (tables are rebuilt from the data kept in the store)."""
@@ -250,9 +296,10 @@ class FitStore:
         self._meta["kl_data"] = kl_data
         self.write_state(state, "complete")
 
-    def open_tables(self, cards, chunks, reader_owner=None) -> list[TableSpec]:
+    def open_tables(self, cards, chunks, reader_owner=None, check_targets: bool = True) -> list[TableSpec]:
         """The store's tables, checked: each is still the one the fit created and every
-        chunk of ``dbar`` is present with its exact size (its content is checked when read).
+        chunk of ``dbar`` is present with its exact size (its content is checked when read;
+        ``check_targets=False``: not, for a fit that rewrites ``dbar`` before reading it).
 
         With ``reader_owner`` (a reader of a finished fit) the scratch table is a private one
         of this process, removed when ``reader_owner`` is garbage collected.
@@ -266,7 +313,7 @@ class FitStore:
         for nm, spec in zip(TABLE_NAMES, specs):
             try:
                 storage.check_fingerprint(spec, tables.get(nm) or {})
-                if nm == "dbar":
+                if nm == "dbar" and check_targets:
                     storage.check_table(spec)
             except IntegrityError as e:
                 raise IntegrityError(e.path, e.problem, _DAMAGED.format(store=str(self.root))) from None
