@@ -19,6 +19,11 @@ Parts (``--parts``):
   ``Dirichlet(0.5)`` given the class; 3000 training and 3000 test rows.  Held-out
   log-likelihood per row of ``FSLL()`` and ``FSLL(hidden=[3])``, and the adjusted
   Rand index of the posterior's argmax against the true classes.
+* ``ooc``: seconds per EM round in core against out of core (zarr and memmap stores
+  with the chunk layout ``--ooc-layout``, default ``4,8``: 16 A-bands and 16 B-bands of
+  2^16 cells, as a table larger than memory is cut), interleaved (core, zarr, memmap, core, ...) on BN20-37S (2^20 cells,
+  N = 1000) with 20 % of the cells removed completely at random; each round's table
+  passes (E-step, M-step) and the largest ``|theta|`` difference from the in-core model.
 * ``adult``: the UCI Adult file's categorical columns workclass, marital-status,
   occupation, relationship, race, sex, Salary ('?' is missing), and the same with
   native-country; rows shuffled with seed 0, the first 80 % for training.  Held-out
@@ -27,7 +32,7 @@ Parts (``--parts``):
 
 Usage::
 
-    python bench/missing.py [--parts synth latent adult] [--quick] [--json out.json]
+    python bench/missing.py [--parts synth latent adult ooc] [--quick] [--json out.json]
                             [--adult ../shared/data/adult/adult.csv]
 
 Prints a markdown report (for ``docs/benchmarks_quality.md``).
@@ -205,6 +210,36 @@ def adult(path: str, cols) -> dict:
     return out
 
 
+def out_of_core(layout: tuple, reps: int = 2) -> list[dict]:
+    import shutil
+    import tempfile
+
+    p_true, X = datasets.paper_dataset("BN20-37S", seed=0)
+    Xm = remove_cells(X, 0.2, "MCAR", seed=200)
+    rows, ref = [], None
+    for rep in range(reps):
+        for where in ("core", "zarr", "memmap"):
+            d = tempfile.mkdtemp(prefix="fsll-em-ooc-")
+            try:
+                kw = {} if where == "core" else {"store": os.path.join(d, "s"), "backend": where, "layout": layout}
+                m, t = fit_timed(FSLL(progress=False, missing="em", **kw), Xm)
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+            h = m.em_history_
+            if ref is None:
+                ref = m
+            diff = max((abs(v - ref.theta_.get(y, 0.0)) for y, v in m.theta_.items()), default=0.0)
+            row = {"where": where, "rep": rep, "layout": [m.plan_.layout.a, m.plan_.layout.c], "rounds": m.em_rounds_, "s": t,
+                   "first_round_s": h[0]["time"], "round_s": (h[-1]["time"] - h[0]["time"]) / max(1, len(h) - 1),
+                   "passes_e": [e["passes_e"] for e in h], "passes_m": [e["passes_m"] for e in h],
+                   "iters": [e["iters"] for e in h], "theta_diff": diff, "same_support": set(m.theta_) == set(ref.theta_),
+                   "kl": kl(p_true, np.asarray(m.probabilities().compute() if where != "core"
+                                               else m.probabilities()))}
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
 def fmt(v, nd=4):
     return "–" if v is None else f"{v:.{nd}f}"
 
@@ -229,6 +264,16 @@ def report(res: dict) -> str:
                      f"{r['ari_train']:.3f} | {r['ari_test']:.3f} | {r['bases_plain']} / {r['bases_hidden']} | "
                      f"{r['em_rounds']} | {r['plain_s']:.1f} / {r['hidden_s']:.1f} |")
         L.append("")
+    if "ooc" in res:
+        L += ["| where | layout (a, c) | rounds | s total | s first round | s per later round | passes per round "
+              "(E-step + M-step) | max abs theta diff from in core | KL(p*\|\|p) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for r in res["ooc"]:
+            passes = ", ".join(f"{e}+{m}" for e, m in zip(r["passes_e"], r["passes_m"]))
+            L.append(f"| {r['where']} (run {r['rep'] + 1}) | {tuple(r['layout'])} | {r['rounds']} | {r['s']:.1f} | "
+                     f"{r['first_round_s']:.2f} | {r['round_s']:.2f} | {passes} | {r['theta_diff']:.1e}"
+                     f"{'' if r['same_support'] else ' (support differs)'} | {r['kl']:.4f} |")
+        L.append("")
     for a in res.get("adult", []):
         L += [f"{a['columns']} columns, {a['cells']:,} cells, {a['rows_incomplete']:,} of {a['rows']:,} rows incomplete:", "","| test rows | held-out LL, EM on all rows | held-out LL, complete rows only |", "|---|---|---|",
               f"| all {a['test']:,} | {a['ll_em_all']:.4f} | {a['ll_drop_all']:.4f} |",
@@ -244,7 +289,9 @@ def report(res: dict) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--parts", nargs="+", default=["synth", "latent", "adult"], choices=["synth", "latent", "adult"])
+    ap.add_argument("--parts", nargs="+", default=["synth", "latent", "adult"],
+                    choices=["synth", "latent", "adult", "ooc"])
+    ap.add_argument("--ooc-layout", default="4,8", help="chunk layout 'a,c' of the out-of-core fits of --parts ooc")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument("--adult", default=os.path.join(ROOT, "..", "shared", "data", "adult", "adult.csv"))
@@ -261,6 +308,8 @@ def main(argv=None):
         res["synth"] = synth(a.quick)
     if "latent" in a.parts:
         res["latent"] = latent(a.quick)
+    if "ooc" in a.parts:
+        res["ooc"] = out_of_core(tuple(int(v) for v in a.ooc_layout.split(",")), reps=1 if a.quick else 2)
     if "adult" in a.parts:
         if os.path.exists(a.adult):
             res["adult"] = [adult(a.adult, ADULT_COLS)] + ([] if a.quick else [adult(a.adult, ADULT_WIDE)])

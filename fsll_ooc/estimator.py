@@ -107,7 +107,9 @@ class FSLL:
         code array) are fitted by expectation-maximisation (:mod:`fsll_ooc.missing`):
         missing at random, each incomplete row spread over its completions under the
         current model, the learner warm-started on the soft counts every round.  In
-        core only.  ``None`` (default): a missing cell is an error that names it.
+        core, or out of core with ``store`` (the store keeps the rounds; ``resume``
+        continues an interrupted EM fit).  ``None`` (default): a missing cell is an
+        error that names it.
     hidden : sequence of int, optional
         Cardinalities of hidden (latent) variables, appended after the observed ones
         (named ``H0, H1, ...``) and fitted by the same EM; :meth:`predict_hidden` gives

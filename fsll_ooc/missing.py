@@ -5,13 +5,13 @@ variable is a column missing in every row.  Both are fitted by the same
 expectation-maximisation loop (``docs/design.md``, "Missing cells and hidden
 variables"):
 
-* **E-step** (:func:`e_step`): each incomplete row is spread over its completions
+* **E-step** (:func:`soft_counts`): each incomplete row is spread over its completions
   under the current model, exactly: the slice of ``p`` fixed by the row's observed
   cells, divided by its sum.  Identical rows are counted once, and rows whose
   missing variables have the same cardinalities are handled together
   (:func:`group_rows`), so the work is a few array operations per group, not per row
-  or per missingness pattern: one gather of ``prod(k_missing)`` cells of ``p`` per
-  distinct row.  The result is soft counts: ``(cell, weight)`` pairs whose
+  or per missingness pattern: ``prod(k_missing)`` cells of ``p`` per distinct row,
+  all read at once (:func:`needed_cells`).  The result is soft counts: ``(cell, weight)`` pairs whose
   weights sum to ``N``, the number of rows.
 * **M-step**: the learner, warm-started from the current ``theta``, on the targets of
   the soft counts (the same positivity rule and the same cost, with ``N`` the number
@@ -33,9 +33,13 @@ observed frequencies or, with hidden variables, a latent-class model fitted to t
 observed cells from a seeded random start (:func:`initial_table`); random restarts
 differ only in that seed.
 
-Everything here works on a dense in-core table (``numpy``); the queries with missing
-cells (:func:`log_prob`, :func:`impute`, :func:`posterior`) also work on a model
-whose table is a dask array over an out-of-core store.
+The loop (:func:`run_em`, :class:`MStep`) is the same in core and out of core: the
+E-step reads the model at the cells it needs in the passes that re-derive the duals
+exactly (``Engine.resync_reading``), never as a table in memory; out of core a
+:class:`StoreKeeper` keeps the data, each round's soft counts and the EM's progress in
+the store, so that ``FSLL.resume`` continues an interrupted fit to the same model.  The
+queries with missing cells (:func:`log_prob`, :func:`impute`, :func:`posterior`) work
+on a dense in-core table and on a model whose table is a dask array over a store.
 """
 from __future__ import annotations
 
@@ -48,8 +52,9 @@ import numpy as np
 
 from . import basis, cost as C
 
-__all__ = ["MISSING", "Group", "EMResult", "MStep", "group_rows", "e_step", "objective",
-           "uniform_mean_log_p", "initial_table", "run_em", "fit_em", "split_missing", "log_prob", "impute",
+__all__ = ["MISSING", "Group", "EMResult", "MStep", "StoreKeeper", "group_rows", "distinct_rows", "needed_cells",
+           "soft_counts", "e_step", "objective", "uniform_mean_log_p", "initial_model", "initial_values",
+           "initial_table", "restart_seeds", "run_em", "fit_em", "split_missing", "log_prob", "impute",
            "posterior", "CHUNK_CELLS"]
 
 #: The code of a missing cell.
