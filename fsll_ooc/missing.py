@@ -635,10 +635,6 @@ class StoreKeeper:
     def _run(res: EMResult) -> dict:
         return {k: v for k, v in res.to_json().items() if k != "state"}
 
-    def start(self, state) -> None:
-        """The fit's tables are ready and no restart has begun."""
-        self._write(state, phase="start")
-
     def soft(self, learner, res, cells, weights, prev, before, shift) -> None:
         self.fs.keep("soft", np.stack([np.asarray(cells, np.float64), np.asarray(weights, np.float64)]))
         self._write(learner.state, phase="m-step", run=self._run(res), prev=_num(prev), before=int(before),
@@ -993,8 +989,7 @@ def _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, 
     keeper = StoreKeeper(fs, seeds)
     if fresh:
         specs = fs.create_tables(cards, chunks)
-        fs.tables_ready(specs, state)
-        keeper.start(state)
+        fs.tables_ready(specs, state)  # "running", EM at phase "start" (set by begin or resume)
         resume = None
     else:  # every table is rewritten before it is read: dbar's chunks are not looked at
         specs = fs.open_tables(cards, chunks, check_targets=False)

@@ -76,6 +76,15 @@ def make_data(n_samples: int = N_SAMPLES, seed: int = 1):
     return datasets.sample_table(p, n_samples, seed=seed)
 
 
+def with_holes(X, frac: float, seed: int = 2):
+    """``X`` with a share ``frac`` of its cells missing (``-1``, completely at random): an EM fit."""
+    import numpy as np
+
+    out = np.array(X, np.int64)
+    out[np.random.default_rng(seed).random(out.shape) < frac] = -1
+    return out
+
+
 # ============================================================================ child side
 
 class Faults:
@@ -195,9 +204,11 @@ def run_child(req: dict, X) -> None:
 
         sched = req.get("scheduler", "serial")
         if req["op"] == "fit":
+            em = {"missing": "em"} if req.get("missing") else {}
             m = FSLL(progress=False, store=req["store"], backend=req["backend"], layout=tuple(req["layout"]),
                      scheduler=sched, resync_every=req.get("resync_every", RESYNC_EVERY),
-                     epsilon=req.get("epsilon", EPSILON)).fit(X)
+                     epsilon=req.get("epsilon", EPSILON), **em).fit(
+                with_holes(X, req["missing"]) if em else X)
         else:
             m = FSLL.resume(req["store"], progress=False, scheduler=sched)
         out = {"ok": True, "model": summary(m)}
@@ -332,10 +343,11 @@ def state_status(store: Path):
 
 class Harness:
     def __init__(self, backend: str, scheduler: str, workdir: Path, n_zygotes: int = 2, n_samples: int = N_SAMPLES,
-                 layout=LAYOUT, resync_every: int = RESYNC_EVERY, epsilon=EPSILON):
+                 layout=LAYOUT, resync_every: int = RESYNC_EVERY, epsilon=EPSILON, missing: float = 0.0):
         self.backend, self.scheduler = backend, scheduler
         self.n_samples, self.layout, self.resync_every = n_samples, tuple(layout), resync_every
         self.epsilon = epsilon
+        self.missing = missing  # > 0: that share of the cells missing, fitted by EM
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.zygotes = [Zygote(n_samples, self.layout) for _ in range(max(1, n_zygotes))]
@@ -357,7 +369,7 @@ class Harness:
     def _req(self, op, store, tag, target=None, mode=None) -> dict:
         return {"op": op, "store": str(store), "backend": self.backend, "layout": list(self.layout),
                 "scheduler": self.scheduler, "target": target, "mode": mode, "resync_every": self.resync_every,
-                "epsilon": self.epsilon,
+                "epsilon": self.epsilon, "missing": self.missing,
                 "out": str(self.workdir / f"{tag}.json")}
 
     def prepare(self) -> None:
@@ -451,9 +463,9 @@ def select(points, max_points: int | None, seed: int):
 
 def run(backend: str, scheduler: str, max_points: int | None, double: int, seed: int, workdir: Path,
         jobs: int = 2, log=print, n_samples: int = N_SAMPLES, layout=LAYOUT, resync_every: int = RESYNC_EVERY,
-        epsilon=EPSILON) -> dict:
+        epsilon=EPSILON, missing: float = 0.0) -> dict:
     h = Harness(backend, scheduler, workdir / backend, n_zygotes=jobs, n_samples=n_samples, layout=layout,
-                resync_every=resync_every, epsilon=epsilon)
+                resync_every=resync_every, epsilon=epsilon, missing=missing)
     t0 = time.perf_counter()
     try:
         h.prepare()
@@ -471,7 +483,7 @@ def run(backend: str, scheduler: str, max_points: int | None, double: int, seed:
     finally:
         h.close()
     return {"backend": backend, "scheduler": scheduler, "n_samples": n_samples, "layout": list(layout),
-            "resync_every": resync_every, "epsilon": epsilon,
+            "resync_every": resync_every, "epsilon": epsilon, "missing": missing,
             "events": len(h.events or []),
             "points_total": len(h.points()) if h.events else 0, "points_tried": len(results),
             "seconds": time.perf_counter() - t0, "reference": {k: h.reference[k] for k in ("cost", "n_iter")},
@@ -485,7 +497,8 @@ def report(res: dict) -> str:
     out = Counter(r["outcome"] for r in rs)
     lines = [f"backend {res['backend']}, scheduler {res['scheduler']}, N={res['n_samples']}, "
              f"layout {tuple(res['layout'])}, epsilon {res.get('epsilon', EPSILON)}, "
-             f"resync every {res.get('resync_every', RESYNC_EVERY)}, "
+             + (f"EM with {res['missing']:.0%} of the cells missing, " if res.get("missing") else "")
+             + f"resync every {res.get('resync_every', RESYNC_EVERY)}, "
              f"reference fit {res['reference']['n_iter']} iterations: "
              f"{res['events']} write events, "
              f"{res['points_total']} kill points, {res['points_tried']} tried in {res['seconds']:.0f} s",
@@ -573,6 +586,8 @@ def main(argv=None) -> int:
                          "(default %(default)s)")
     ap.add_argument("--epsilon", type=lambda v: v if v == "auto" else float(v), default=EPSILON,
                     help="the fit's epsilon: a number, or 'auto' (corrective steps too) (default %(default)s)")
+    ap.add_argument("--missing", type=float, default=0.0,
+                    help="remove this share of the cells (at random) and fit by EM (missing='em') (default 0)")
     ap.add_argument("--backend", choices=("zarr", "memmap", "both"), default="both")
     ap.add_argument("--scheduler", choices=("serial", "threads"), default="serial")
     ap.add_argument("--max-points", type=int, default=None, help="even sample of this many points per backend")
@@ -608,7 +623,7 @@ def main(argv=None) -> int:
         for be in backends:
             res = run(be, args.scheduler, args.max_points, args.double, args.seed, work, args.jobs,
                       n_samples=args.n_samples, layout=layout, resync_every=args.resync_every,
-                      epsilon=args.epsilon)
+                      epsilon=args.epsilon, missing=args.missing)
             allres.append(res)
             print(report(res), flush=True)
             failed += sum(r["outcome"] == "FAILED" for r in res["results"])
