@@ -19,7 +19,8 @@ Usage::
 session ended), continues it with ``FSLL.resume``; the wall time of every session is
 recorded next to the store (``*.sessions.json``) and summed into the fit time.
 ``--epsilon`` defaults to the paper's 1e-4 (``auto`` is the library's default rule);
-``--backend memmap`` uses raw files instead of Zarr; ``--batch off on`` runs each case
+``--backend memmap`` uses raw files instead of Zarr (``--direct off on``: their band I/O
+through the page cache and with ``O_DIRECT``, interleaved); ``--batch off on`` runs each case
 one step per pass (the paper's search) and with several steps per pass, interleaved
 (default ``auto``: the library's rule).
 
@@ -194,13 +195,16 @@ def child(args) -> None:
     cgroup = enter_cgroup(args.cap)
     from fsll_ooc import FSLL
     from fsll_ooc.learn import LearnOptions
+    from fsll_ooc.storage import memmap
+
+    memmap.DIRECT_IO = {"on": True, "off": False, "auto": "auto"}[args.direct]
 
     cards = BN30_CARDS if args.case == "bn30" else (2,) * int(args.case)
     parents, cpts = random_bn(cards, 3, seed=0)
     X = ancestral_sample(cards, parents, cpts, args.n, seed=1)
     H = ancestral_sample(cards, parents, cpts, 10_000, seed=2)
     suffix = "zarr" if args.backend == "zarr" else "mm"
-    store = Path(args.dir) / f"scale_{args.case}_{args.workers}_{args.batch}.{suffix}"
+    store = Path(args.dir) / f"scale_{args.case}_{args.workers}_{args.batch}_{args.direct}.{suffix}"
     client = cluster = None
     if args.workers:
         from distributed import Client, LocalCluster
@@ -247,6 +251,7 @@ def child(args) -> None:
         "n_iter": m.n_iter_, "converged": m.converged_,
         "n_bases": m.n_bases_, "kl_data": m.kl_data_, "kl_heldout": kl_heldout,
         "heldout_loglik": float(np.mean(logp)), "batch": args.batch, "appends": appends,
+        "direct_io": args.direct if args.backend == "memmap" else None,
         "passes": eng.passes, "bytes_moved": eng.bytes_moved, "pass_seconds": eng.pass_seconds,
         "disk_write": args.disk[0], "disk_read": args.disk[1],
         "rss_peak": rss_peak(), "cgroup_peak": cgroup_peak(),
@@ -271,6 +276,9 @@ def main(argv=None):
     ap.add_argument("--batch", nargs="+", choices=("off", "on", "auto"), default=["auto"],
                     help="one step per pass (off), several steps per pass (on), the library's rule (auto, "
                          "the default); each case runs every choice")
+    ap.add_argument("--direct", nargs="+", choices=("off", "on", "auto"), default=["auto"],
+                    help="memmap backend: band I/O with O_DIRECT (on), through the page cache (off), or the "
+                         "library's rule (auto, the default); each case runs every choice")
     ap.add_argument("--penalty", choices=("paper", "family"), default=None,
                     help="the code of the terms (default: the library's, 'family' with epsilon 'auto')")
     ap.add_argument("--disk", default=None, help=argparse.SUPPRESS)
@@ -289,11 +297,13 @@ def main(argv=None):
         args.case = args.child
         args.workers = args.workers[0]
         args.batch = args.batch[0]
+        args.direct = args.direct[0]
         args.disk = [float(x) for x in args.disk.split(",")] if args.disk else [math.nan, math.nan]
         return child(args)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     rows = []
-    for case, workers, batch in [(c, w, b) for c in args.cases for w in args.workers for b in args.batch]:
+    runs = [(c, w, b, io) for c in args.cases for w in args.workers for b in args.batch for io in args.direct]
+    for case, workers, batch, direct in runs:
         cells = math.prod(BN30_CARDS) if case == "bn30" else 2 ** int(case)
         need = 3 * 8 * cells
         free = shutil.disk_usage(args.dir).free
@@ -301,12 +311,12 @@ def main(argv=None):
             print(f"skip {case}: needs {format_bytes(need)} of disk, {format_bytes(free)} free in {args.dir}")
             continue
         dw, dr = disk_throughput(args.dir)
-        print(f"case {case} (batch {batch}): {cells:,} cells, disk {format_bytes(need)}, memory cap "
+        print(f"case {case} (batch {batch}, direct I/O {direct}): {cells:,} cells, disk {format_bytes(need)}, memory cap "
               f"{format_bytes(args.cap)}; disk direct I/O write {dw / 1e6:.0f} MB/s, read {dr / 1e6:.0f} MB/s; "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
         cmd = [sys.executable, __file__, "--child", case, "--cap", str(args.cap), "--dir", args.dir, "--n", str(args.n),
                "--workers", str(workers), "--backend", args.backend, "--epsilon", str(args.epsilon),
-               "--batch", batch, "--disk", f"{dw},{dr}"]
+               "--batch", batch, "--direct", direct, "--disk", f"{dw},{dr}"]
         if args.penalty:
             cmd += ["--penalty", args.penalty]
         if args.resume:
@@ -340,7 +350,7 @@ def main(argv=None):
 def table(rows) -> str:
     from fsll_ooc.planner import format_bytes
 
-    head = ("| case | batch | cells | iterations | terms | passes | passes/term | GB moved | fit s | pass MB/s | "
+    head = ("| case | batch | direct I/O | cells | iterations | terms | passes | passes/term | GB moved | fit s | pass MB/s | "
             "disk MB/s (read/write) | peak RSS | cgroup peak | held-out log-lik | held-out KL(p*‖p) est. |")
     out = [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -350,7 +360,8 @@ def table(rows) -> str:
         conv = "" if r["converged"] else " (capped)"
         cg = format_bytes(r["cgroup_peak"]) if r.get("cgroup_peak") else "n/a"
         mbs = r["bytes_moved"] / max(r["pass_seconds"], 1e-9) / 1e6
-        out.append(f"| {r['case']} | {r['batch']} | 2^{math.log2(r['cells']):.2f} | {r['n_iter']}{conv} | "
+        io = r.get("direct_io") or "n/a"
+        out.append(f"| {r['case']} | {r['batch']} | {io} | 2^{math.log2(r['cells']):.2f} | {r['n_iter']}{conv} | "
                    f"{r['n_bases']} | {r['passes']} | {r['passes'] / max(r['n_bases'], 1):.3f} | "
                    f"{r['bytes_moved'] / 1e9:.1f} | {r['fit_seconds']:.1f} | {mbs:.0f} | "
                    f"{r['disk_read'] / 1e6:.0f}/{r['disk_write'] / 1e6:.0f} | {format_bytes(r['rss_peak'])} | {cg} | "

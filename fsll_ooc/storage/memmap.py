@@ -7,11 +7,23 @@ updated on every write and checked on every band read; raw access through
 checked.  The data file is preallocated (``posix_fallocate``) so a full disk fails at
 creation with ``ENOSPC`` instead of killing the process with ``SIGBUS`` in the middle of
 a pass.
+
+Band reads and writes of whole chunks of a table larger than the page cache can hold
+bypass it where the system allows it (``O_DIRECT``, :data:`DIRECT_IO`, :func:`wants_direct`): under a memory limit that counts the page cache (a
+cgroup) and tables larger than it, every buffered byte is copied, its page reclaimed and
+written back by the kernel, and passes moved a fraction of the disk's throughput
+(``docs/benchmarks.md`` section 4).  The file offsets of a direct transfer are aligned to
+:data:`DIRECT_ALIGN`; the few bytes of a run of chunks outside the aligned part, and every
+partial-chunk access, go through the page cache as before.  Point gathers and
+:func:`fsll_ooc.storage.open_table` use the memory map, which the kernel keeps coherent
+with direct transfers.
 """
 from __future__ import annotations
 
 import errno
+import mmap
 import os
+import threading
 
 import numpy as np
 
@@ -21,7 +33,22 @@ from .errors import IntegrityError
 from . import files
 from .files import crc32c, fsync_path
 
-__all__ = ["MemmapBackend", "crc_path"]
+__all__ = ["MemmapBackend", "crc_path", "wants_direct", "DIRECT_IO", "DIRECT_ALIGN", "DIRECT_PIECE"]
+
+#: Whole-chunk band reads and writes use ``O_DIRECT`` (where the OS has it and the file
+#: system accepts it; a refusal falls back to buffered I/O for that file system):
+#: ``"auto"`` for tables that the page cache cannot hold (:func:`wants_direct`), ``True``
+#: for every table, ``False`` never.
+DIRECT_IO: bool | str = "auto"
+#: File offsets and lengths of a direct transfer are multiples of this (the page size
+#: covers every block size of common file systems).
+DIRECT_ALIGN = 4096
+#: A direct transfer moves at most this many bytes at once, through one aligned buffer
+#: per thread (so it adds this much memory per running task, not a band's worth).
+DIRECT_PIECE = 16 * 2**20
+
+_local = threading.local()
+_direct_refused: set = set()  # devices (st_dev) whose file system refused O_DIRECT
 
 
 def crc_path(spec: TableSpec) -> str:
@@ -80,10 +107,132 @@ def _chunk_ids(spec: TableSpec, coords) -> np.ndarray:
     return np.ravel_multi_index(tuple(np.array(coords).T), spec.grid)
 
 
+def _buffer() -> memoryview:
+    """This thread's page-aligned transfer buffer of :data:`DIRECT_PIECE` bytes."""
+    buf = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = mmap.mmap(-1, DIRECT_PIECE)
+    return memoryview(buf)
+
+
+def _runs(spec: TableSpec, ids: np.ndarray):
+    """``(file offset, byte offset in the band, length)`` of each run of consecutive chunks."""
+    cb = spec.chunk_nbytes
+    ids = np.asarray(ids, np.int64)
+    cut = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = np.concatenate([[0], cut])
+    ends = np.concatenate([cut, [len(ids)]])
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        yield int(ids[a]) * cb, a * cb, (b - a) * cb
+
+
+def wants_direct(spec: TableSpec) -> bool:
+    """Does band I/O of ``spec`` bypass the page cache (:data:`DIRECT_IO`)?  ``"auto"``: when a
+    fit's three tables of this size take more than half of the memory this process may use
+    (the machine's or its control group's): the page cache cannot keep them from one pass
+    to the next, and buffered I/O only adds copies and reclaim; smaller tables stay cached."""
+    if not hasattr(os, "O_DIRECT") or DIRECT_IO is False:
+        return False
+    if DIRECT_IO is True:
+        return True
+    from .._machine import total_memory
+
+    mem = total_memory()
+    return mem is not None and 3 * spec.nbytes > mem // 2
+
+
+def _direct_fd(spec: TableSpec, write: bool) -> int | None:
+    if not wants_direct(spec):
+        return None
+    dev = cached(("dev", spec.path), lambda: os.stat(spec.path).st_dev)
+    if dev in _direct_refused:
+        return None
+    try:
+        return files.open_nofollow(spec.path, (os.O_RDWR if write else os.O_RDONLY) | os.O_DIRECT)
+    except OSError as e:
+        if e.errno == errno.EINVAL:  # this file system has no direct I/O (tmpfs, some network ones)
+            _direct_refused.add(dev)
+            return None
+        raise
+
+
+def _read_direct(spec: TableSpec, ids, out: np.ndarray) -> bool:
+    """Fill ``out`` (C order, the chunks ``ids`` one after the other) from the file with
+    direct reads; False (nothing read) when direct I/O is not available."""
+    fd = _direct_fd(spec, False)
+    if fd is None:
+        return False
+    dst = memoryview(out.reshape(-1).view(np.uint8))
+    buf = _buffer()
+    size = spec.nbytes
+    try:
+        for off, pos, length in _runs(spec, ids):
+            lo = off - off % DIRECT_ALIGN  # read whole aligned pages; keep the bytes of the run
+            end = off + length
+            while lo < end:
+                n = min(DIRECT_PIECE, -(-(end - lo) // DIRECT_ALIGN) * DIRECT_ALIGN)
+                got = os.preadv(fd, [buf[:n]], lo)
+                a, b = max(off, lo), min(end, lo + n)
+                if got < min(b, size) - lo:
+                    raise OSError(errno.EIO, f"short read at byte {lo:,} of the table", spec.path)
+                dst[pos + a - off:pos + b - off] = buf[a - lo:b - lo]
+                lo += n
+    finally:
+        os.close(fd)
+    return True
+
+
+def _write_direct(spec: TableSpec, ids, value: np.ndarray) -> bool:
+    """Write ``value`` (C order, the chunks ``ids`` one after the other): the aligned part of
+    each run with direct writes, its unaligned ends buffered; False (nothing written) when
+    direct I/O is not available."""
+    fd = _direct_fd(spec, True)
+    if fd is None:
+        return False
+    src = memoryview(np.ascontiguousarray(value, dtype=spec.dtype).reshape(-1).view(np.uint8))
+    buf = _buffer()
+    plain = None  # a buffered descriptor for the unaligned ends, opened when one is needed
+    try:
+        for off, pos, length in _runs(spec, ids):
+            end = off + length
+            a0 = -(-off // DIRECT_ALIGN) * DIRECT_ALIGN
+            a1 = end - end % DIRECT_ALIGN
+            if a1 <= a0:
+                a0 = a1 = end  # too short for an aligned part: all buffered
+            for lo_, hi_ in ((off, a0), (a1, end)):
+                if hi_ > lo_:
+                    if plain is None:
+                        plain = files.open_nofollow(spec.path, os.O_WRONLY)
+                    if os.pwrite(plain, src[pos + lo_ - off:pos + hi_ - off], lo_) != hi_ - lo_:
+                        raise OSError(errno.EIO, f"short write at byte {lo_:,} of the table", spec.path)
+            lo = a0
+            while lo < a1:
+                n = min(DIRECT_PIECE, a1 - lo)
+                buf[:n] = src[pos + lo - off:pos + lo - off + n]
+                if os.pwritev(fd, [buf[:n]], lo) != n:
+                    raise OSError(errno.EIO, f"short write at byte {lo:,} of the table", spec.path)
+                lo += n
+    finally:
+        os.close(fd)
+        if plain is not None:
+            os.close(plain)
+    return True
+
+
+def _whole_chunks(spec: TableSpec, key, n_cells: int | None = None):
+    """The chunk ids of ``key`` when it covers whole chunks (and ``n_cells`` of them), else None."""
+    coords, aligned = key_chunks(spec, key)
+    if not (aligned and coords) or (n_cells is not None and n_cells != len(coords) * spec.chunk_size):
+        return None
+    return _chunk_ids(spec, coords)
+
+
 def _write_memmap(spec: TableSpec, arr: np.memmap, key, value) -> None:
     """Data first, then the checksums of the chunks written (a kill in between leaves a
     mismatch that the next read reports; a fit's resume rewrites such chunks first)."""
-    arr[key] = value
+    ids = _whole_chunks(spec, key, np.size(value))
+    if ids is None or not _write_direct(spec, ids, value):
+        arr[key] = value
     crcs = _crcs(spec)
     coords, aligned = key_chunks(spec, key)
     if not coords:
@@ -157,7 +306,15 @@ class MemmapBackend(TableBackend):
 
     def read(self, spec: TableSpec, key: tuple) -> np.ndarray:
         arr = open_table(spec)
-        out = np.array(arr[key], order="C")
+        view = arr[key]
+        ids = _whole_chunks(spec, key, view.size)
+        out = None
+        if ids is not None:
+            out = np.empty(view.shape, dtype=spec.dtype)
+            if not _read_direct(spec, ids, out):
+                out = None
+        if out is None:
+            out = np.array(view, order="C")
         _verify_memmap(spec, arr, key, out)
         return out
 
