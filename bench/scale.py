@@ -198,6 +198,15 @@ def child(args) -> None:
     from fsll_ooc.storage import memmap
 
     memmap.DIRECT_IO = {"on": True, "off": False, "auto": "auto"}[args.direct]
+    # the engines that learn (a fitted model answers queries through a reader engine of its own)
+    engines = []
+    make = FSLL._make_engine
+
+    def recording(self, *a, **k):
+        engines.append(make(self, *a, **k))
+        return engines[-1]
+
+    FSLL._make_engine = recording
 
     cards = BN30_CARDS if args.case == "bn30" else (2,) * int(args.case)
     parents, cpts = random_bn(cards, 3, seed=0)
@@ -235,7 +244,6 @@ def child(args) -> None:
     iter_times = np.diff([h["time"] for h in hist[1:]]) if len(hist) > 2 else np.array([np.nan])
     logp = m.log_prob(H)
     kl_heldout = float(np.mean(true_logp(H, parents, cpts) - logp))
-    eng = m._engine
     appends = sum(1 for h in hist if h["move"] == "append") + sum(int(h.get("value", 0)) for h in hist
                                                                    if h["move"] == "joint-append")
     out = {
@@ -252,7 +260,8 @@ def child(args) -> None:
         "n_bases": m.n_bases_, "kl_data": m.kl_data_, "kl_heldout": kl_heldout,
         "heldout_loglik": float(np.mean(logp)), "batch": args.batch, "appends": appends,
         "direct_io": args.direct if args.backend == "memmap" else None,
-        "passes": eng.passes, "bytes_moved": eng.bytes_moved, "pass_seconds": eng.pass_seconds,
+        "passes": sum(e.passes for e in engines), "bytes_moved": sum(e.bytes_moved for e in engines),
+        "pass_seconds": sum(e.pass_seconds for e in engines),
         "disk_write": args.disk[0], "disk_read": args.disk[1],
         "rss_peak": rss_peak(), "cgroup_peak": cgroup_peak(),
         "cgroup": cgroup,
