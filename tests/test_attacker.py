@@ -151,3 +151,26 @@ def test_a_planted_temporary_symlink_is_not_followed(tmp_path):
     files.write_bytes_atomic(target, b"new")
     assert target.read_bytes() == b"new" and not target.is_symlink()
     assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("costs", [[1.0, -0.5], [1.0, 1.5], [1.0, float("nan")]])
+def test_a_learner_running_away_stops_naming_the_store(tmp_path, costs):
+    from fsll_ooc.learn import FitState
+    from fsll_ooc.planner import plan
+    from fsll_ooc.storage import IntegrityError
+
+    fs = FitStore(tmp_path / "s", "zarr")
+    p = fs.account(plan((2, 3), out_of_core=True))
+    state = FitState((2, 3), 5, 0.0)
+    with fs.writing("fit", "fitting", p):
+        fs.begin(p, {"epsilon": 1e-4, "max_iter": None, "resync_every": 256}, None, np.array([0, 4]),
+                 np.array([3, 2]), state)
+        state.history = [{"cost": c} for c in costs[:1]]
+        fs.checkpoint(state)  # a sane step is kept
+        state.history = [{"cost": c} for c in costs]
+        with pytest.raises(IntegrityError, match=str(tmp_path / "s")):
+            fs.checkpoint(state)
+    import json
+
+    kept = json.loads((tmp_path / "s" / "fsll_state.json").read_text())
+    assert kept["status"] == "running" and len(kept["state"]["history"]) == 1  # the runaway step is not kept

@@ -288,7 +288,12 @@ class FitStore:
         self.write_state(state, "running")
 
     def checkpoint(self, state) -> None:
-        """The learner's callback after every iteration: ``state`` is the model so far."""
+        """The learner's callback after every iteration: ``state`` is the model so far.
+
+        Cheap invariants are checked first (a cost that is finite, not below zero and not
+        rising beyond round-off; finite parameters): a learner fed damaged tables stops
+        here with an :class:`IntegrityError` naming the store instead of running away."""
+        _check_invariants(self.root, state)
         self.write_state(state, "running")
 
     def complete(self, state, kl_data: float | None) -> None:
@@ -380,6 +385,21 @@ class FitStore:
             spec = storage.create_table(READER_BACKEND, root, "scratch", cards, chunks)
         weakref.finalize(owner, _remove_tree, str(root))
         return spec
+
+
+def _check_invariants(root: Path, state) -> None:
+    hist = state.history
+    cost = hist[-1].get("cost") if hist else None
+    prev = hist[-2].get("cost") if len(hist) > 1 else None
+    bad = None
+    if cost is not None and (not math.isfinite(cost) or cost < -1e-9):
+        bad = f"the cost is {cost!r} (a KL divergence plus penalties is never below zero)"
+    elif cost is not None and prev is not None and cost > prev + 1e-6 * max(1.0, abs(prev)):
+        bad = f"the cost rose from {prev!r} to {cost!r} at iteration {state.n_iter}"
+    elif not all(math.isfinite(v) for v in state.theta.values()) or not math.isfinite(state.log_z):
+        bad = "a parameter is not finite"
+    if bad is not None:
+        raise IntegrityError(root, f"the learner stopped: {bad}", _DAMAGED.format(store=str(root)))
 
 
 def _persistent(name) -> bool:
