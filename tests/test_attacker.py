@@ -153,24 +153,66 @@ def test_a_planted_temporary_symlink_is_not_followed(tmp_path):
     assert victim.read_text() == "precious\n"
 
 
-@pytest.mark.parametrize("costs", [[1.0, -0.5], [1.0, 1.5], [1.0, float("nan")]])
-def test_a_learner_running_away_stops_naming_the_store(tmp_path, costs):
+@pytest.mark.parametrize("lie", ["below_zero", "rising", "nan_cost", "theta_inf", "dual_outside"])
+def test_a_learner_running_away_stops_naming_the_store(tmp_path, lie):
+    import json
+
     from fsll_ooc.learn import FitState
     from fsll_ooc.planner import plan
     from fsll_ooc.storage import IntegrityError
 
     fs = FitStore(tmp_path / "s", "zarr")
     p = fs.account(plan((2, 3), out_of_core=True))
-    state = FitState((2, 3), 5, 0.0)
+    state = FitState((2, 3), 5, 0.5)
     with fs.writing("fit", "fitting", p):
         fs.begin(p, {"epsilon": 1e-4, "max_iter": None, "resync_every": 256}, None, np.array([0, 4]),
                  np.array([3, 2]), state)
-        state.history = [{"cost": c} for c in costs[:1]]
-        fs.checkpoint(state)  # a sane step is kept
-        state.history = [{"cost": c} for c in costs]
-        with pytest.raises(IntegrityError, match=str(tmp_path / "s")):
+        state.history = [{"cost": 1.0}, {"cost": 0.9}]
+        state.theta, state.dbar = {4: 0.3}, {4: 0.6}
+        fs.checkpoint(state)  # sane steps are kept
+        state.history.append({"cost": {"below_zero": -0.5, "rising": 0.95, "nan_cost": float("nan")}.get(lie, 0.8)})
+        if lie == "theta_inf":
+            state.theta[5] = float("inf")
+        elif lie == "dual_outside":
+            state.theta[5], state.dbar[5] = 0.1, 1.5
+        with pytest.raises(IntegrityError, match=f"{tmp_path / 's'}: the learner stopped") as e:
             fs.checkpoint(state)
+        assert "restart=True" in str(e.value)
+    kept = json.loads((tmp_path / "s" / "fsll_state.json").read_text())
+    assert kept["status"] == "running" and len(kept["state"]["history"]) == 2  # the runaway step is not kept
+
+
+@pytest.mark.parametrize("backend", ["zarr", "memmap"])
+def test_inconsistent_target_duals_stop_the_fit_instead_of_running_away(tmp_path, monkeypatch, backend):
+    """Targets rewritten through the library's own writes (valid checksums): duals no
+    distribution has.  Without the invariants the resumed fit ran away (hundreds of
+    iterations, the cost below -600, then infinite)."""
     import json
 
-    kept = json.loads((tmp_path / "s" / "fsll_state.json").read_text())
-    assert kept["status"] == "running" and len(kept["state"]["history"]) == 1  # the runaway step is not kept
+    import interrupts
+
+    from fsll_ooc import storage
+    from fsll_ooc.storage import IntegrityError
+
+    store = tmp_path / "s"
+    X = data(0)
+    X[:, 1], X[:, 3] = X[:, 0], X[:, 2] % 2  # dependences: the fit has iterations left when stopped
+    interrupts.stop_after(monkeypatch, 4)
+    with pytest.raises(interrupts.Crash):
+        FSLL(progress=False, store=store, backend=backend, layout=LAYOUT, scheduler="serial", epsilon=1e-4).fit(X)
+    monkeypatch.undo()
+    fs = FitStore(store)
+    stored = fs.read()
+    n_iter = stored.state["n_iter"]
+    chunks = json.loads((store / "fsll_state.json").read_text())["chunks"]
+    dbar = fs.open_tables(stored.state["cards"], chunks)[0]
+    v = np.full(dbar.shape, -0.95)
+    v.flat[0] = 1.0
+    storage.write(dbar, tuple(slice(None) for _ in dbar.shape), v)
+    storage.flush(dbar)
+    storage.forget(dbar)
+    with pytest.raises(IntegrityError, match=f"{store}: the learner stopped at iteration {n_iter + 1}"):
+        FSLL.resume(store, progress=False)
+    kept = FitStore(store).read()
+    assert kept.status == "running" and kept.state["n_iter"] == n_iter  # the last sane step
+    assert all(h["cost"] >= 0 for h in kept.state["history"])
