@@ -153,7 +153,7 @@ def test_a_planted_temporary_symlink_is_not_followed(tmp_path):
     assert victim.read_text() == "precious\n"
 
 
-@pytest.mark.parametrize("lie", ["below_zero", "rising", "nan_cost", "theta_inf", "dual_outside"])
+@pytest.mark.parametrize("lie", ["below_zero", "rising", "nan_cost", "theta_inf", "log_z_nan"])
 def test_a_learner_running_away_stops_naming_the_store(tmp_path, lie):
     import json
 
@@ -173,8 +173,8 @@ def test_a_learner_running_away_stops_naming_the_store(tmp_path, lie):
         state.history.append({"cost": {"below_zero": -0.5, "rising": 0.95, "nan_cost": float("nan")}.get(lie, 0.8)})
         if lie == "theta_inf":
             state.theta[5] = float("inf")
-        elif lie == "dual_outside":
-            state.theta[5], state.dbar[5] = 0.1, 1.5
+        elif lie == "log_z_nan":
+            state.log_z = float("nan")
         with pytest.raises(IntegrityError, match=f"{tmp_path / 's'}: the learner stopped") as e:
             fs.checkpoint(state)
         assert "restart=True" in str(e.value)
