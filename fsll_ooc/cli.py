@@ -404,7 +404,7 @@ def _register_fit(sub) -> None:
                         "are then codes 0..k-1; unseen codes are kept)")
     p.add_argument("--missing", choices=["em"], default=None,
                    help="'em': fit rows with missing cells (empty fields and NA markers) by EM, missing "
-                        "at random (in core); without it a missing cell is an error")
+                        "at random (in core, or out of core with --store); without it a missing cell is an error")
     p.add_argument("--epsilon", type=_epsilon, default="auto",
                    help="stopping threshold on the cost improvement: 'auto' (default: 0.1/N with "
                         "corrective steps, see help(fsll_ooc.FSLL)) or a number; 1e-4 is the paper's setting")

@@ -365,16 +365,21 @@ def test_rows_of_lists_with_none_and_models_without_hidden(model):
         model.predict_hidden(X)
 
 
+def holes_csv(path, n: int):
+    """A CSV of ``n`` rows over columns a, b, c with about 15 % of column b's cells empty."""
+    rng = np.random.default_rng(0)
+    a = rng.choice(["x", "y"], n)
+    b = np.where(rng.random(n) < 0.9, a, np.where(a == "x", "y", "x"))
+    rows = ["a,b,c"] + [f"{u},{'' if r < 0.15 else v},{w}" for u, v, w, r in
+                        zip(a, b, rng.integers(0, 3, n), rng.random(n))]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
 def test_cli_fit_with_missing_cells(tmp_path, capsys):
     from fsll_ooc import cli
 
-    rng = np.random.default_rng(0)
-    a = rng.choice(["x", "y"], 300)
-    b = np.where(rng.random(300) < 0.9, a, np.where(a == "x", "y", "x"))
-    rows = ["a,b,c"] + [f"{u},{'' if r < 0.15 else v},{w}" for u, v, w, r in
-                        zip(a, b, rng.integers(0, 3, 300), rng.random(300))]
-    path = tmp_path / "holes.csv"
-    path.write_text("\n".join(rows) + "\n")
+    path = holes_csv(tmp_path / "holes.csv", 300)
     assert cli.main(["fit", str(path), "-o", str(tmp_path / "no.json")]) == 2
     assert "--missing em" in capsys.readouterr().err
     assert cli.main(["fit", str(path), "--missing", "em", "-o", str(tmp_path / "m.json")]) == 0

@@ -9,22 +9,15 @@ import pytest
 
 import interrupts
 import oracle
-from test_missing import _brute_objective
+from test_missing import _brute_objective, _holes, holes_csv
 
-from fsll_ooc import FSLL, datasets, missing as M, storage
+from fsll_ooc import FSLL, datasets, storage
 from fsll_ooc.engine import Engine, Table
 from fsll_ooc.planner import Layout
 from fsll_ooc.storage.fit_store import FitStore
 
 CARDS = (2, 3, 4, 5)
 LAYOUT = (1, 2)  # two A-bands, three B-bands, six chunks per table
-
-
-def _holes(X, frac, seed):
-    rng = np.random.default_rng(seed)
-    Xm = np.array(X, np.int64)
-    Xm[rng.random(Xm.shape) < frac] = M.MISSING
-    return Xm
 
 
 @pytest.fixture(scope="module")
@@ -217,13 +210,7 @@ def test_cli_fit_with_missing_cells_out_of_core(tmp_path):
 
     from fsll_ooc import cli
 
-    rng = np.random.default_rng(0)
-    a = rng.choice(["x", "y"], 200)
-    b = np.where(rng.random(200) < 0.9, a, np.where(a == "x", "y", "x"))
-    rows = ["a,b,c"] + [f"{u},{'' if r < 0.15 else v},{w}" for u, v, w, r in
-                        zip(a, b, rng.integers(0, 3, 200), rng.random(200))]
-    path = tmp_path / "holes.csv"
-    path.write_text("\n".join(rows) + "\n")
+    path = holes_csv(tmp_path / "holes.csv", 200)
     assert cli.main(["fit", str(path), "--missing", "em", "--store", str(tmp_path / "s"), "-q",
                      "-o", str(tmp_path / "m.json")]) == 0
     m = FSLL.load(tmp_path / "m.json")
