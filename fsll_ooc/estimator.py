@@ -367,7 +367,9 @@ class FSLL:
         parameters), ``complete`` (the finished model is returned; several processes may
         do this at once, each computing probabilities in its own scratch table).
         ``restart=True`` rebuilds every table from the stored data and fits from the start
-        (for a store whose tables are damaged).  Column names and category labels given
+        (for a store whose tables are damaged).  An EM fit (``missing="em"``, ``hidden=``)
+        continues from the round and phase its store recorded, to the same model
+        (:mod:`fsll_ooc.missing`).  Column names and category labels given
         to the fit come back with the model.  ``memory_limit`` (bytes or ``"4GiB"``) replaces
         the fit's own for this run (a smaller container, say; the chunk layout is the store's).
 
