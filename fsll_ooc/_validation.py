@@ -13,18 +13,31 @@ fsll_ooc.io.DataError: column 1 (X1): value 5 in row 0 is outside 0..2 (cardinal
 """
 from __future__ import annotations
 
+import errno
 import math
+import os
+import stat
 from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["DataError", "MAX_CATEGORIES", "MAX_CELLS", "check_cardinalities", "check_cardinalities_param",
-           "check_code_range", "validate_data", "check_labels", "check_fit_params", "check_n_samples"]
+__all__ = ["DataError", "MAX_CATEGORIES", "MAX_CELLS", "MAX_VARIABLES", "MAX_LINE_CHARS", "MAX_MODEL_BYTES",
+           "check_cardinalities", "check_cardinalities_param", "check_code_range", "validate_data",
+           "check_labels", "check_label_values", "check_fit_params", "check_n_samples", "check_input_file",
+           "check_memory_limit"]
 
 #: Largest number of categories of one variable.
 MAX_CATEGORIES = 2**16
 #: Largest joint table ``prod(k_i)`` accepted (8 TiB of float64 per table).
 MAX_CELLS = 2**40
+#: Largest number of variables (columns).  At most 40 of them can have two or more
+#: categories within ``MAX_CELLS``; the rest are constant, so a wider table is not data
+#: for this model and is refused before it is read.
+MAX_VARIABLES = 10_000
+#: Longest line of a text data file, in characters (10,000 columns of 400-character labels).
+MAX_LINE_CHARS = 2**22
+#: Largest model file read, in bytes (a term takes about 100 bytes: millions of terms fit).
+MAX_MODEL_BYTES = 2**28
 
 _INT64_MAX = 2**63 - 1
 
@@ -42,6 +55,11 @@ def check_cardinalities(cardinalities: Sequence[int], names: Sequence[str] | Non
     Returns them as a tuple of ints.  Raises :class:`DataError` naming the variable or
     the size of the joint table.  Cheap: nothing is allocated.
     """
+    cardinalities = list(cardinalities)
+    if len(cardinalities) > MAX_VARIABLES:
+        raise DataError(f"{len(cardinalities):,} variables; the limit is {MAX_VARIABLES:,} variables "
+                        f"(at most 40 of them can have two or more categories within the {MAX_CELLS:,}-cell "
+                        "limit): select the columns to model first")
     ks = []
     for i, k in enumerate(cardinalities):
         name = names[i] if names is not None else f"X{i}"
@@ -58,15 +76,25 @@ def check_cardinalities(cardinalities: Sequence[int], names: Sequence[str] | Non
         ks.append(k)
     if not ks:
         raise DataError("there are no variables (0 columns)")
-    cells = math.prod(ks)
-    if cells > MAX_CELLS:
-        extra = "; that overflows int64" if cells > _INT64_MAX else ""
+    log2_cells = sum(math.log2(k) for k in ks)
+    if log2_cells > 41 or math.prod(ks) > MAX_CELLS:
+        extra = "; that overflows int64" if log2_cells >= 63 else ""
         shown = str(tuple(ks)) if len(ks) <= 12 else f"of {len(ks)} variables ({', '.join(map(str, ks[:8]))}, ...)"
-        exc = DataError(f"the joint table would have {cells:,} cells (product of the cardinalities "
+        exc = DataError(f"the joint table would have {format_count(ks)} cells (product of the cardinalities "
                         f"{shown}){extra}; the limit is 2**40 = {MAX_CELLS:,} cells")
         exc.cardinalities, exc.names = tuple(ks), None if names is None else list(names)  # for advice
         raise exc
     return tuple(ks)
+
+
+def format_count(cards: Sequence[int]) -> str:
+    """The number of cells ``prod(cards)``, exact up to 10**24 and as a power of two beyond.
+
+    >>> format_count([10, 10]), format_count([2] * 100)
+    ('100', 'about 2^100.0')
+    """
+    log2 = sum(math.log2(k) for k in cards)
+    return f"{math.prod(cards):,}" if log2 < 80 else f"about 2^{log2:.1f}"
 
 
 def check_cardinalities_param(cards) -> None:
@@ -175,6 +203,13 @@ def check_labels(names, categories, cards) -> tuple[list | None, list | None]:
             raise DataError(f"names must be a list of {n} strings, got {names!r}")
         if len(names) != n:
             raise DataError(f"{len(names)} names for {n} variables")
+        names = list(names)
+        for i, nm in enumerate(names):
+            if not isinstance(nm, str):
+                raise DataError(f"the name of variable {i} must be a string, got {_short(nm)}")
+        if len(set(names)) != n:
+            dup = next(nm for i, nm in enumerate(names) if nm in names[:i])
+            raise DataError(f"the name {dup!r} is given to more than one variable; names must be unique")
     if categories is not None:
         if isinstance(categories, (str, bytes)) or not hasattr(categories, "__len__"):
             raise DataError(f"categories must be a list of {n} lists, got {categories!r}")
@@ -184,6 +219,15 @@ def check_labels(names, categories, cards) -> tuple[list | None, list | None]:
             if isinstance(cat, (str, bytes)) or not hasattr(cat, "__len__") or len(cat) != k:
                 raise DataError(f"variable {i} has cardinality {k} but {len(cat) if hasattr(cat, '__len__') else cat!r}"
                                 " category labels")
+            name = names[i] if names is not None else f"X{i}"
+            check_label_values(name, cat)
+            seen: set = set()
+            for c in cat:
+                if c in seen:
+                    dup = c
+                    raise DataError(f"variable '{name}': the label {dup!r} appears more than once among its "
+                                f"{k} categories; labels must be distinct (1, 1.0 and True count as one)")
+                seen.add(c)
     return (list(names) if names is not None else None,
             [list(c) for c in categories] if categories is not None else None)
 
@@ -208,3 +252,113 @@ def check_n_samples(n_samples, n_vars: int, memory: int | None) -> None:
     if memory is not None and need > memory // 2:
         raise DataError(f"{n_samples:,} samples need about {need / 2**30:.1f} GiB, more than half of this "
                         f"machine's {memory / 2**30:.1f} GiB; draw them in smaller batches")
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO), which has no size and may never end"),
+               (stat.S_ISCHR, "a character device (such as /dev/zero), which may never end"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_input_file(path, what: str, max_bytes: int | None = None, limit_name: str = "") -> os.stat_result:
+    """``path`` is a regular file (a symbolic link to one is fine) of at most ``max_bytes``.
+
+    Opens it without blocking (a FIFO is refused, never waited on) and looks at what it
+    is before anything is read.  Raises ``FileNotFoundError`` for a missing file and
+    :class:`DataError` saying what it is otherwise (a dangling link, a directory, a FIFO,
+    a device, a file over the size limit named by ``limit_name``).
+    """
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise DataError(f"{what} '{path}' is a symbolic link to '{os.readlink(path)}', which does not "
+                            "exist") from None
+        raise FileNotFoundError(errno.ENOENT, "no such file", path) from None
+    except IsADirectoryError:
+        raise DataError(f"{what} '{path}' is a directory, not a file") from None
+    except OSError as e:  # ENXIO: a socket; EACCES: no permission
+        if e.errno == errno.EACCES:
+            raise
+        raise DataError(f"cannot open {what} '{path}': {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((k for test, k in _FILE_KINDS if test(st.st_mode)), "not a regular file")
+        raise DataError(f"{what} '{path}' is {kind}; give a regular file")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise DataError(f"{what} '{path}' has {st.st_size:,} bytes, more than {limit_name or f'{max_bytes:,} bytes'}")
+    return st
+
+
+#: The types a category label may have (they go into a model file as JSON).
+_LABEL_TYPES = (str, int, float, bool, np.integer, np.floating, np.bool_, np.str_)
+
+
+def check_label_values(name: str, labels, where=None) -> None:
+    """Every label of column ``name`` is a string, an integer, a finite float or a bool.
+
+    ``labels`` are the distinct labels of a column (``where(i)`` says where label ``i``
+    occurs in the data, for the message).  Bytes, lists, dicts and other objects are
+    refused, since a model file could not hold them.
+    """
+    for i, v in enumerate(labels):
+        if not is_label(v):
+            at = f" at {where(i)}" if where is not None else ""
+            what = "is not a finite number" if isinstance(v, (float, np.floating)) else f"is of type {type(v).__name__}"
+            raise DataError(f"column '{name}': label {_short(v)}{at} {what}; labels must be strings, integers, "
+                            "finite numbers or booleans (convert the column first, e.g. to strings)")
+
+
+def is_label(v) -> bool:
+    """Whether ``v`` can be a category label (see :func:`check_label_values`)."""
+    return isinstance(v, _LABEL_TYPES) and not (isinstance(v, (float, np.floating)) and not math.isfinite(v))
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def check_memory_limit(value, what: str = "memory_limit"):
+    """``memory_limit``: None, a positive finite number of bytes, or a size string."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise DataError(f"{what} must be a number of bytes or a size such as '4GiB', got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise DataError(f"{what} must be a positive, finite number of bytes or a size such as '4GiB' "
+                        f"(None: this machine's memory), got {value!r}")
+    return value
+
+
+def check_store_path(store) -> None:
+    """A store directory that a fit can create or write: not a dangling symbolic link, not
+    a file, on a writable file system (checked before any data is read)."""
+    path = os.fspath(store)
+    if os.path.islink(path) and not os.path.exists(path):
+        raise DataError(f"store '{path}' is a symbolic link to '{os.readlink(path)}', which does not exist; "
+                        "create that directory first, or give another store directory")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise DataError(f"store '{path}' exists and is not a directory; give a new or empty directory")
+    parent = path
+    while not os.path.exists(parent):
+        up = os.path.dirname(os.path.abspath(parent))
+        if up == os.path.abspath(parent):
+            break
+        parent = up
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise DataError(f"store '{path}' cannot be created: '{parent}' is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        why = "on a read-only file system" if _read_only_fs(parent) else "not writable"
+        raise DataError(f"store '{path}' cannot be written: directory '{parent}' is {why}; give a store "
+                        "directory where you may write")
+
+
+def _read_only_fs(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # pragma: no cover - not POSIX
+        return False

@@ -31,7 +31,7 @@ from .planner import plan as make_plan, PlanError
 from . import model_file
 from ._machine import cgroup_memory_limit, free_disk, total_memory
 from ._validation import (check_cardinalities_param, check_code_range, check_fit_params, check_labels,
-                          check_n_samples, validate_data)
+                          check_memory_limit, check_n_samples, check_store_path, validate_data)
 from .model_file import MODEL_FORMAT, MODEL_VERSION, jsonable_categories
 from .storage.fit_store import TABLE_NAMES, FitStore, StoredFit
 
@@ -190,6 +190,7 @@ class FSLL:
     # ------------------------------------------------------------------ fitting
     def _check_params(self) -> storage.TableBackend:
         check_fit_params(self.epsilon, self.max_iter, self.resync_every)
+        check_memory_limit(self.memory_limit)
         resolve_refine(self.refine, self.epsilon)  # raises ValueError on a bad value
         C.resolve_penalty(self.penalty, self.epsilon)  # likewise
         self._options()
@@ -241,6 +242,8 @@ class FSLL:
                 return self
         else:
             missing.refuse(X)
+        if backend.persistent:
+            check_store_path(self.store)
         codes, cards, names, categories = self._encoded(X, feature_names, categories)
         if backend.persistent:
             fs = FitStore(self.store, backend.name)

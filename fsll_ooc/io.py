@@ -39,6 +39,7 @@ fsll_ooc.io.DataError: column 'X1': value 5 at row 0 is >= the declared cardinal
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import os
 import re
@@ -50,7 +51,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._validation import MAX_CATEGORIES, MAX_CELLS, DataError, check_cardinalities
+from ._validation import (MAX_CATEGORIES, MAX_CELLS, MAX_LINE_CHARS, MAX_VARIABLES, DataError,
+                          check_cardinalities, check_input_file, is_label)
 
 __all__ = [
     "DataError",
@@ -322,6 +324,7 @@ def _plan_labels(name: str, values: np.ndarray, k_decl: int | None, where: _Wher
         r = _first(na)
         raise DataError(f"column '{name}': missing value ({values[r]!r}) at {where(r)}; "
                         "every cell must hold a category")
+    _check_label_objects(name, values, where)
     fcodes, uniques = _factorize(values)
     for u in uniques:
         if isinstance(u, (float, np.floating)) and math.isinf(u):
@@ -339,6 +342,31 @@ def _plan_labels(name: str, values: np.ndarray, k_decl: int | None, where: _Wher
         pos[lab] = c
     lut = np.array([pos[_py(u)] for u in uniques], dtype=np.int64)
     return _ColumnCoding(cats, lambda out: np.copyto(out, lut[fcodes]))
+
+
+#: What ``pandas.api.types.infer_dtype`` calls a column whose values are all usable labels.
+_PLAIN_LABELS = frozenset({"string", "integer", "floating", "boolean", "mixed-integer-float", "empty"})
+
+
+def _check_label_objects(name: str, values: np.ndarray, where: _Where) -> None:
+    """An object column holds only strings, numbers and bools (not bytes, lists, dicts, ...),
+    checked before hashing: a list or dict cannot be hashed, bytes cannot go into a model file."""
+    pd = _pandas()
+    if pd is not None and pd.api.types.infer_dtype(values, skipna=True) in _PLAIN_LABELS:
+        return
+    for r, v in enumerate(values):
+        if v is None or (isinstance(v, float) and math.isnan(v)) or is_label(v):
+            continue
+        if isinstance(v, (float, np.floating)):
+            continue  # +-inf: reported with its row by the caller
+        raise DataError(f"column '{name}': value {_short_repr(v)} at {where(r)} is of type {type(v).__name__}; "
+                        "labels must be strings, integers, finite numbers or booleans (convert the column "
+                        "first, e.g. to strings)")
+
+
+def _short_repr(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 def _plan_series(name: str, s, k_decl: int | None, where: _Where) -> _ColumnCoding:
@@ -572,6 +600,7 @@ def _map_column(name: str, col, cats: list, where: _Where) -> np.ndarray:
             r = _first(na)
             raise DataError(f"column '{name}': missing value ({values[r]!r}) at {where(r)}; "
                             "every cell must hold a category")
+        _check_label_objects(name, values, where)
     fcodes, uniques = _factorize(values)
     pos = {}
     for c, lab in enumerate(cats):
@@ -643,10 +672,9 @@ def read_table(path: str | os.PathLike, *, sep: str | None = None, header: bool 
     if ext not in SUPPORTED_EXTENSIONS:
         raise DataError(f"cannot read '{path}': unsupported file type '{ext or '(none)'}'; "
                         f"supported: {', '.join(SUPPORTED_EXTENSIONS)}")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no such file: '{path}'")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"'{path}' is a directory, not a data file")
+    size = check_input_file(path, "data file").st_size
+    if ext != ".npy":  # .npy files are memory-mapped, the others read whole
+        _check_fits_in_memory(path, size, "file")
     if ext == ".npy":
         try:
             return np.load(path, mmap_mode="r", allow_pickle=False)
@@ -660,7 +688,11 @@ def read_table(path: str | os.PathLike, *, sep: str | None = None, header: bool 
             raise ImportError(f"reading '{path}' needs pyarrow: install it with 'pip install pyarrow'") from exc
         _require_pandas("reading .parquet files")
         try:
+            meta = pq.ParquetFile(path)
+            _check_parquet_schema(path, meta)
             return pq.read_table(path).to_pandas()
+        except DataError:
+            raise
         except Exception as exc:  # pyarrow raises ArrowInvalid etc. on corrupt files
             raise DataError(f"cannot read '{path}' as Parquet: {exc}") from None
     if sep is not None and (len(sep) != 1 or sep in "\r\n\"'"):
@@ -668,6 +700,37 @@ def read_table(path: str | os.PathLike, *, sep: str | None = None, header: bool 
     if sep is None:
         sep = "\t" if ext == ".tsv" else _sniff_delimiter(path)
     return _read_csv(path, sep=sep, header=header, na_values=na_values, keep_na=keep_na, missing=missing)
+
+
+def _check_fits_in_memory(path: str, nbytes: int, what: str) -> None:
+    """A data file is read whole: refuse one whose content cannot fit in this machine's memory."""
+    from ._machine import total_memory
+
+    memory = total_memory()
+    if memory is not None and nbytes > memory:
+        raise DataError(f"'{path}': its {what} takes {nbytes / 2**30:.1f} GiB, more than this machine's "
+                        f"{memory / 2**30:.1f} GiB of memory, and data files are read whole; fit a sample "
+                        "of its rows (the model needs the counts of the rows, not every row)")
+
+
+def _check_parquet_schema(path: str, meta) -> None:
+    """Before reading a Parquet file: not too many columns, not more than memory, and no
+    column whose values cannot be labels (bytes, lists, structs, maps, ...)."""
+    import pyarrow as pa
+
+    schema = meta.schema_arrow
+    if len(schema) > MAX_VARIABLES:
+        raise DataError(f"'{path}' has {len(schema):,} columns; the limit is {MAX_VARIABLES:,} variables: "
+                        "select the columns to model first")
+    t = pa.types
+    for fld in schema:
+        typ = fld.type.value_type if t.is_dictionary(fld.type) else fld.type
+        if not (t.is_integer(typ) or t.is_boolean(typ) or t.is_floating(typ) or t.is_string(typ)
+                or t.is_large_string(typ) or t.is_null(typ)):
+            raise DataError(f"'{path}': column '{fld.name}' holds {fld.type} values; category labels must be "
+                            "integers, booleans, whole numbers or strings (convert the column, or leave it "
+                            "out of the file)")
+    _check_fits_in_memory(path, 8 * meta.metadata.num_rows * max(len(schema), 1), "table (8 bytes a cell)")
 
 
 def _sniff_delimiter(path: str) -> str:
@@ -712,19 +775,25 @@ def _read_csv(path: str, sep: str = ",", header: bool = True, na_values=None, ke
     # 1. structure, with the csv module (fast, exact line numbers)
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f, delimiter=sep)
+            reader = csv.reader(_bounded_lines(f, name), delimiter=sep)
             first = next(reader, None)
             while first == []:            # leading blank lines
                 first = next(reader, None)
             if first is None:
                 raise DataError(f"'{path}' is empty" + (f"; {_NUMERIC_HEADER_HINT}" if header else ""))
             header_line = reader.line_num
+            if len(first) > MAX_VARIABLES:
+                raise DataError(f"{name}, line {header_line}: {len(first):,} columns; the limit is "
+                                f"{MAX_VARIABLES:,} variables: select the columns to model first (e.g. with cut)")
             if header:
                 _check_header(path, first, sep)
             width = len(first)
             counts = Counter(map(len, reader))
             last_line = reader.line_num
     except csv.Error as exc:
+        if "field larger than field limit" in str(exc):
+            raise DataError(f"{name}, line {reader.line_num}: a field longer than {csv.field_size_limit():,} "
+                            "characters; category labels are short (is this a text data file?)") from None
         raise DataError(f"cannot parse '{path}' as CSV: {exc}") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"'{path}' is not UTF-8 text: {exc}") from None
@@ -765,6 +834,43 @@ def _read_csv(path: str, sep: str = ",", header: bool = True, na_values=None, ke
         df.attrs["fsll_source"] = name
         df.attrs["fsll_first_line"] = header_line + (1 if header else 0)
     return df
+
+
+#: One line of text with its ending (``\n``, ``\r\n`` or ``\r``, as ``open(newline="")`` splits).
+_LINES = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+\Z").findall
+_BLOCK = 2**20
+
+
+def _bounded_lines(f, name: str):
+    """The lines of a text file (opened with ``newline=""``), read in blocks of bounded size: a
+    line longer than ``MAX_LINE_CHARS`` is refused after reading about that much, never read
+    whole.  Splitting is done in C (a regular expression per block), so this costs little
+    more than iterating over the file."""
+    return itertools.chain.from_iterable(_line_blocks(f, name))
+
+
+def _line_blocks(f, name: str):
+    seen = 0  # lines in earlier blocks
+    while True:
+        block = f.read(_BLOCK)
+        if not block:
+            return
+        while block.endswith("\r"):  # keep a "\r\n" together
+            c = f.read(1)
+            block += c
+            if c != "\r":
+                break
+        if not block.endswith(("\n", "\r")):  # finish the last line, reading at most the limit
+            tail = f.readline(MAX_LINE_CHARS + 1)
+            start = max(block.rfind("\n"), block.rfind("\r")) + 1
+            if len(block) - start + len(tail) > MAX_LINE_CHARS:
+                line = seen + block.count("\n") + 1 if "\r" not in block else seen + len(_LINES(block))
+                raise DataError(f"{name}, line {line}: longer than {MAX_LINE_CHARS:,} characters (the limit of a "
+                                "line of a text data file); is this a text data file with one row per line?")
+            block += tail
+        lines = _LINES(block)
+        seen += len(lines)
+        yield lines
 
 
 def _strip_whitespace(df, name: str):
@@ -816,7 +922,7 @@ def _check_header(path: str, header: list, sep: str = ",") -> None:
 
 def _find_ragged(path: str, width: int, sep: str = ",", header: bool = True) -> tuple:
     with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f, delimiter=sep)
+        reader = csv.reader(_bounded_lines(f, os.path.basename(path)), delimiter=sep)
         header_seen = not header
         for row in reader:
             if not row:
@@ -832,7 +938,7 @@ def _find_ragged(path: str, width: int, sep: str = ",", header: bool = True) -> 
 def _find_row(path: str, r: int, j: int, sep: str = ",") -> tuple:
     """Line number and raw field j of data row r (blank lines skipped; row -1 is the first line)."""
     with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f, delimiter=sep)
+        reader = csv.reader(_bounded_lines(f, os.path.basename(path)), delimiter=sep)
         k = -1
         for row in reader:
             if not row:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import storage
-from ._validation import MAX_CATEGORIES, MAX_CELLS, check_labels
+from ._validation import MAX_CATEGORIES, MAX_CELLS, MAX_MODEL_BYTES, DataError, check_input_file, check_labels
 from .learn import FitState
 
 __all__ = ["MODEL_FORMAT", "MODEL_VERSION", "ModelFile", "save", "load"]
@@ -67,11 +67,19 @@ def save(path, model: ModelFile) -> None:
 def load(path) -> ModelFile:
     """Read and check a model file; unknown formats, newer versions and damage raise ``ValueError``."""
     try:
-        obj = storage.read_json(path)
-    except FileNotFoundError:
-        raise
+        check_input_file(path, "model file", MAX_MODEL_BYTES,
+                         f"the {MAX_MODEL_BYTES / 2**20:.0f} MiB limit of a model file "
+                         "(fsll_ooc.model_file.MAX_MODEL_BYTES; a term takes about 100 bytes)")
+    except DataError as e:
+        raise ValueError(str(e)) from None
+    try:
+        with open(path, "rb") as fh:
+            obj = json.loads(fh.read().decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not an fsll-ooc model file (invalid JSON: {e})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not an fsll-ooc model file (JSON nested too deeply; a model file "
+                         "nests four levels)") from None
     if not isinstance(obj, dict) or obj.get("format") != MODEL_FORMAT:
         raise ValueError(f"{path}: not an fsll-ooc model file (format field is "
                          f"{obj.get('format') if isinstance(obj, dict) else None!r})")

@@ -544,3 +544,149 @@ def test_store_labels_come_from_its_state(case_dir):
 
 def test_cli_named_cases_are_many():
     assert len(CLI_CASES) == len({c[0] for c in CLI_CASES}) >= 25
+
+
+# ============================================================================ bounded reads
+
+def _write_unbounded_files(d, model_json):
+    """Inputs that are not bounded data: each must be refused after reading little of it."""
+    from fsll_ooc._validation import MAX_LINE_CHARS
+
+    os.mkfifo(d / "fifo.csv")
+    os.symlink("/dev/zero", d / "zero.csv")
+    os.symlink(d / "nowhere.csv", d / "dangling.csv")
+    (d / "folder.csv").mkdir()
+    with open(d / "long-line.csv", "w") as f:  # one line just over the limit
+        f.write("a,b\n" + "x" * MAX_LINE_CHARS + ",1\n")
+    (d / "wide.csv").write_text(",".join(f"c{i}" for i in range(100_000)) + "\n" + ",".join("0" * 100_000) + "\n")
+    (d / "train.csv").write_text("a,b,c\n" + "0,1,x\n1,0,y\n1,1,x\n" * 10)
+    with open(d / "huge.json", "wb") as f:  # 300 MiB, sparse: refused by its size, never read
+        f.write(b'{"format": "fsll-ooc-model"')
+        f.truncate(300 * 2**20)
+    (d / "deep.json").write_text('{"format": "fsll-ooc-model", "version": 1, "x": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    os.mkfifo(d / "fifo.json")
+    obj = json.loads(model_json)
+    n = len(obj["cardinalities"])
+    for name, field, value in [("dup-cats", "categories", lambda c: [[c[0][0]] * len(c[0])] + c[1:]),
+                               ("null-cats", "categories", lambda c: [[None] + c[0][1:]] + c[1:]),
+                               ("list-cats", "categories", lambda c: [[[0]] + c[0][1:]] + c[1:]),
+                               ("dup-names", "feature_names", lambda _: ["a"] * n),
+                               ("null-names", "feature_names", lambda _: [None] * n)]:
+        o = dict(obj)
+        cats = obj["categories"] or [list(range(k)) for k in obj["cardinalities"]]
+        o[field] = value(cats)
+        (d / f"{name}.json").write_text(json.dumps(o))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for kind, col in [("bytes", pa.array([b"x", b"y"] * 5)), ("list", pa.array([[1], [2]] * 5)),
+                      ("struct", pa.array([{"x": 1}, {"x": 2}] * 5))]:
+        pq.write_table(pa.table({"a": col, "b": [0, 1] * 5}), d / f"{kind}.parquet")
+    os.symlink(d / "no-such-dir", d / "dangling-store")
+
+
+#: (case, argv with {d} for the case directory, a word the one-line message must contain)
+UNBOUNDED_CASES = [
+    ("fit: a FIFO as data", "fit {d}/fifo.csv --out {d}/o.json", "FIFO"),
+    ("fit: /dev/zero as data", "fit {d}/zero.csv --out {d}/o.json", "device"),
+    ("plan: /dev/zero as data", "plan --data {d}/zero.csv", "device"),
+    ("fit: a dangling symbolic link as data", "fit {d}/dangling.csv --out {d}/o.json", "symbolic link"),
+    ("fit: a directory as data", "fit {d}/folder.csv --out {d}/o.json", "directory"),
+    ("fit: a line over the limit", "fit {d}/long-line.csv --out {d}/o.json", "4,194,304 characters"),
+    ("fit: 10^5 columns", "fit {d}/wide.csv --out {d}/o.json", "10,000 variables"),
+    ("plan: 10^5 columns", "plan --data {d}/wide.csv", "10,000 variables"),
+    ("fit: Parquet with a bytes column", "fit {d}/bytes.parquet --out {d}/o.json", "binary"),
+    ("fit: Parquet with a list column", "fit {d}/list.parquet --out {d}/o.json", "list"),
+    ("fit: Parquet with a struct column", "fit {d}/struct.parquet --out {d}/o.json", "struct"),
+    ("fit: a dangling symbolic link as --store", "fit {d}/train.csv --out {d}/o.json --store {d}/dangling-store",
+     "symbolic link"),
+    ("info: a 300 MiB model file", "info {d}/huge.json", "256 MiB limit"),
+    ("info: JSON nested 200,000 deep", "info {d}/deep.json", "nested too deeply"),
+    ("info: a FIFO as model", "info {d}/fifo.json", "FIFO"),
+    ("info: duplicate categories in a model", "info {d}/dup-cats.json", "more than once"),
+    ("info: a null category in a model", "info {d}/null-cats.json", "NoneType"),
+    ("info: a list as a category in a model", "info {d}/list-cats.json", "list"),
+    ("info: duplicate names in a model", "info {d}/dup-names.json", "more than one variable"),
+    ("sample: null names in a model", "sample {d}/null-names.json -n 3", "must be a string"),
+]
+
+
+@pytest.fixture(scope="module")
+def unbounded_dir(model_json, tmp_path_factory):
+    d = tmp_path_factory.mktemp("unbounded")
+    _write_unbounded_files(d, model_json)
+    return d
+
+
+@pytest.mark.parametrize("case,argv,word", UNBOUNDED_CASES, ids=[c[0] for c in UNBOUNDED_CASES])
+def test_cli_unbounded_inputs_are_refused_in_one_line(unbounded_dir, case, argv, word):
+    before = sorted(p.name for p in unbounded_dir.iterdir())
+    rc, out, err = run_cli(*argv.format(d=unbounded_dir).split())
+    assert_one_line_error(rc, err, case)
+    assert word in err, (case, err)
+    assert sorted(p.name for p in unbounded_dir.iterdir()) == before
+
+
+@pytest.mark.parametrize("name", ["fifo.csv", "zero.csv", "dangling.csv", "folder.csv", "long-line.csv", "wide.csv",
+                                  "bytes.parquet", "list.parquet", "struct.parquet"])
+def test_read_table_refuses_unbounded_data(unbounded_dir, name):
+    from fsll_ooc.io import read_table
+
+    with pytest.raises(ValueError) as e:
+        FSLL(progress=False).fit(read_table(unbounded_dir / name))
+    assert refused_cleanly(e.value), e.value
+
+
+@pytest.mark.parametrize("name", ["huge.json", "deep.json", "fifo.json", "dup-cats.json", "null-cats.json",
+                                  "list-cats.json", "dup-names.json", "null-names.json"])
+def test_load_refuses_unbounded_or_lying_model_files(unbounded_dir, name):
+    with pytest.raises(ValueError) as e:
+        FSLL.load(unbounded_dir / name)
+    assert refused_cleanly(e.value) and name in str(e.value), e.value
+
+
+@pytest.mark.parametrize("labels", [[b"x", b"y"], [[0], [1]], [{"a": 1}, {"a": 2}], [1 + 2j, 2]])
+def test_labels_a_model_file_cannot_hold_are_refused_before_fitting(labels):
+    import pandas as pd
+
+    df = pd.DataFrame({"a": pd.Series(labels * 5, dtype=object), "b": [0, 1] * 5})
+    with pytest.raises(ValueError, match="column 'a'.*labels must be") as e:
+        FSLL(progress=False).fit(df)
+    assert refused_cleanly(e.value)
+
+
+@pytest.mark.parametrize("limit", [float("inf"), float("nan"), -1.0, 0, True, "inf"])
+@pytest.mark.parametrize("store", [False, True])
+def test_memory_limits_that_are_not_sizes(tmp_path, limit, store):
+    X = np.array([[0, 1], [1, 0], [1, 1]])
+    with pytest.raises(ValueError) as e:
+        FSLL(memory_limit=limit, store=tmp_path / "s" if store else None, progress=False).fit(X)
+    assert refused_cleanly(e.value) and not (tmp_path / "s").exists()
+
+
+def test_a_dangling_symlink_as_store_is_refused_and_not_created(tmp_path):
+    os.symlink(tmp_path / "gone", tmp_path / "s")
+    with pytest.raises(ValueError, match="symbolic link") as e:
+        FSLL(store=tmp_path / "s", progress=False).fit(np.array([[0, 1], [1, 0]]))
+    assert refused_cleanly(e.value) and not (tmp_path / "gone").exists()
+
+
+def test_a_store_on_a_read_only_file_system_is_refused_before_reading(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only tmpfs needs root")
+    import subprocess
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (tmp_path / "d.csv").write_text("a,b\n0,1\n1,0\n")
+        for store in (ro, ro / "s"):
+            rc, _, err = run_cli("fit", tmp_path / "d.csv", "-o", tmp_path / "m.json", "--store", store)
+            assert_one_line_error(rc, err, store)
+            assert "read-only file system" in err
+        with pytest.raises(ValueError, match="read-only"):
+            FSLL(store=ro / "s", progress=False).fit(np.array([[0, 1], [1, 0]]))
+    finally:
+        subprocess.run(["umount", str(ro)])

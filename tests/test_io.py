@@ -394,3 +394,21 @@ def test_read_parquet_without_pyarrow(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(ImportError, match="needs pyarrow.*pip install pyarrow"):
         read_table(tmp_path / "d.parquet")
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.sampled_from(["a", ",", "\n", "\r", "\r\n", "\x0c", "\u2028", '"', "ü"]), max_size=400),
+       st.integers(1, 40))
+def test_bounded_lines_split_as_the_file_does(parts, block):
+    """Text data files are read in bounded blocks; the lines are those of iterating the file."""
+    import io as _io
+
+    from fsll_ooc import io as fio
+
+    text = "".join(parts)
+    old, fio._BLOCK = fio._BLOCK, block
+    try:
+        got = list(fio._bounded_lines(_io.StringIO(text, newline=""), "t.csv"))
+    finally:
+        fio._BLOCK = old
+    assert got == list(_io.StringIO(text, newline=""))
