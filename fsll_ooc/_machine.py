@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 
-__all__ = ["total_memory", "cgroup_memory_limit", "free_disk"]
+__all__ = ["total_memory", "cgroup_memory_limit", "free_disk", "disk_speed", "memory_speed"]
 
 #: Where the kernel shows this process's control groups and their files (tests point these elsewhere).
 PROC_CGROUP = "/proc/self/cgroup"
@@ -73,3 +73,58 @@ def free_disk(path) -> int:
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     return shutil.disk_usage(parent).free
+
+
+def disk_speed(directory, nbytes: int = 128 * 2**20, block: int = 8 * 2**20) -> tuple[float, float]:
+    """``(write, read)`` bytes per second of a sequential write and read of a temporary file of
+    ``nbytes`` in ``directory`` (removed afterwards).
+
+    The write is timed up to its ``fsync`` and the file's pages are then dropped from the page
+    cache (``posix_fadvise(DONTNEED)``), so neither figure is the speed of memory.  The data are
+    random (a compressing file system would flatter zeros).
+    """
+    import tempfile
+    import time
+
+    import numpy as np
+
+    buf = np.random.default_rng(0).integers(0, 256, block, dtype=np.uint8).tobytes()
+    n_blocks = max(1, nbytes // block)
+    fd, path = tempfile.mkstemp(prefix=".fsll-ooc-speed-", dir=directory)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(n_blocks):
+            os.write(fd, buf)
+        os.fsync(fd)
+        t1 = time.perf_counter()
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.lseek(fd, 0, os.SEEK_SET)
+        t2 = time.perf_counter()
+        while os.read(fd, block):
+            pass
+        t3 = time.perf_counter()
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    total = n_blocks * block
+    return total / max(t1 - t0, 1e-9), total / max(t3 - t2, 1e-9)
+
+
+def memory_speed(nbytes: int = 64 * 2**20) -> float:
+    """Bytes per second that a copy between two arrays of ``nbytes`` moves (read plus write),
+    the best of three."""
+    import numpy as np
+
+    src = np.ones(nbytes // 8)
+    dst = np.empty_like(src)
+    best = min(_timed(np.copyto, dst, src) for _ in range(3))
+    return 2 * src.nbytes / max(best, 1e-9)
+
+
+def _timed(f, *args) -> float:
+    import time
+
+    t0 = time.perf_counter()
+    f(*args)
+    return time.perf_counter() - t0

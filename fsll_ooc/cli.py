@@ -54,6 +54,7 @@ import numpy as np
 
 from . import __version__
 from ._machine import free_disk, total_memory
+from ._validation import check_store_path
 from .io import DataError, decode, encode, encode_with, read_table
 from .queries import labels as _labels_of
 from .queries import describe_factor as _describe_factor, factor_text as _factor_text  # noqa: F401 (term text)
@@ -141,7 +142,7 @@ def _float(x) -> float | None:
 
 def _load_model(path: str):
     """A model file, or the store directory of a completed out-of-core fit."""
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"no such model file: '{path}'")
     if os.path.isdir(path):
         from .storage.fit_store import STATE_FILE, FitStore
@@ -446,6 +447,8 @@ def _cmd_fit(args) -> int:
     _check_output(args.out, "model", args.force, kind="model", inputs=[args.data])
     if args.store is not None and os.path.isfile(args.store):
         raise DataError(f"--store must be a directory, but '{args.store}' is a file")
+    if args.store is not None:
+        check_store_path(args.store)
     if args.store is not None and not args.force:
         _refuse_interrupted_store(args.store, args.out)
     FSLL = _model_class()
@@ -552,19 +555,36 @@ def _encode_or_advise(data, cardinalities=None, store: str | None = None):
 def _practical(cards, names, fits) -> str:
     """Which size is practical here, and how to get there: leave out the variables with the
     most categories first until ``fits(cards)`` (a planner check) holds."""
-    order = sorted(range(len(cards)), key=lambda j: (-cards[j], -j))
-    keep, drop = list(range(len(cards))), []
-    for j in order:
-        if len(keep) <= 1 or fits(tuple(cards[i] for i in keep)):
-            break
-        keep.remove(j)
-        drop.append(str(names[j]) if names is not None else f"X{j}")
+    keep, dropped = practical_subset(cards, fits)
+    if keep is None:
+        return "no subset of these variables fits (even one variable's tables do not)"
+    drop = [str(names[j]) if names is not None else f"X{j}" for j in dropped]
     if not drop:
         return "fewer variables would fit"
     cells = math.prod(cards[i] for i in keep)
     shown = ",".join(drop[:6]) + (",..." if len(drop) > 6 else "")
     return (f"{len(keep)} of these {len(cards)} variables ({cells:,} cells) would fit; leave the others out, "
             f"e.g. --drop {shown}")
+
+
+def practical_subset(cards, fits) -> tuple:
+    """``(kept indices, dropped indices)``: the variables with the most categories left out
+    first until ``fits(kept cardinalities)``; ``(None, None)`` when no subset fits."""
+    order = sorted(range(len(cards)), key=lambda j: (-cards[j], -j))
+    dropped, log2 = 0, sum(math.log2(k) for k in cards)
+    while dropped < len(cards) - 1 and log2 > 40.5:  # beyond the format's limit: no need to ask
+        log2 -= math.log2(cards[order[dropped]])
+        dropped += 1
+    gone = set(order[:dropped])
+    while True:
+        keep = [i for i in range(len(cards)) if i not in gone]
+        if fits(tuple(cards[i] for i in keep)):
+            break
+        if dropped >= len(cards) - 1 or cards[order[dropped]] == 1:
+            return None, None
+        gone.add(order[dropped])
+        dropped += 1
+    return keep, order[:dropped]
 
 
 def _fits_in_memory(memory: int):
@@ -896,13 +916,44 @@ def _register_plan(sub) -> None:
                    help="tasks running at once: threads or dask workers (default: %(default)s)")
     p.add_argument("--out-of-core", action="store_true",
                    help="plan an out-of-core fit even if the tables fit in memory")
+    p.add_argument("--disk-speed", metavar="SIZE",
+                   help="the disk's speed per second for the time estimate, e.g. 200MB (default: measured "
+                        "with a 128 MiB file in the --store directory; in core the memory's speed is measured)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     _add_read_options(p)
     p.set_defaults(func=_cmd_plan)
 
 
+def _plan_duration(args, p):
+    """The time estimate of a plan: at ``--disk-speed``, or at a speed measured here (the
+    disk of ``--store`` out of core, the memory in core); None when there is nothing to measure."""
+    from ._machine import disk_speed, memory_speed
+    from .planner import estimate_duration, parse_bytes
+
+    if args.disk_speed is not None and p.out_of_core:
+        with _user_input():
+            speed = parse_bytes(args.disk_speed)
+        return estimate_duration(p, speed, speed, "given with --disk-speed")
+    if not p.out_of_core:
+        speed = memory_speed()
+        return estimate_duration(p, speed, speed, "memory, measured: a copy of 64 MiB; compute comes on top")
+    if args.store is None:
+        return None
+    where = os.path.abspath(args.store)
+    while not os.path.isdir(where):
+        where = os.path.dirname(where)
+    if free_disk(where) < 1 * 2**30:
+        return None
+    try:
+        write, read = disk_speed(where)
+    except OSError:
+        return None
+    return estimate_duration(p, read, write, f"measured in {where}: 128 MiB written with fsync, read back "
+                                             "uncached")
+
+
 def _cmd_plan(args) -> int:
-    from .planner import parse_bytes, parse_cards, plan
+    from .planner import PASSES_PER_TERM, parse_bytes, parse_cards, plan
 
     names = None
     with _user_input():
@@ -924,6 +975,10 @@ def _cmd_plan(args) -> int:
                         out_of_core=True if args.out_of_core else None).feasible
 
         advice = f"! within this budget, {_practical(cards, names, fits)} (fit and plan --data take --drop)"
+    duration = _plan_duration(args, p) if p.task_bytes else None
+    rows = duration.rows() if duration is not None else [
+        ("time", "give --store DIR (its disk is measured) or --disk-speed 200MB for an estimate")]
+    report = _cli_words(p.report(extra=rows if p.task_bytes else ()), "plan")
     if args.json:
         L = p.layout
         _print_json({
@@ -934,9 +989,13 @@ def _cmd_plan(args) -> int:
             "memory_limit": p.memory_limit, "disk_free": p.disk_free, "task_bytes": p.task_bytes,
             "peak_memory": p.peak_memory, "disk_bytes": p.disk_bytes,
             "bytes_per_iteration": p.bytes_per_iteration,
-            "bytes_per_iteration_worst": p.bytes_per_iteration_worst, "report": p.report(), "advice": advice})
+            "bytes_per_iteration_worst": p.bytes_per_iteration_worst, "report": report, "advice": advice,
+            "duration": None if duration is None else {
+                "read_speed": duration.read_speed, "write_speed": duration.write_speed, "source": duration.source,
+                "seconds_per_pass": duration.seconds_per_pass,
+                "seconds_per_100_terms": {how: duration.seconds(100, k) for how, k in PASSES_PER_TERM.items()}}})
     else:
-        print(_cli_words(p.report(), "plan"))
+        print(report)
         if advice:
             print(f"  {advice}")
     return 0 if p.feasible else EXIT_INFEASIBLE
@@ -1033,6 +1092,7 @@ def _cli_words(message: str, command: str | None) -> str:
     m = m.replace("needs store=PATH", "needs --store DIR")
     m = m.replace("give a store (out of core)", "give --store DIR (out of core)")
     m = re.sub(r"\bmemory_limit\b", memory, m)
+    m = re.sub(r"\bdisk_free >= ", "--disk >= " if command == "plan" else "free space >= ", m)
     if command == "plan":
         m = re.sub(r"\bdtype float32\b", "--dtype float32", m)
     return m

@@ -36,8 +36,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
-__all__ = ["Layout", "Plan", "PlanError", "plan", "parse_bytes", "format_bytes", "parse_cards",
-           "TABLES", "TASK_FACTOR", "BASE_OVERHEAD"]
+from ._validation import MAX_VARIABLES
+
+__all__ = ["Layout", "Plan", "PlanError", "plan", "min_memory", "parse_bytes", "format_bytes", "parse_cards",
+           "TABLES", "TASK_FACTOR", "BASE_OVERHEAD", "MAX_CHUNKS", "PASSES_PER_TERM", "Duration", "estimate_duration"]
 
 #: Tables kept for a fit: dbar, thetabar and one scratch table.
 TABLES = 3
@@ -52,9 +54,20 @@ IO_HEADROOM = 0.25
 MIN_CHUNK_HARD = 2**12
 #: Preferred largest chunk (elements).
 MAX_CHUNK = 2**20
+#: Most chunks (chunk files) of one table: a fit's three tables stay under ~100,000 files,
+#: and per-chunk overhead stays small against the data moved.  A memory limit that needs
+#: more chunks is refused with the limit that fits (``min_memory``).
+MAX_CHUNKS = 2**15
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+#: Passes over the tables per term of the final model, as measured out of core
+#: (docs/benchmarks.md, section 4): one step per pass, the default (1.7-1.8 at the default
+#: stopping rule), and several steps per pass (``LearnOptions(batch=True)``: 0.075-0.25 at
+#: ``epsilon=1e-4``, 0.23-0.36 at the default rule).
+PASSES_PER_TERM = {"one step per pass, the default": 1.7, "several steps per pass, batch=True": 0.25}
 
 
 class PlanError(ValueError):
@@ -69,14 +82,23 @@ def parse_bytes(value: int | float | str | None) -> int | None:
     """
     if value is None:
         return None
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            raise PlanError(f"a byte size must be positive, got {value!r}")
+    if isinstance(value, bool):
+        raise PlanError(f"a byte size must be a number or a size such as '4GiB', got {value!r}")
+    if isinstance(value, (int, float)) or hasattr(value, "__index__") or hasattr(value, "__float__"):
+        try:
+            v = float(value)
+        except (TypeError, ValueError, OverflowError):
+            v = math.inf
+        if not (v > 0 and math.isfinite(v)):
+            raise PlanError(f"a byte size must be a positive, finite number, got {value!r}")
         return int(value)
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
     if not m or m.group(2).lower() not in _UNITS:
         raise PlanError(f"cannot read {value!r} as a size; use e.g. '4GiB', '512MiB', '100GB'")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not (n >= 1 and math.isfinite(n)):
+        raise PlanError(f"a byte size must be at least 1 byte, got {value!r}")
+    return int(n)
 
 
 def format_bytes(n: float) -> str:
@@ -85,6 +107,8 @@ def format_bytes(n: float) -> str:
     >>> format_bytes(3 * 2**30)
     '3.00 GiB'
     """
+    if n >= 2**70:  # beyond any disk: a power of two (a float could overflow)
+        return f"2^{math.log2(n):.1f} B"
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
             return f"{n / size:.2f} {unit}"
@@ -101,12 +125,14 @@ def parse_cards(text: str) -> tuple[int, ...]:
     for part in str(text).replace(" ", "").split(","):
         if not part:
             continue
-        m = re.fullmatch(r"(\d+)(?:x(\d+))?", part)
+        m = re.fullmatch(r"(\d{1,30})(?:x(\d{1,30}))?", part)
         if not m:
             raise PlanError(f"cannot read cardinalities {part!r}; use e.g. '2x20,3x4' or '2,3,4'")
         k, rep = int(m.group(1)), int(m.group(2) or 1)
         if k < 1:
             raise PlanError(f"a cardinality must be >= 1, got {k}")
+        if len(out) + rep > MAX_VARIABLES:
+            raise PlanError(f"{len(out) + rep:,} variables; the limit is {MAX_VARIABLES:,} variables")
         out.extend([k] * rep)
     if not out:
         raise PlanError("no cardinalities given")
@@ -209,16 +235,22 @@ class Plan:
     def dtype(self) -> str:
         return {8: "float64", 4: "float32"}.get(self.itemsize, f"{self.itemsize}-byte float")
 
-    def report(self) -> str:
-        """The plan as a readable table (like ``opt_einsum.contract_path``'s report)."""
+    def report(self, extra: Sequence[tuple[str, str]] = ()) -> str:
+        """The plan as a readable table (like ``opt_einsum.contract_path``'s report); ``extra``
+        rows (name, text) go before the verdict."""
         L = self.layout
-        size = L.size
+        log2 = sum(math.log2(k) for k in L.cards)
+        head = (f"fsll-ooc plan: {len(L.cards)} variables, |X| = {_cells(L.cards)} cells"
+                + (f" (2^{log2:.1f})" if log2 < 80 else "") + f", {self.dtype}")
+        if self.task_bytes == 0 and not self.feasible:  # a table beyond the limits: nothing was planned
+            return "\n".join([head, "  verdict  INFEASIBLE"] + [f"  ! {p}" for p in self.problems])
         rows = [
             ("layout", "in core (one chunk)" if L.in_core and not self.out_of_core else
              f"out of core: A-bands fix {_span(range(L.a))}, chunks hold {_span(range(L.c, len(L.cards)))}"
              if L.a > 0 else "out of core, one band"),
             ("chunk shape", "(" + ",".join(map(str, L.chunk_shape)) + ")"),
             ("chunk size", f"{self.chunk_elements:,} cells = {format_bytes(self.chunk_elements * self.itemsize)}"),
+            ("chunks / table", f"{L.size // self.chunk_elements:,} (at most {MAX_CHUNKS:,})"),
             ("A-bands", f"{L.n_a_bands:,} x {format_bytes(L.a_band_elements * self.itemsize)} (vars {_span(L.a_axes)})"),
             ("B-bands", f"{L.n_b_bands:,} x {format_bytes(L.b_band_elements * self.itemsize)} (vars {_span(L.b_axes)})"),
             ("passes / iteration", "1 typical, 2 when the new term spans both band kinds"),
@@ -231,11 +263,10 @@ class Plan:
              (f" of {format_bytes(self.memory_limit)} limit" if self.memory_limit else "")),
             ("disk", format_bytes(self.disk_bytes) +
              (f" of {format_bytes(self.disk_free)} free" if self.disk_free is not None else "") if self.out_of_core else "none (in memory)"),
+            *extra,
             ("verdict", "FEASIBLE" if self.feasible else "INFEASIBLE"),
         ]
         w = max(len(r[0]) for r in rows)
-        head = (f"fsll-ooc plan: {len(L.cards)} variables, |X| = {size:,} cells (2^{math.log2(size):.1f}), "
-                f"{self.dtype}")
         lines = [head] + [f"  {k:<{w}}  {v}" for k, v in rows]
         lines += [f"  ! {p}" for p in self.problems]
         return "\n".join(lines)
@@ -270,6 +301,101 @@ def _costs(layout: Layout, itemsize: int, workers: int, out_of_core: bool):
     return task, peak, disk, per_iter, worst
 
 
+def _advise_bytes(n: int) -> str:
+    """A size string that :func:`parse_bytes` reads back as at least ``n`` bytes, rounded up
+    to two decimals of a binary unit (advice must never round down below what is needed).
+
+    >>> _advise_bytes(2**30 + 1), parse_bytes(_advise_bytes(2**30 + 1)) > 2**30
+    ('1.01GiB', True)
+    """
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            break
+    else:
+        return f"{max(int(n), 1)}B"
+    hundredths = -(-int(n) * 100 // size)
+    while parse_bytes(f"{hundredths / 100:.2f}{unit}") < n:
+        hundredths += 1
+    return f"{hundredths / 100:.2f}{unit}"
+
+
+def _cut_points(cards: tuple) -> list:
+    """Cut positions worth trying: 0 and every position right after a variable with two or
+    more categories (positions after constant variables give the same products)."""
+    return [0] + [i + 1 for i, k in enumerate(cards) if k > 1]
+
+
+def _layouts(cards: tuple, size: int):
+    """Every ``(chunks, a, c, A-band, B-band)`` within the chunk bounds (``MIN_CHUNK_HARD``,
+    ``MAX_CHUNKS``), independent of memory; at most ~41^2/2 of them (``size <= MAX_CELLS``)."""
+    cuts = _cut_points(cards)
+    n = len(cards)
+    suffix = [1] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        suffix[i] = suffix[i + 1] * cards[i]
+    floor = min(MIN_CHUNK_HARD, size)
+    for a in cuts:
+        lead = size // suffix[a]
+        for c in cuts:
+            if c < a:
+                continue
+            chunk = suffix[c]
+            if chunk < floor:
+                break
+            if size // chunk > MAX_CHUNKS:
+                continue
+            yield size // chunk, a, c, suffix[a], (lead * chunk if a > 0 else 0), chunk
+
+
+def _choose(cards: tuple, size: int, band_max: int):
+    """The layout within ``band_max`` elements per band with the fewest chunks of at most
+    ``MAX_CHUNK`` elements (then the fewest bands); None when there is none."""
+    best = None
+    for count, a, c, A, B, chunk in _layouts(cards, size):
+        if A > band_max or B > band_max:
+            continue
+        key = (chunk > MAX_CHUNK, count if chunk <= MAX_CHUNK else -count, a, c)
+        if best is None or key < best[0]:
+            best = (key, a, c)
+    return None if best is None else (best[1], best[2])
+
+
+def _band_max(mem: int, workers: int, itemsize: int) -> int:
+    """Band elements that one task may hold within ``mem`` (see ``_costs``)."""
+    budget = int(mem * (1 - IO_HEADROOM)) - BASE_OVERHEAD
+    return max(budget // (workers * TASK_FACTOR * itemsize), 0)
+
+
+def min_memory_band(cards: tuple, size: int) -> int:
+    """The smallest band (elements) of any layout within the chunk bounds."""
+    return min(max(A, B) for _, _, _, A, B, _ in _layouts(cards, size))
+
+
+def min_memory(cards: Sequence[int], *, itemsize: int = 8, workers: int = 2, out_of_core: bool | None = True) -> int:
+    """The smallest ``memory_limit`` (bytes) at which :func:`plan` finds a feasible layout
+    (memory only: disk is not considered), out of core, in core (``False``) or either (``None``).
+
+    >>> m = min_memory((2,) * 26)
+    >>> plan((2,) * 26, memory_limit=m, out_of_core=True).feasible
+    True
+    >>> plan((2,) * 26, memory_limit=m - 1, out_of_core=True).feasible
+    False
+    """
+    cards = tuple(int(k) for k in cards)
+    size = _prod(cards)
+    in_core = BASE_OVERHEAD + (TABLES + 1) * size * itemsize
+    if out_of_core is False:
+        return in_core
+    if out_of_core is None:
+        return min(in_core, min_memory(cards, itemsize=itemsize, workers=workers))
+    band = min_memory_band(cards, size)
+    need = int((BASE_OVERHEAD + workers * TASK_FACTOR * itemsize * band) / (1 - IO_HEADROOM))
+    need = max(need - 2, 1)
+    while _band_max(need, workers, itemsize) < band:  # exact, whatever the float rounding did
+        need += 1
+    return need
+
+
 def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, disk_free=None,
          workers: int = 2, out_of_core: bool | None = None, layout: tuple[int, int] | None = None) -> Plan:
     """Choose the chunk layout for a fit over cardinalities ``cards``.
@@ -286,10 +412,24 @@ def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, dis
         when the tables fit in ``memory_limit``.
     layout : explicit cut points ``(a, c)`` overriding the planner's choice.
 
-    Raises :class:`PlanError` for malformed input; an infeasible problem returns a plan
-    with ``feasible=False`` and ``problems`` saying what would fit.
+    Total: any request is answered at once (at most a few thousand candidate layouts are
+    looked at).  Raises :class:`PlanError` for malformed input (more than ``MAX_VARIABLES``
+    variables, a cardinality below 1); an infeasible problem returns a plan with
+    ``feasible=False`` and ``problems`` saying what would fit, and taking that advice (a
+    memory limit, a disk size) gives a feasible plan.  A table is cut into at most
+    ``MAX_CHUNKS`` chunks.
     """
-    cards = tuple(int(k) for k in cards)
+    from ._validation import MAX_CATEGORIES, MAX_CELLS
+
+    if isinstance(cards, (str, bytes)):
+        raise PlanError(f"cardinalities must be a sequence of integers, got {cards!r}")
+    cards = list(cards)
+    if len(cards) > MAX_VARIABLES:
+        raise PlanError(f"{len(cards):,} variables; the limit is {MAX_VARIABLES:,} variables")
+    try:
+        cards = tuple(int(k) for k in cards)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise PlanError(f"cardinalities must be integers: {e}") from None
     if not cards:
         raise PlanError("need at least one variable")
     bad = [(i, k) for i, k in enumerate(cards) if k < 1]
@@ -301,11 +441,21 @@ def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, dis
     mem = parse_bytes(memory_limit)
     disk = parse_bytes(disk_free) if disk_free is not None else None
     workers = max(1, int(workers))
-    n = len(cards)
-    size = _prod(cards)
     problems: list[str] = []
+    too_many = [(i, k) for i, k in enumerate(cards) if k > MAX_CATEGORIES]
+    log2_size = sum(math.log2(k) for k in cards)
+    if too_many:
+        problems.append(f"X{too_many[0][0]} has {too_many[0][1]:,} categories; the limit is "
+                        f"{MAX_CATEGORIES:,} (2**16) categories per variable")
+    if log2_size > 41 or _prod(cards) > MAX_CELLS:
+        problems.append(f"the joint table has {_cells(cards)} cells; a fit's limit is 2**40 = {MAX_CELLS:,} cells")
+    if problems:  # nothing else is meaningful: a layout of an impossible table is not planned
+        L = Layout(cards, 0, 0)
+        return Plan(L, itemsize, mem, disk, workers, bool(out_of_core), 0, 0, 0, 0, 0, False, tuple(problems))
+    size = _prod(cards)
 
     in_core_peak = BASE_OVERHEAD + (TABLES + 1) * size * itemsize
+    auto = out_of_core is None
     if out_of_core is None:
         out_of_core = mem is not None and in_core_peak > mem
 
@@ -314,40 +464,95 @@ def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, dis
     elif not out_of_core:
         L = Layout(cards, 0, 0)
     else:
-        budget = (int(mem * (1 - IO_HEADROOM)) - BASE_OVERHEAD) if mem is not None else 2**31
-        band_max = max(budget // (workers * TASK_FACTOR * itemsize), 1)
         if mem is None:  # no limit: split only big tables, into a few bands for parallel passes
-            band_max = min(band_max, max(size // 4, MAX_CHUNK))
-        a = 0
-        while a < n and _prod(cards[a:]) > band_max:
-            a += 1
-        # smallest c >= a whose B-band fits, but keep chunks no larger than MAX_CHUNK
-        c = a
-        lead = _prod(cards[:a])
-        while c < n and (lead * _prod(cards[c:]) > band_max or _prod(cards[c:]) > MAX_CHUNK):
-            c += 1
-        L = Layout(cards, a, c)
-        if lead * _prod(cards[c:]) > band_max:
-            need = TASK_FACTOR * itemsize * workers * 2 * int(math.isqrt(size)) + BASE_OVERHEAD
+            band_max = min(2**31, max(size // 4, MAX_CHUNK))
+            band_max = max(band_max, min_memory_band(cards, size))
+        else:
+            band_max = _band_max(mem, workers, itemsize)
+        choice = _choose(cards, size, band_max)
+        if choice is None:
+            need = min_memory(cards, itemsize=itemsize, workers=workers, out_of_core=None if auto else True)
             problems.append(
-                f"no chunk layout keeps one band within the memory limit: |X| = {size:,} cells needs bands of "
-                f"about sqrt(|X|) = {math.isqrt(size):,} cells; use memory_limit >= {format_bytes(need)}"
-                + (" or dtype float32" if itemsize == 8 else "") + f", or fewer workers (now {workers})")
-        elif mem is not None and _prod(cards[c:]) < min(MIN_CHUNK_HARD, size):
-            need = TASK_FACTOR * itemsize * workers * MIN_CHUNK_HARD * _prod(cards[:a]) + BASE_OVERHEAD
-            problems.append(
-                f"within this memory_limit chunks would hold only {_prod(cards[c:]):,} cells; "
-                f"use memory_limit >= {format_bytes(need)} (or fewer workers, now {workers})")
+                f"no chunk layout of this table fits the memory limit (bands of at most {band_max:,} cells, "
+                f"chunks of at least {min(MIN_CHUNK_HARD, size):,} cells, at most {MAX_CHUNKS:,} chunks per "
+                f"table); use memory_limit >= {_advise_bytes(need)}")
+            choice = _choose(cards, size, max(_band_max(need, workers, itemsize),
+                                              min_memory_band(cards, size)))  # the layout of the advice
+        L = Layout(cards, *choice)
     task, peak, dsk, per_iter, worst = _costs(L, itemsize, workers, out_of_core)
-    if mem is not None and peak > mem:
+    if mem is not None and peak > mem and not problems:
         if not out_of_core:
             problems.append(f"in-core tables need {format_bytes(peak)} but memory_limit is {format_bytes(mem)}; "
-                            "give a store (out of core) or raise memory_limit")
-        elif not problems:
+                            f"give a store (out of core) or use memory_limit >= {_advise_bytes(peak)}")
+        else:  # an explicit layout
             problems.append(f"peak memory {format_bytes(peak)} exceeds memory_limit {format_bytes(mem)}; "
-                            f"raise memory_limit to {format_bytes(peak)} or use fewer workers")
+                            f"use memory_limit >= {_advise_bytes(peak)}")
     if out_of_core and disk is not None and dsk > disk:
-        problems.append(f"the store needs {format_bytes(dsk)} of disk but only {format_bytes(disk)} is free"
-                        + (f"; float32 would need {format_bytes(dsk // 2)}" if itemsize == 8 else ""))
+        problems.append(f"the store needs {format_bytes(dsk)} of disk but only {format_bytes(disk)} is free "
+                        f"(disk_free >= {_advise_bytes(dsk)})")
     return Plan(L, itemsize, mem, disk, workers, bool(out_of_core), task, peak, dsk, per_iter, worst,
                 not problems, tuple(problems))
+
+
+def _cells(cards: Sequence[int]) -> str:
+    """``prod(cards)`` for a message, exact up to 2**80 and as a power of two beyond."""
+    log2 = sum(math.log2(k) for k in cards)
+    return f"{_prod(cards):,}" if log2 < 80 else f"about 2^{log2:.1f}"
+
+
+@dataclass(frozen=True)
+class Duration:
+    """How long the passes of a fit take at given speeds (see :func:`estimate_duration`)."""
+
+    read_bytes: int
+    write_bytes: int
+    read_speed: float
+    write_speed: float
+    source: str
+
+    @property
+    def seconds_per_pass(self) -> float:
+        return self.read_bytes / self.read_speed + self.write_bytes / self.write_speed
+
+    def seconds(self, terms: int, passes_per_term: float) -> float:
+        """Seconds for a model of ``terms`` terms at ``passes_per_term``."""
+        return terms * passes_per_term * self.seconds_per_pass
+
+    def rows(self) -> list:
+        """Report rows: the speeds, a pass, and 100 terms under each assumption."""
+        per = "; ".join(f"{_duration(self.seconds(100, k))} at {k} passes/term ({how})"
+                        for how, k in PASSES_PER_TERM.items())
+        return [("speed", f"{self.write_speed / 1e6:,.0f} MB/s write, {self.read_speed / 1e6:,.0f} MB/s read "
+                          f"({self.source})"),
+                ("time / pass", f"{_duration(self.seconds_per_pass)} ({format_bytes(self.read_bytes)} read, "
+                                f"{format_bytes(self.write_bytes)} written)"),
+                ("time / 100 terms", per)]
+
+
+def estimate_duration(p: Plan, read_speed: float, write_speed: float, source: str = "given") -> Duration:
+    """The time of a fit's passes under plan ``p`` at ``read_speed`` and ``write_speed``
+    (bytes per second: the disk's out of core, the memory's in core).
+
+    A typical pass reads ``dbar`` and ``thetabar`` and writes ``thetabar``
+    (``bytes_per_iteration``: two thirds read, one third written).  Compute and the
+    learner's own work come on top, so in core this is a lower bound.
+
+    >>> d = estimate_duration(plan((2,) * 30, memory_limit="4GiB"), 100e6, 50e6)
+    >>> round(d.seconds_per_pass, 1)  # 16 GiB read at 100 MB/s + 8 GiB written at 50 MB/s
+    343.6
+    """
+    if not (read_speed > 0 and write_speed > 0):
+        raise PlanError(f"speeds must be positive, got {read_speed!r} and {write_speed!r}")
+    third = p.bytes_per_iteration // 3
+    return Duration(2 * third, third, float(read_speed), float(write_speed), source)
+
+
+def _duration(seconds: float) -> str:
+    """``about 3.2 h`` / ``about 12 min`` / ``about 40 s``."""
+    if seconds >= 2 * 86400:
+        return f"about {seconds / 86400:.1f} days"
+    if seconds >= 5400:
+        return f"about {seconds / 3600:.1f} h"
+    if seconds >= 90:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds:.2g} s" if seconds < 10 else f"about {seconds:.0f} s"
