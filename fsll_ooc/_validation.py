@@ -88,13 +88,13 @@ def check_cardinalities(cardinalities: Sequence[int], names: Sequence[str] | Non
 
 
 def format_count(cards: Sequence[int]) -> str:
-    """The number of cells ``prod(cards)``, exact up to 10**24 and as a power of two beyond.
+    """The number of cells ``prod(cards)``, exact below 2**128 and as a power of two beyond.
 
-    >>> format_count([10, 10]), format_count([2] * 100)
-    ('100', 'about 2^100.0')
+    >>> format_count([10, 10]), format_count([2] * 200)
+    ('100', 'about 2^200.0')
     """
     log2 = sum(math.log2(k) for k in cards)
-    return f"{math.prod(cards):,}" if log2 < 80 else f"about 2^{log2:.1f}"
+    return f"{math.prod(cards):,}" if log2 < 128 else f"about 2^{log2:.1f}"
 
 
 def check_cardinalities_param(cards) -> None:

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ._validation import MAX_VARIABLES
+from ._validation import MAX_VARIABLES, format_count
 
 __all__ = ["Layout", "Plan", "PlanError", "plan", "min_memory", "parse_bytes", "format_bytes", "parse_cards",
            "TABLES", "TASK_FACTOR", "BASE_OVERHEAD", "MAX_CHUNKS", "PASSES_PER_TERM", "Duration", "estimate_duration"]
@@ -240,8 +240,8 @@ class Plan:
         rows (name, text) go before the verdict."""
         L = self.layout
         log2 = sum(math.log2(k) for k in L.cards)
-        head = (f"fsll-ooc plan: {len(L.cards)} variables, |X| = {_cells(L.cards)} cells"
-                + (f" (2^{log2:.1f})" if log2 < 80 else "") + f", {self.dtype}")
+        head = (f"fsll-ooc plan: {len(L.cards)} variables, |X| = {format_count(L.cards)} cells"
+                + (f" (2^{log2:.1f})" if log2 < 128 else "") + f", {self.dtype}")
         if self.task_bytes == 0 and not self.feasible:  # a table beyond the limits: nothing was planned
             return "\n".join([head, "  verdict  INFEASIBLE"] + [f"  ! {p}" for p in self.problems])
         rows = [
@@ -448,7 +448,7 @@ def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, dis
         problems.append(f"X{too_many[0][0]} has {too_many[0][1]:,} categories; the limit is "
                         f"{MAX_CATEGORIES:,} (2**16) categories per variable")
     if log2_size > 41 or _prod(cards) > MAX_CELLS:
-        problems.append(f"the joint table has {_cells(cards)} cells; a fit's limit is 2**40 = {MAX_CELLS:,} cells")
+        problems.append(f"the joint table has {format_count(cards)} cells; a fit's limit is 2**40 = {MAX_CELLS:,} cells")
     if problems:  # nothing else is meaningful: a layout of an impossible table is not planned
         L = Layout(cards, 0, 0)
         return Plan(L, itemsize, mem, disk, workers, bool(out_of_core), 0, 0, 0, 0, 0, False, tuple(problems))
@@ -494,10 +494,6 @@ def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, dis
                 not problems, tuple(problems))
 
 
-def _cells(cards: Sequence[int]) -> str:
-    """``prod(cards)`` for a message, exact up to 2**80 and as a power of two beyond."""
-    log2 = sum(math.log2(k) for k in cards)
-    return f"{_prod(cards):,}" if log2 < 80 else f"about 2^{log2:.1f}"
 
 
 @dataclass(frozen=True)
