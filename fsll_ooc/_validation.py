@@ -24,7 +24,7 @@ import numpy as np
 __all__ = ["DataError", "MAX_CATEGORIES", "MAX_CELLS", "MAX_VARIABLES", "MAX_LINE_CHARS", "MAX_MODEL_BYTES",
            "check_cardinalities", "check_cardinalities_param", "check_code_range", "validate_data",
            "check_labels", "check_label_values", "check_fit_params", "check_n_samples", "check_input_file",
-           "check_memory_limit"]
+           "check_memory_limit", "check_store_path", "read_only_fs"]
 
 #: Largest number of categories of one variable.
 MAX_CATEGORIES = 2**16
@@ -352,12 +352,13 @@ def check_store_path(store) -> None:
     if os.path.exists(parent) and not os.path.isdir(parent):
         raise DataError(f"store '{path}' cannot be created: '{parent}' is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        why = "on a read-only file system" if _read_only_fs(parent) else "not writable"
+        why = "on a read-only file system" if read_only_fs(parent) else "not writable"
         raise DataError(f"store '{path}' cannot be written: directory '{parent}' is {why}; give a store "
                         "directory where you may write")
 
 
-def _read_only_fs(path: str) -> bool:
+def read_only_fs(path: str) -> bool:
+    """Whether ``path`` lies on a file system mounted read-only."""
     try:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except (OSError, AttributeError):  # pragma: no cover - not POSIX

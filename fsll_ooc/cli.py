@@ -54,7 +54,7 @@ import numpy as np
 
 from . import __version__
 from ._machine import free_disk, total_memory
-from ._validation import check_store_path
+from ._validation import check_store_path, read_only_fs
 from .io import DataError, decode, encode, encode_with, read_table
 from .queries import labels as _labels_of
 from .queries import describe_factor as _describe_factor, factor_text as _factor_text  # noqa: F401 (term text)
@@ -160,15 +160,49 @@ def _load_model(path: str):
         return _model_class().load(path)
 
 
-def _check_writable(path: str, what: str) -> None:
-    """Fail early (before a long fit) when ``path`` cannot be written."""
+def _check_writable(path: str, what: str, store: str | None = None) -> None:
+    """Fail early (before a long fit) when ``path`` cannot be written: a directory, a missing
+    or read-only directory, or a place inside a store (``store``, or any directory holding a
+    fit's state), whose files only the fit may write."""
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise DataError(f"cannot write the {what} to '{path}': it is a directory")
     if not os.path.isdir(parent):
         raise DataError(f"cannot write the {what} to '{path}': directory '{parent}' does not exist")
     if not os.access(parent, os.W_OK):
-        raise DataError(f"cannot write the {what} to '{path}': directory '{parent}' is not writable")
+        ro = " (a read-only file system)" if read_only_fs(parent) else ""
+        raise DataError(f"cannot write the {what} to '{path}': directory '{parent}' is not writable{ro}")
+    from .storage.fit_store import STATE_FILE
+
+    up, stores = parent, {os.path.realpath(store)} if store is not None else set()
+    while True:
+        if os.path.realpath(up) in stores or os.path.exists(os.path.join(up, STATE_FILE)):
+            raise DataError(f"cannot write the {what} to '{path}': it is inside the store '{up}', whose files "
+                            "only a fit writes; write it outside the store")
+        if os.path.dirname(up) == up:
+            break
+        up = os.path.dirname(up)
+
+
+#: Bytes of a model file per term or history entry and variable (an index digit with its comma,
+#: the numbers and field names around them: measured files take less), and the terms allowed for.
+_MODEL_BYTES_PER_ENTRY = (4, 200)
+_MODEL_ENTRIES = 20_000
+
+
+def _check_room(path: str, what: str, n_vars: int) -> None:
+    """Before a fit: the model file's directory has room for it (``_MODEL_ENTRIES`` terms and
+    as many history entries, far more than fits make), so that a fit never ends unsaved."""
+    per_var, fixed = _MODEL_BYTES_PER_ENTRY
+    need = 2 * _MODEL_ENTRIES * (per_var * n_vars + fixed)
+    free = free_disk(os.path.dirname(os.path.abspath(path)))
+    if free < need:
+        from .planner import format_bytes
+
+        raise DataError(f"cannot write the {what} to '{path}': its file system has {format_bytes(free)} free, and a "
+                        f"model of {n_vars} variables may take up to {format_bytes(need)}; free some space or "
+                        "write it elsewhere (checked before fitting, so that a fit never ends unsaved)")
+
 
 
 #: How a file this command line wrote starts: a model file (its format header) and the
@@ -190,10 +224,11 @@ def _written_by_us(path: str, kind: str) -> bool:
     return False
 
 
-def _check_output(path: str, what: str, force: bool, kind: str | None = None, inputs: Sequence[str] = ()) -> None:
+def _check_output(path: str, what: str, force: bool, kind: str | None = None, inputs: Sequence[str] = (),
+                  store: str | None = None) -> None:
     """Refuse to replace a file the user has (``--force`` allows it); a file of ``kind``
     that fsll-ooc wrote may be replaced.  An input of the same command is never replaced."""
-    _check_writable(path, what)
+    _check_writable(path, what, store)
     for src in inputs:
         if src is not None and os.path.exists(src) and os.path.exists(path) and os.path.samefile(src, path):
             raise DataError(f"'{path}' is the input data; write the {what} to another file")
@@ -444,7 +479,7 @@ def _connect(address: str):
 def _cmd_fit(args) -> int:
     from .planner import PlanError, parse_bytes
 
-    _check_output(args.out, "model", args.force, kind="model", inputs=[args.data])
+    _check_output(args.out, "model", args.force, kind="model", inputs=[args.data], store=args.store)
     if args.store is not None and os.path.isfile(args.store):
         raise DataError(f"--store must be a directory, but '{args.store}' is a file")
     if args.store is not None:
@@ -463,6 +498,7 @@ def _cmd_fit(args) -> int:
         codes = enc.codes if mask is None else np.where(mask, MISSING, enc.codes)
         del data
         _check_budget(enc.cardinalities, enc.names, memory, args.store)
+        _check_room(args.out, "model", enc.n_vars)
     client = _connect(args.scheduler) if args.scheduler else None
     global _RESUME_STORE
     _RESUME_STORE = (args.store, args.out) if args.store is not None else None
@@ -483,7 +519,7 @@ def _cmd_fit(args) -> int:
         if client is not None:
             client.close()
     _RESUME_STORE = None
-    model.save(args.out)
+    _save(model, args.out, args.store)
     summary = {
         "data": args.data,
         "model": args.out,
@@ -510,6 +546,21 @@ def _cmd_fit(args) -> int:
           f"time {seconds:.2f} s")
     print(f"  saved to {args.out}" + (f" (tables in store {args.store})" if args.store else ""))
     return 0
+
+
+def _save(model, out: str, store: str | None) -> None:
+    """``model.save(out)``; a full disk (checked before the fit, but space can go) is a
+    refusal that says where the model still is."""
+    import errno
+
+    try:
+        model.save(out)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        kept = (f"the fit is kept in store '{store}': free some space, then save it with: {PROG} resume {store} -o {out}"
+                if store is not None else "the model is lost: free some space and fit again")
+        raise DataError(f"cannot save the model to '{out}': the disk is full ({_os_message(exc)}); {kept}") from None
 
 
 def _check_budget(cards, names, memory: int | None, store: str | None) -> None:
@@ -727,7 +778,7 @@ def _cmd_resume(args) -> int:
     if _store_status(args.store) is None:
         raise DataError(f"'{args.store}' is not an fsll-ooc store (no fit state in it)")
     if args.out is not None:
-        _check_output(args.out, "model", args.force, kind="model")
+        _check_output(args.out, "model", args.force, kind="model", store=args.store)
     global _RESUME_STORE
     _RESUME_STORE = (args.store, args.out)
     client = _connect(args.scheduler) if args.scheduler else None
@@ -744,7 +795,7 @@ def _cmd_resume(args) -> int:
     seconds = time.perf_counter() - t0
     _RESUME_STORE = None
     if args.out is not None:
-        model.save(args.out)
+        _save(model, args.out, args.store)
     summary = {"store": args.store, "model": args.out, "n_bases": int(model.n_bases_),
                "n_iter": int(model.n_iter_), "cost": _float(getattr(model, "cost_", None)),
                "kl_data": _float(getattr(model, "kl_data_", None)), "seconds": seconds}

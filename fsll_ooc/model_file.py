@@ -26,6 +26,9 @@ __all__ = ["MODEL_FORMAT", "MODEL_VERSION", "ModelFile", "save", "load"]
 
 MODEL_FORMAT = "fsll-ooc-model"
 MODEL_VERSION = 1
+#: Largest joint table whose ``log_z`` :func:`load` recomputes from the parameters (a file
+#: whose ``log_z`` does not match is refused); larger ones are checked against its bounds.
+CHECK_LOG_Z_CELLS = 2**20
 
 
 @dataclass
@@ -115,6 +118,10 @@ def load(path) -> ModelFile:
         bound = math.log(math.prod(cards)) + sum(abs(v) for v in theta.values())
         if abs(state.log_z) > bound * (1 + 1e-9) + 1e-9:  # |log Z| <= log|X| + sum |theta|
             raise ValueError(f"log_z {state.log_z!r} is impossible for these parameters (|log_z| <= {bound:.6g})")
+        if math.prod(cards) <= CHECK_LOG_Z_CELLS:
+            exact = _log_z(cards, flat)
+            if not math.isclose(exact, state.log_z, rel_tol=1e-7, abs_tol=1e-7):
+                raise ValueError(f"log_z {state.log_z!r} does not match the parameters (their log Z is {exact!r})")
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"{path}: malformed fsll-ooc model file ({type(e).__name__}: {e})") from None
     try:
@@ -122,6 +129,18 @@ def load(path) -> ModelFile:
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: malformed fsll-ooc model file (labels: {e})") from None
     return ModelFile(state, params, obj.get("cost"), obj.get("kl_data"), names, categories)
+
+
+def _log_z(cards: tuple, flat: dict) -> float:
+    """``log sum_x exp(sum_y theta_y Phi_y(x))`` of a small table (``docs/design.md``: the
+    log-linear table is the transposed transform of theta)."""
+    from .basis import transform
+
+    table = np.zeros(cards)
+    table.reshape(-1)[np.fromiter(flat.keys(), np.int64, len(flat))] = np.fromiter(flat.values(), float, len(flat))
+    log_p = transform(table, transpose=True)
+    top = float(log_p.max())
+    return top + math.log(float(np.exp(log_p - top).sum()))
 
 
 def check_cards(cards) -> None:

@@ -690,3 +690,127 @@ def test_a_store_on_a_read_only_file_system_is_refused_before_reading(tmp_path):
             FSLL(store=ro / "s", progress=False).fit(np.array([[0, 1], [1, 0]]))
     finally:
         subprocess.run(["umount", str(ro)])
+
+
+# ============================================================================ the output is checked before a fit
+
+def test_out_inside_a_store_is_refused_before_fitting(tmp_path):
+    (tmp_path / "d.csv").write_text("a,b\n0,1\n1,0\n1,1\n")
+    store = tmp_path / "s"
+    rc, _, err = run_cli("fit", tmp_path / "d.csv", "--out", store / "fsll_state.json", "--store", store, "-q")
+    assert_one_line_error(rc, err, "out in the store being fitted")
+    assert "inside the store" in err or "does not exist" in err
+    store.mkdir()
+    rc, _, err = run_cli("fit", tmp_path / "d.csv", "--out", store / "fsll_state.json", "--store", store, "-q")
+    assert_one_line_error(rc, err, "out in the store being fitted")
+    assert "inside the store" in err and list(store.iterdir()) == []
+    assert run_cli("fit", tmp_path / "d.csv", "--out", tmp_path / "m.json", "--store", tmp_path / "t", "-q")[0] == 0
+    for out in (tmp_path / "t" / "fsll_state.json", tmp_path / "t" / "model.json"):  # a finished store
+        before = sorted(p.name for p in (tmp_path / "t").iterdir())
+        rc, _, err = run_cli("fit", tmp_path / "d.csv", "--out", out, "--force", "-q")
+        assert_one_line_error(rc, err, out)
+        assert "inside the store" in err and sorted(p.name for p in (tmp_path / "t").iterdir()) == before
+
+
+def test_out_on_a_full_or_read_only_disk_is_refused_before_fitting(tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    import subprocess
+
+    small, ro = tmp_path / "small", tmp_path / "ro"
+    small.mkdir()
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        (small / "filler").write_bytes(b"x" * 900_000)
+        (tmp_path / "d.csv").write_text("a,b\n0,1\n1,0\n1,1\n")
+        fitted = []
+        monkeypatch.setattr(FSLL, "fit", lambda *a, **k: fitted.append(1))
+        rc, _, err = run_cli("fit", tmp_path / "d.csv", "--out", small / "m.json", "-q")
+        assert_one_line_error(rc, err, "full disk")
+        assert "free" in err and "before fitting" in err and not fitted
+        assert sorted(p.name for p in small.iterdir()) == ["filler"]
+        rc, _, err = run_cli("fit", tmp_path / "d.csv", "--out", ro / "m.json", "-q")
+        assert_one_line_error(rc, err, "read-only disk")
+        assert "read-only" in err and not fitted
+    finally:
+        subprocess.run(["umount", str(small)])
+        subprocess.run(["umount", str(ro)])
+
+
+# ============================================================================ model files, mutated anywhere
+
+def _paths(obj, prefix=()):
+    """Every path (keys and indices) into a JSON value, the root included."""
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _paths(v, prefix + (i,))
+
+
+_NUMBERS = st.sampled_from([0, 1, -1, 2, 2**16, 2**40, 2**63, -2**63, 0.5, -0.0, 1e308, -1e308, 1e-308,
+                            float("nan"), float("inf"), float("-inf"), True, False])
+
+
+@st.composite
+def mutated_model(draw, text):
+    """A valid model file with one to three mutations at random places: a value replaced (by
+    a number, a string, a list or object, ``null``), a value wrapped in a list or object, an
+    entry removed or duplicated, an extra key, a number nudged or made huge."""
+    obj = json.loads(text)
+    done = []
+    for _ in range(draw(st.integers(1, 3))):
+        paths = list(_paths(obj))
+        path = draw(st.sampled_from(paths[1:]))
+        parent = obj
+        for p in path[:-1]:
+            parent = parent[p]
+        key, value = path[-1], parent[path[-1]]
+        op = draw(st.sampled_from(["number", "json", "wrap-list", "wrap-dict", "remove", "duplicate", "extra-key",
+                                   "nudge", "string"]))
+        if op == "number":
+            parent[key] = draw(_NUMBERS)
+        elif op == "json":
+            parent[key] = draw(json_values)
+        elif op == "wrap-list":
+            parent[key] = [value]
+        elif op == "wrap-dict":
+            parent[key] = {"v": value}
+        elif op == "remove":
+            del parent[key]
+        elif op == "duplicate" and isinstance(parent, list):
+            parent.insert(key, value)
+        elif op == "extra-key":
+            (parent if isinstance(parent, dict) else obj)[draw(_short_text)] = draw(json_values)
+        elif op == "nudge" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            parent[key] = value + draw(st.sampled_from([1, -1, 0.5, 1e-9, 1e6]))
+        elif op == "string":
+            parent[key] = str(value)
+        done.append(f"{op} at {'/'.join(map(str, path[:2]))}")
+    return done, json.dumps(obj, allow_nan=True).encode()
+
+
+@settings(SETTINGS, max_examples=4 * N_EXAMPLES)
+@given(data=st.data())
+def test_mutated_model_files_load_sane_or_are_refused(model_json, tmp_path_factory, data):
+    """Load refuses a mutated model file with one line naming the file, or gives a model
+    whose probabilities are finite, positive and sum to 1 (and whose log_prob agrees)."""
+    done, blob = data.draw(mutated_model(model_json))
+    path = tmp_path_factory.mktemp("mut") / "m.json"
+    path.write_bytes(blob)
+    try:
+        m = FSLL.load(path)
+    except ValueError as e:
+        assert refused_cleanly(e) and str(path) in str(e), (done, e)
+        event(f"refused: {done[0].split(' at ')[0]}")
+        return
+    event(f"loaded: {done[0].split(' at ')[0]}")
+    p = np.asarray(m.probabilities())
+    assert np.all(np.isfinite(p)) and np.all(p > 0) and math.isclose(float(p.sum()), 1.0, rel_tol=1e-9), done
+    X = np.stack(np.unravel_index(np.arange(p.size), p.shape), axis=1)
+    assert np.allclose(np.exp(m.log_prob(X)), p.reshape(-1), rtol=1e-9, atol=0), done
