@@ -439,7 +439,8 @@ def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, dis
         raise PlanError(f"dtype must be 'float64' or 'float32', got {dtype!r}")
     itemsize = 8 if dtype == "float64" else 4
     mem = parse_bytes(memory_limit)
-    disk = parse_bytes(disk_free) if disk_free is not None else None
+    disk = None if disk_free is None else 0 if (not isinstance(disk_free, (bool, str)) and disk_free == 0) \
+        else parse_bytes(disk_free)  # a full disk has 0 bytes free
     workers = max(1, int(workers))
     problems: list[str] = []
     too_many = [(i, k) for i, k in enumerate(cards) if k > MAX_CATEGORIES]

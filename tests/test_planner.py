@@ -224,3 +224,8 @@ def test_duration_is_measured_in_the_store_directory_or_in_memory(capsys, tmp_pa
     assert rc == 0 and not out["out_of_core"] and "memory" in out["duration"]["source"]
     rc, out = _plan_json(capsys, "--cards", "2x24", "--memory", "1GiB", "--out-of-core")  # nothing to measure
     assert out["duration"] is None and "--disk-speed" in out["report"]
+
+
+def test_a_full_disk_is_an_infeasible_plan_not_a_malformed_request():
+    p = plan((2,) * 20, memory_limit="4GiB", disk_free=0, out_of_core=True)
+    assert not p.feasible and "only 0 B is free" in p.problems[0]
