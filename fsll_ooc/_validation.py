@@ -337,9 +337,9 @@ def check_memory_limit(value, what: str = "memory_limit"):
 def check_store_path(store) -> None:
     """A store directory that a fit can create or write: not a dangling symbolic link, not
     a file, on a writable file system (checked before any data is read)."""
+    if not isinstance(store, (str, os.PathLike)) or "://" in os.fspath(store):
+        return  # a store reached by URL or given as an object: its own backend checks it
     path = os.fspath(store)
-    if "://" in path:  # a store reached by URL: its own backend checks it
-        return
     if os.path.islink(path) and not os.path.exists(path):
         raise DataError(f"store '{path}' is a symbolic link to '{os.readlink(path)}', which does not exist; "
                         "create that directory first, or give another store directory")
