@@ -64,10 +64,10 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
 
 
 #: Passes over the tables per term of the final model, as measured out of core
-#: (docs/benchmarks.md, section 4): one step per pass, the default (1.7-1.8 at the default
-#: stopping rule), and several steps per pass (``LearnOptions(batch=True)``: 0.075-0.25 at
-#: ``epsilon=1e-4``, 0.23-0.36 at the default rule).
-PASSES_PER_TERM = {"one step per pass, the default": 1.7, "several steps per pass, batch=True": 0.25}
+#: (docs/benchmarks.md, section 4): several steps per pass (0.23-0.36 at the default
+#: stopping rule, 0.075-0.25 at ``epsilon=1e-4``; the upper end is taken) and one step per
+#: pass (1.7-1.8).
+PASSES_PER_TERM = {"several steps per pass": 0.36, "one step per pass": 1.7}
 
 
 class PlanError(ValueError):
@@ -506,6 +506,7 @@ class Duration:
     read_speed: float
     write_speed: float
     source: str
+    batched_by_default: bool = False
 
     @property
     def seconds_per_pass(self) -> float:
@@ -517,8 +518,13 @@ class Duration:
 
     def rows(self) -> list:
         """Report rows: the speeds, a pass, and 100 terms under each assumption."""
-        per = "; ".join(f"{_duration(self.seconds(100, k))} at {k} passes/term ({how})"
-                        for how, k in PASSES_PER_TERM.items())
+        when = {True: "the default here", False: "epsilon=1e-4 or batch=False" if self.batched_by_default
+                else "batch=True"}
+        order = sorted(PASSES_PER_TERM.items(), key=lambda kv: (kv[0] == "several steps per pass")
+                       != self.batched_by_default)
+        per = "; ".join(f"{_duration(self.seconds(100, k))} at {k} passes/term, {how} "
+                        f"({when[(how == 'several steps per pass') == self.batched_by_default]})"
+                        for how, k in order)
         return [("speed", f"{self.write_speed / 1e6:,.0f} MB/s write, {self.read_speed / 1e6:,.0f} MB/s read "
                           f"({self.source})"),
                 ("time / pass", f"{_duration(self.seconds_per_pass)} ({format_bytes(self.read_bytes)} read, "
@@ -540,8 +546,11 @@ def estimate_duration(p: Plan, read_speed: float, write_speed: float, source: st
     """
     if not (read_speed > 0 and write_speed > 0):
         raise PlanError(f"speeds must be positive, got {read_speed!r} and {write_speed!r}")
+    from .learn.batch import AUTO_MIN_CELLS
+
     third = p.bytes_per_iteration // 3
-    return Duration(2 * third, third, float(read_speed), float(write_speed), source)
+    return Duration(2 * third, third, float(read_speed), float(write_speed), source,
+                    p.layout.size >= AUTO_MIN_CELLS)
 
 
 def _duration(seconds: float) -> str:
