@@ -155,6 +155,8 @@ def validate_data(X: Any, cardinalities: Sequence[int] | None = None,
         raise DataError("X has no samples (0 rows)")
     if arr.shape[1] == 0:
         raise DataError("X has no variables (0 columns)")
+    if arr.shape[1] > MAX_VARIABLES:
+        raise DataError(f"X has {arr.shape[1]:,} columns; the limit is {MAX_VARIABLES:,} variables")
     if arr.dtype == bool:
         arr = arr.astype(np.int64)
     check_code_range(arr, names)  # before any cast to int64 can wrap a huge code onto another cell

@@ -232,6 +232,9 @@ def _as_2d_array(data) -> np.ndarray:
 def _check_not_empty(shape) -> None:
     if shape[1] == 0:
         raise DataError(f"the data has no columns (shape {tuple(shape)})")
+    if shape[1] > MAX_VARIABLES:
+        raise DataError(f"the data has {shape[1]:,} columns; the limit is {MAX_VARIABLES:,} variables: "
+                        "select the columns to model first")
     if shape[0] == 0:
         raise DataError(f"the data has no rows (shape {tuple(shape)}); at least one sample is needed")
 

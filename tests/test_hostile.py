@@ -816,3 +816,15 @@ def test_mutated_model_files_load_sane_or_are_refused(model_json, tmp_path_facto
     assert np.all(np.isfinite(p)) and np.all(p > 0) and math.isclose(float(p.sum()), 1.0, rel_tol=1e-9), done
     X = np.stack(np.unravel_index(np.arange(p.size), p.shape), axis=1)
     assert np.allclose(np.exp(m.log_prob(X)), p.reshape(-1), rtol=1e-9, atol=0), done
+
+
+@pytest.mark.parametrize("as_frame", [False, True])
+def test_arrays_wider_than_the_variable_limit_are_refused_before_encoding(as_frame):
+    import pandas as pd
+
+    from fsll_ooc._validation import MAX_VARIABLES
+
+    X = np.zeros((3, MAX_VARIABLES + 1), dtype=np.int8)
+    with pytest.raises(ValueError, match="10,000 variables") as e:
+        FSLL(progress=False).fit(pd.DataFrame(X).add_prefix("c") if as_frame else X)
+    assert refused_cleanly(e.value)
