@@ -54,8 +54,9 @@ from fsll_ooc.engine import Table  # noqa: E402
 from fsll_ooc.learn import LearnOptions, corrective, learn  # noqa: E402
 from reproduce_paper import fit_pgmpy, fix_hash_seed, machine_line  # noqa: E402
 
-FL = ("FL-paper", "FL-paper-code", "FL-auto")
-FL_KW = {"FL-paper": {"epsilon": 1e-4}, "FL-paper-code": {"penalty": "paper"}, "FL-auto": {}}
+FL = ("FL-paper", "FL-paper-code", "FL-scale1", "FL-auto")
+FL_KW = {"FL-paper": {"epsilon": 1e-4}, "FL-paper-code": {"penalty": "paper", "penalty_scale": 1.0},
+         "FL-scale1": {"penalty_scale": 1.0}, "FL-auto": {}}
 PEERS = ("HC-BIC", "HC-BIC+BDeu", "Chow-Liu", "Chow-Liu+BDeu", "PC+BDeu")
 PC_CAP = 300.0  # seconds for one pgmpy PC search (in a child process; "capped" past it)
 SYSTEMS = FL + PEERS
@@ -95,15 +96,16 @@ def label(name, n):
     return name if n is None else f"{name} N=1e{int(round(np.log10(n)))}"
 
 
-def make_fsll(cards, penalty=None, **options):
+def make_fsll(cards, penalty=None, penalty_scale=None, **options):
     """``FSLL`` with learner options (any :class:`LearnOptions` field, e.g. ``joint=False``)
-    and the code of the terms (``penalty``, an ``FSLL`` parameter).
+    and the code of the terms (``penalty``, ``penalty_scale``: ``FSLL`` parameters).
 
     The options the estimator has parameters for are given both ways, with the same values.
     """
     o = LearnOptions(**options)
     own = {k: getattr(o, k) for k in ("epsilon", "max_iter", "resync_every", "refine")}
-    return FSLL(cardinalities=cards, progress=False, learn_options=o, penalty=penalty, **own)
+    return FSLL(cardinalities=cards, progress=False, learn_options=o, penalty=penalty, penalty_scale=penalty_scale,
+                **own)
 
 
 def fit_fl(X, p_true, repeats=2, **options):
@@ -122,7 +124,8 @@ def fit_fl(X, p_true, repeats=2, **options):
     p = np.asarray(m.probabilities()).reshape(p_true.shape)
     moves = collections.Counter(h["move"] for h in m.history_)
     return {"kl_true": datasets.kl_divergence(p_true, p), "n_params": int(m.n_bases_), "time": best,
-            "n_iter": int(m.n_iter_), "cost": float(m.cost_), "moves": dict(moves), "model": m}
+            "n_iter": int(m.n_iter_), "cost": float(m.cost_), "moves": dict(moves), "model": m,
+            "scale": float(m.penalty_scale_)}
 
 
 class CostLeft:
@@ -213,6 +216,8 @@ def fmt(v, digits=4):
 
 
 def fmt_kl(runs):
+    if runs is None:  # not run (--skip)
+        return "—"
     v = np.array([r["kl_true"] for r in runs])
     if np.isnan(v).any():  # a capped structure search (PC)
         return f"capped ({int(np.isnan(v).sum())}/{len(v)})"
@@ -227,14 +232,15 @@ def main_table(results, names):
     all systems run (the peers and the paper's setting), at most 3x the time of FL-paper-code
     (the default before the family code)."""
     head = ("| data | " + " | ".join(SYSTEMS) + " | best other | FL-auto / best other | time FL-paper-code [s] "
-            "| time FL-auto [s] | time ratio | #params paper→paper-code→auto |")
-    lines = [head, "|" + "---|" * (len(SYSTEMS) + 7)]
+            "| time FL-auto [s] | time ratio | #params paper→paper-code→scale1→auto | scale chosen |")
+    lines = [head, "|" + "---|" * (len(SYSTEMS) + 8)]
     verdicts = []
     for d in names:
         row = [d]
         for s in SYSTEMS:
-            row.append(fmt_kl(results[(d, s)]))
-        others = {s: mean([r["kl_true"] for r in results[(d, s)]]) for s in PEERS + ("FL-paper",)}
+            row.append(fmt_kl(results.get((d, s))))
+        others = {s: mean([r["kl_true"] for r in results[(d, s)]]) for s in PEERS + ("FL-paper",)
+                  if (d, s) in results}
         finite = {s: v for s, v in others.items() if np.isfinite(v)}
         best = min(finite, key=finite.get) if finite else None
         auto = mean([r["kl_true"] for r in results[(d, "FL-auto")]])
@@ -243,7 +249,8 @@ def main_table(results, names):
         t_auto = mean([r["time"] for r in results[(d, "FL-auto")]])
         params = "→".join(f"{mean([r['n_params'] for r in results[(d, s)]]):.0f}" for s in FL)
         row += [f"{best} {fmt(finite[best])}" if best else "—", f"{ratio_kl:.2f}",
-                f"{t_prev:.2f}", f"{t_auto:.2f}", f"{t_auto / t_prev:.2f}", params]
+                f"{t_prev:.2f}", f"{t_auto:.2f}", f"{t_auto / t_prev:.2f}", params,
+                " ".join(f"{r['scale']:g}" for r in results[(d, "FL-auto")] if "scale" in r) or "—"]
         lines.append("| " + " | ".join(row) + " |")
         ok_kl = bool(best) and auto <= finite[best]
         ok_t = t_auto <= 3.0 * t_prev
@@ -265,7 +272,7 @@ def plot(results, names, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"FL-paper": "C0", "FL-paper-code": "C2", "FL-auto": "C1", "HC-BIC": "C3", "HC-BIC+BDeu": "C3",
+    colors = {"FL-paper": "C0", "FL-paper-code": "C2", "FL-scale1": "C8", "FL-auto": "C1", "HC-BIC": "C3", "HC-BIC+BDeu": "C3",
               "Chow-Liu": "C4", "Chow-Liu+BDeu": "C4", "PC+BDeu": "C5"}
     fig, axes = plt.subplots(2, 1, figsize=(13, 8.5), sharex=True)
     x = np.arange(len(names))
@@ -276,8 +283,11 @@ def plot(results, names, path):
         for ax, key in zip(axes, ("kl_true", "time")):
             xs, ys, infs = [], [], []
             for i, d in enumerate(names):
-                v = mean([r[key] for r in results[(d, s)]])
-                (xs.append(x[i] + off), ys.append(v)) if np.isfinite(v) else infs.append(x[i] + off)
+                v = mean([r[key] for r in results.get((d, s), [])])
+                if np.isfinite(v):
+                    xs.append(x[i] + off), ys.append(v)
+                elif np.isinf(v):
+                    infs.append(x[i] + off)
             ax.bar(xs, ys, width, color=colors[s], label=s, hatch="//" if smooth else None,
                    edgecolor="white" if smooth else None)
             if key == "kl_true":
@@ -545,6 +555,11 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=2, help="FL fits per system and seed (the fastest time is kept)")
     ap.add_argument("--raw", default=None, help="also write the results as JSON here")
     ap.add_argument("--from-raw", default=None, help="write the report from this JSON instead of fitting")
+    ap.add_argument("--peers-from", default=None,
+                    help="take the pgmpy systems' results from this JSON (same datasets and seeds) instead of "
+                         "fitting them again")
+    ap.add_argument("--skip", nargs="*", default=[], choices=PEERS,
+                    help="pgmpy systems not fitted (their results are still taken from --peers-from)")
     ap.add_argument("--out", default=os.path.join("docs", "benchmarks_quality.md"))
     args = ap.parse_args(argv)
     if args.from_raw:
@@ -552,6 +567,7 @@ def main(argv=None):
             raw = json.load(fh)
         return report(args, raw)
     seeds = [0] if args.quick else args.seeds
+    reused = _peer_results(args.peers_from, seeds)
     t_start = time.perf_counter()
     warm_up()
     results = {}
@@ -565,6 +581,10 @@ def main(argv=None):
             for sysname in SYSTEMS:
                 if sysname in FL_KW:
                     r = fit_fl(X, p_true, repeats=args.repeats, **FL_KW[sysname])
+                elif (d, sysname) in reused:
+                    r = dict(reused[(d, sysname)][seeds.index(s)])
+                elif sysname in args.skip:
+                    continue
                 else:
                     r = fit_peer(sysname, X, p_true)
                 r.pop("model", None)
@@ -586,6 +606,8 @@ def main(argv=None):
         studies["schedule"] = study_schedule(seeds[:1], args.quick)
     total = time.perf_counter() - t_start
     cmd = "python bench/quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if reused:
+        cmd += f" (pgmpy rows of {', '.join(sorted({d for d, _ in reused}))} from the raw results of {reused_when(args)})"
     raw = {"results": [[d, s, rs] for (d, s), rs in results.items()], "names": names, "studies": studies,
            "loads": loads, "seeds": seeds, "total": total, "cmd": cmd.strip(), "machine": machine_line(),
            "repeats": args.repeats, "when": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -594,6 +616,22 @@ def main(argv=None):
         with open(args.raw, "w", encoding="utf-8") as fh:
             json.dump(raw, fh, default=float)
     return report(args, raw)
+
+
+def _peer_results(path, seeds):
+    """``{(dataset, system): [result per seed]}`` of the pgmpy systems in a raw JSON of the same seeds."""
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        raw = json.load(fh)
+    if list(raw["seeds"]) != list(seeds):
+        raise SystemExit(f"--peers-from {path} has seeds {raw['seeds']}, this run {seeds}")
+    return {(d, s): rs for d, s, rs in raw["results"] if s in PEERS}
+
+
+def reused_when(args):
+    with open(args.peers_from, encoding="utf-8") as fh:
+        return json.load(fh)["when"]
 
 
 def _kept_sections(path, titles):

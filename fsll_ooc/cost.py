@@ -55,6 +55,9 @@ __all__ = [
     "PENALTIES",
     "TermCode",
     "resolve_penalty",
+    "resolve_penalty_scale",
+    "checked_penalty_scale",
+    "PENALTY_SCALES",
     "penalty_weights",
     "penalty",
     "kl_step",
@@ -70,12 +73,15 @@ __all__ = [
 ]
 
 
-def penalty_weights(cards: Sequence[int], n_samples: int) -> tuple[float, np.ndarray]:
-    """``(r0, w)`` with ``r_y = r0 + sum_i w[i] * (y_i != 0)``."""
+def penalty_weights(cards: Sequence[int], n_samples: int, scale: float = 1.0) -> tuple[float, np.ndarray]:
+    """``(r0, w)`` with ``r_y = r0 + sum_i w[i] * (y_i != 0)``, times ``scale`` (the penalty
+    scale; ``1.0`` is the paper's code, computed without a multiplication)."""
     n = len(cards)
     N = float(n_samples)
     r0 = math.log(N) / (2.0 * N)
     w = np.array([math.log(n * (k - 1)) / N if k > 1 else 0.0 for k in cards])
+    if scale != 1.0:
+        r0, w = scale * r0, scale * w
     return r0, w
 
 
@@ -194,6 +200,32 @@ def resolve_penalty(penalty, epsilon) -> str:
     raise ValueError(f"penalty must be None or one of {PENALTIES}, got {penalty!r}")
 
 
+#: The penalty scales ``penalty_scale="auto"`` chooses between (the first is the MDL code).
+PENALTY_SCALES = (1.0, 0.5)
+
+
+def resolve_penalty_scale(scale, epsilon):
+    """``"auto"`` or a positive float from ``penalty_scale`` (``None``: ``"auto"`` with
+    ``epsilon="auto"``, ``1.0`` with a numeric epsilon, so ``epsilon=1e-4`` alone is the
+    paper's algorithm and cost)."""
+    if scale is None:
+        return "auto" if isinstance(epsilon, str) and epsilon == "auto" else 1.0
+    if isinstance(scale, str):
+        if scale == "auto":
+            return "auto"
+    elif not isinstance(scale, bool) and isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0:
+        return float(scale)
+    raise ValueError(f"penalty_scale must be None, 'auto' or a positive number, got {scale!r}")
+
+
+def checked_penalty_scale(v) -> float:
+    """A penalty scale read from a file: a positive finite number (a file is not trusted)."""
+    s = resolve_penalty_scale(v, None)
+    if not isinstance(s, float):
+        raise ValueError(f"penalty_scale must be a positive number, got {v!r}")
+    return s
+
+
 class TermCode:
     """Description length (nats per sample) of a support, family by family.
 
@@ -209,17 +241,24 @@ class TermCode:
     a family's first member (``ln C(M_A, 1) = ln M_A``); each further member costs
     ``(ln N / 2 + ln((M_A - m) / (m + 1))) / N`` instead of the full price (``docs/design.md``,
     "The family code").
+
+    ``scale`` multiplies every code length (the penalty scale, ``docs/design.md``, "Choosing
+    the penalty scale"); ``1.0`` leaves them as above, bit for bit.
     """
 
-    def __init__(self, cards: Sequence[int], n_samples: int, kind: str = "paper"):
+    def __init__(self, cards: Sequence[int], n_samples: int, kind: str = "paper", scale: float = 1.0):
         if kind not in PENALTIES:
             raise ValueError(f"penalty must be one of {PENALTIES}, got {kind!r}")
         self.kind = kind
+        self.scale = float(scale)
         self.cards = tuple(int(k) for k in cards)
         self.N = float(n_samples)
         self.r0, self.w = penalty_weights(self.cards, n_samples)
         n = len(self.cards)
         self.name_w = [math.log(n) / self.N if k > 1 else 0.0 for k in self.cards]
+
+    def _scaled(self, x: float) -> float:
+        return x if self.scale == 1.0 else self.scale * x
 
     def family(self, digits: Sequence[int]) -> tuple[int, ...]:
         """The variables of a term (its non-zero digits)."""
@@ -233,19 +272,19 @@ class TermCode:
         """Code length of one more member of family ``axes``, which has ``m`` now (``inf`` if
         the family is full)."""
         if self.kind == "paper":
-            return self.r0 + float(sum(self.w[i] for i in axes))
+            return self._scaled(self.r0 + float(sum(self.w[i] for i in axes)))
         name = float(sum(self.name_w[i] for i in axes)) if m == 0 else 0.0
         M = self.members(axes)
         if m >= M:
             return math.inf
-        return self.r0 + (math.log(M - m) - math.log(m + 1)) / self.N + name
+        return self._scaled(self.r0 + (math.log(M - m) - math.log(m + 1)) / self.N + name)
 
     def total(self, axes: Sequence[int], m: int) -> float:
         """Code length of family ``axes`` with ``m`` members."""
         if m == 0:
             return 0.0
         if self.kind == "paper":
-            return m * (self.r0 + float(sum(self.w[i] for i in axes)))
+            return self._scaled(m * (self.r0 + float(sum(self.w[i] for i in axes))))
         M = self.members(axes)
         log_comb = math.lgamma(M + 1.0) - math.lgamma(m + 1.0) - math.lgamma(M - m + 1.0)
-        return m * self.r0 + log_comb / self.N + float(sum(self.name_w[i] for i in axes))
+        return self._scaled(m * self.r0 + log_comb / self.N + float(sum(self.name_w[i] for i in axes)))

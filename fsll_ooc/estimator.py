@@ -102,6 +102,16 @@ class FSLL:
         table entry does under BIC; identical to ``"paper"`` on binary variables
         (``docs/design.md``, "The family code").  ``None`` (default): ``"family"`` with
         ``epsilon="auto"``, ``"paper"`` with a numeric epsilon (the paper's algorithm).
+    penalty_scale : None, "auto" or float
+        A positive number multiplying the code length of the selected terms (``1.0``: the
+        code as it is).  ``"auto"``: chosen between 1 and 1/2 from the training data alone:
+        one row in five is held out, the fit is repeated on the rest under each scale, and
+        the scale whose model gives the held-out rows the higher log-likelihood is used
+        for the fit on every row (``docs/design.md``, "Choosing the penalty scale"; it costs
+        two fits on four fifths of the rows more; with fewer than 100 rows, or a table too
+        large to fit in memory, the scale is 1).  ``None`` (default): ``"auto"`` with
+        ``epsilon="auto"``, ``1.0`` with a numeric epsilon (the paper's algorithm).  An EM
+        fit (``missing``, ``hidden``) uses 1.
     missing : None or "em"
         ``"em"``: rows with missing cells (NaN, None, ``pd.NA``; ``-1`` in an integer
         code array) are fitted by expectation-maximisation (:mod:`fsll_ooc.missing`):
@@ -129,14 +139,17 @@ class FSLL:
     --------------------------
     theta_ : dict {tuple y: float}, the non-zero parameters; n_bases_ : len(theta_);
     n_iter_, cost_, kl_data_ (= KL(p_d || p_theta)), history_ (one dict per iteration),
-    log_z_, cardinalities_, n_samples_, plan_, feature_names_in_, categories_.
+    log_z_, cardinalities_, n_samples_, plan_, feature_names_in_, categories_,
+    penalty_scale_ (the scale fitted under), penalty_scale_scores_ (after ``fit``: the mean
+    held-out log-likelihood per row of each scale ``penalty_scale="auto"`` compared; empty
+    when none was compared).
     After an EM fit also: em_objective_, em_loglik_ (observed-data log-likelihood per
     row), em_history_ (one dict per round), em_converged_, em_rounds_, n_hidden_.
     """
 
     def __init__(self, cardinalities=None, epsilon="auto", max_iter=None, store=None, backend=None,
                  memory_limit=None, scheduler=None, layout=None, resync_every=256, progress=None, refine=None,
-                 learn_options=None, penalty=None, missing=None, hidden=None, n_restarts=None,
+                 learn_options=None, penalty=None, penalty_scale=None, missing=None, hidden=None, n_restarts=None,
                  random_state=None, em_max_rounds=100, em_tol=None):
         self.cardinalities = cardinalities
         self.epsilon = epsilon
@@ -151,6 +164,7 @@ class FSLL:
         self.refine = refine
         self.learn_options = learn_options
         self.penalty = penalty
+        self.penalty_scale = penalty_scale
         self.missing = missing
         self.hidden = hidden
         self.n_restarts = n_restarts
@@ -163,11 +177,11 @@ class FSLL:
     # docstring above and docs/api.md; if it changes what is learned, its name in
     # _SAVED_PARAMS too (then the model file and the store's state keep it and resume uses it).
     _PARAMS = ("cardinalities", "epsilon", "max_iter", "store", "backend", "memory_limit", "scheduler",
-               "layout", "resync_every", "progress", "refine", "learn_options", "penalty", "missing", "hidden",
-               "n_restarts", "random_state", "em_max_rounds", "em_tol")
+               "layout", "resync_every", "progress", "refine", "learn_options", "penalty", "penalty_scale",
+               "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol")
     #: What is learned depends on these: the model file reports them, the store keeps them.
-    _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options", "penalty", "missing", "hidden",
-                     "n_restarts", "random_state", "em_max_rounds", "em_tol")
+    _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options", "penalty", "penalty_scale",
+                     "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol")
     #: A store also keeps these, to resume with the same problem and budget.
     _STORED_PARAMS = _SAVED_PARAMS + ("cardinalities", "memory_limit")
 
@@ -193,6 +207,7 @@ class FSLL:
         check_memory_limit(self.memory_limit)
         resolve_refine(self.refine, self.epsilon)  # raises ValueError on a bad value
         C.resolve_penalty(self.penalty, self.epsilon)  # likewise
+        C.resolve_penalty_scale(self.penalty_scale, self.epsilon)  # likewise
         self._options()
         backend = storage.get_backend(self.backend or ("zarr" if self.store is not None else "numpy"))
         if backend.persistent and self.store is None:
@@ -257,14 +272,17 @@ class FSLL:
             warnings.warn(f"fitting on only {N} sample{'s' if N != 1 else ''}: the model can say little more "
                           "than which rows were seen; fit on more data for a distribution to rely on",
                           UserWarning, stacklevel=2)
+        choice = self._choose_penalty_scale(codes, cards)
         flat = _flat_index(codes, cards)
         uniq, counts = np.unique(flat, return_counts=True)
         size = math.prod(cards)
         state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size),
-                         penalty_code=C.resolve_penalty(self.penalty, self.epsilon))
+                         penalty_code=C.resolve_penalty(self.penalty, self.epsilon), penalty_scale=choice.scale)
+        self.penalty_scale_scores_ = choice.scores
         if not backend.persistent:
             engine = self._make_engine(plan, [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape)
-                                         for nm in TABLE_NAMES], N, sample_flat=flat)
+                                         for nm in TABLE_NAMES], N, sample_flat=flat,
+                                       penalty_scale=state.penalty_scale)
             self._learn(engine, state, fresh=True, checkpoint=None)
             self._set_fitted(state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
                              categories=categories)
@@ -278,6 +296,29 @@ class FSLL:
             self._fit_in_store(fs, plan, state, uniq, counts, flat=flat, fresh=True, names=names,
                                categories=categories)
         return self
+
+    def _choose_penalty_scale(self, codes: np.ndarray, cards):
+        """The penalty scale of this fit (:func:`fsll_ooc.learn.select.choose_scale` for
+        ``"auto"``): the sub-fits run in memory with this estimator's learning parameters."""
+        from .learn.select import ScaleChoice, choose_scale
+
+        want = C.resolve_penalty_scale(self.penalty_scale, self.epsilon)
+        if want != "auto":
+            return ScaleChoice(want)
+        mem = total_memory()
+        if mem is not None and 3 * 8 * math.prod(cards) > mem:
+            return ScaleChoice(C.PENALTY_SCALES[0], reason="the table does not fit in memory")
+        opts = self.learn_options
+        if opts is not None:
+            opts = dataclasses.replace(opts, on_finish=None)
+        own = {k: getattr(self, k) for k in ("epsilon", "max_iter", "resync_every", "refine", "penalty")}
+
+        def fit_scored(train, scale):
+            sub = FSLL(cardinalities=tuple(cards), progress=False, learn_options=opts, penalty_scale=scale, **own)
+            sub.fit(train)
+            return lambda c: sub._log_potential(c) - sub.log_z_
+
+        return choose_scale(fit_scored, codes)
 
     def _encoded(self, X, feature_names=None, categories=None):
         """``(codes, cards, names, categories)`` of ``X`` (codes, or a DataFrame of labels), checked."""
@@ -306,11 +347,13 @@ class FSLL:
         if fresh:
             specs = fs.create_tables(cards, plan.layout.chunk_shape)
             with fs.damage_hint():
-                engine = self._make_engine(plan, specs, N, sample_flat=np.repeat(uniq, counts) if flat is None else flat)
+                engine = self._make_engine(plan, specs, N, sample_flat=np.repeat(uniq, counts) if flat is None else flat,
+                                           penalty_scale=state.penalty_scale)
                 fs.tables_ready(specs, state)
                 self._learn(engine, state, fresh=True, checkpoint=fs.checkpoint)
         else:
-            engine = self._make_engine(plan, fs.open_tables(cards, plan.layout.chunk_shape), N)
+            engine = self._make_engine(plan, fs.open_tables(cards, plan.layout.chunk_shape), N,
+                                       penalty_scale=state.penalty_scale)
             if not state.converged and (self.max_iter is None or state.n_iter < self.max_iter):
                 with fs.damage_hint():
                     self._learn(engine, state, fresh=False, checkpoint=fs.checkpoint)
@@ -323,11 +366,12 @@ class FSLL:
         self.kl_data_ = self._kl_data(uniq, counts, N) if flat is None else self._kl_data(flat, counts, N)
         fs.complete(state, self.kl_data_)
 
-    def _make_engine(self, plan, specs, N: int, sample_flat=None) -> Engine:
+    def _make_engine(self, plan, specs, N: int, sample_flat=None, penalty_scale: float = 1.0) -> Engine:
         """The engine over ``specs`` with the plan's layout and this fit's scheduler; with
         ``sample_flat`` (the data of a new fit) it computes the targets and uniform duals."""
         return Engine.create(plan, specs, N, self.scheduler, sample_flat=sample_flat,
-                             progress=sample_flat is not None and self._show_progress())
+                             progress=sample_flat is not None and self._show_progress(),
+                             penalty_scale=penalty_scale)
 
     _OWN_OPTIONS = ("epsilon", "max_iter", "resync_every", "refine")
 
@@ -405,7 +449,8 @@ class FSLL:
             fresh = stored.status == "starting" or restart
             if fresh:
                 state = FitState(cards, N, C.target_entropy(counts, N, math.prod(cards)), log_z=math.log(math.prod(cards)),
-                                 penalty_code=C.resolve_penalty(m.penalty, m.epsilon))
+                                 penalty_code=C.resolve_penalty(m.penalty, m.epsilon),
+                                 penalty_scale=state.penalty_scale)  # the scale chosen when the fit began
                 fs.restart(state)
             m._fit_in_store(fs, plan, state, uniq, counts, fresh=fresh, names=stored.feature_names,
                             categories=stored.categories)
@@ -651,6 +696,7 @@ class FSLL:
         self.theta_ = {state.digits(y): v for y, v in sorted(state.theta.items())}
         self.log_z_ = state.log_z
         self.n_bases_ = len(state.theta)
+        self.penalty_scale_ = state.penalty_scale
         self.n_iter_ = state.n_iter
         self.cost_ = state.cost() if cost is None and engine is not None else cost
         self.kl_data_ = kl_data

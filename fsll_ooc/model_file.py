@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import storage
+from .cost import checked_penalty_scale
 from ._validation import MAX_CATEGORIES, MAX_CELLS, MAX_MODEL_BYTES, DataError, check_input_file, check_labels
 from .learn import FitState
 
@@ -58,7 +59,7 @@ def save(path, model: ModelFile) -> None:
         "cardinalities": list(st.cards),
         "theta": [[list(map(int, st.digits(y))), float(v)] for y, v in sorted(st.theta.items())],
         "log_z": st.log_z, "n_samples": st.n_samples, "n_iter": st.n_iter, "cost": model.cost,
-        "kl_data": model.kl_data, "converged": bool(st.converged),
+        "kl_data": model.kl_data, "converged": bool(st.converged), "penalty_scale": st.penalty_scale,
         "history": st.history,
         "params": model.params,
         "feature_names": model.feature_names,
@@ -112,7 +113,8 @@ def load(path) -> ModelFile:
         N = int(obj["n_samples"])
         flat = {int(np.ravel_multi_index(y, cards)): v for y, v in theta.items()}
         state = FitState(cards, N, 0.0, flat, {}, float(obj["log_z"]), int(obj["n_iter"]),
-                         bool(obj.get("converged", True)), checked_history(obj.get("history", [])))
+                         bool(obj.get("converged", True)), checked_history(obj.get("history", [])),
+                         penalty_scale=checked_penalty_scale(obj.get("penalty_scale", 1.0)))
         if not (N >= 1 and math.isfinite(state.log_z) and all(math.isfinite(v) for v in theta.values())):
             raise ValueError("n_samples, log_z and theta must be finite numbers (n_samples >= 1)")
         bound = math.log(math.prod(cards)) + sum(abs(v) for v in theta.values())

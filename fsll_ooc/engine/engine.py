@@ -66,12 +66,13 @@ class Engine:
 
     @classmethod
     def create(cls, layout: Any, specs: Sequence[storage.TableSpec], n_samples: int, scheduler: Any = None, *,
-               sample_flat: np.ndarray | None = None, progress: bool = False) -> "Engine":
+               sample_flat: np.ndarray | None = None, progress: bool = False,
+               penalty_scale: float = 1.0) -> "Engine":
         """An engine ready for the learner, over the tables ``specs`` (indexed by :class:`Table`).
 
         ``layout``: a :class:`fsll_ooc.planner.Layout` or a :class:`fsll_ooc.planner.Plan`
-        (its layout).  The penalties are those of ``n_samples`` samples
-        (:func:`fsll_ooc.cost.penalty_weights`); the executor is
+        (its layout).  The penalties are those of ``n_samples`` samples, times
+        ``penalty_scale`` (:func:`fsll_ooc.cost.penalty_weights`); the executor is
         :func:`fsll_ooc.executors.make_executor` of ``scheduler`` (``None``: serial for one
         band, dask threads for several).  With ``sample_flat`` (the data's flat indices,
         a new fit) the engine runs its setup passes: the targets ``dbar`` of the data and
@@ -79,7 +80,7 @@ class Engine:
         are (a resumed or finished fit).  ``progress``: per-pass progress bars.
         """
         layout = getattr(layout, "layout", layout)
-        r0, w = cost.penalty_weights(layout.cards, n_samples)
+        r0, w = cost.penalty_weights(layout.cards, n_samples, penalty_scale)
         n_tasks = max(layout.n_a_bands, layout.n_b_bands if layout.a > 0 else 1)
         engine = cls(layout, specs, r0, w, make_executor(scheduler, n_tasks))
         engine.progress = bool(progress)

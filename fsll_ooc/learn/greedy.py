@@ -434,7 +434,7 @@ def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOpt
     sub = tb0.copy()
     limit = opts.max_steps if max_iter is None else min(opts.max_steps, max_iter - state.n_iter)
     steps = []
-    weights = C.penalty_weights(state.cards, state.n_samples)
+    weights = C.penalty_weights(state.cards, state.n_samples, state.penalty_scale)
     for s in B.search_marginal(state.cards, V, sub, db, state.theta, weights, eps, limit, code=state.term_code()):
         steps.append(s)
         if s.move == "remove":

@@ -24,6 +24,7 @@ class FitState:
     converged: bool = False
     history: list[dict] = field(default_factory=list)
     penalty_code: str = "paper"  # the code of the support: "paper" (Eq. 9) or "family" (cost.TermCode)
+    penalty_scale: float = 1.0  # multiplies the code length (1.0: the code as it is)
 
     def digits(self, flat: int) -> tuple[int, ...]:
         """The multi-index (C order) of flat index ``flat``."""
@@ -39,13 +40,14 @@ class FitState:
     def penalty(self, flat: int) -> float:
         """The paper's ``r_y`` of flat index ``y`` (memoised: the learner asks for the support every
         iteration); under the family code it is the price of a family's first member, the
-        price the engine's scan uses."""
+        price the engine's scan uses; times :attr:`penalty_scale`."""
         cache = self.__dict__.setdefault("_r_cache", {})
         r = cache.get(flat)
         if r is None:
             weights = self.__dict__.get("_r_weights")
             if weights is None:
-                weights = self.__dict__["_r_weights"] = C.penalty_weights(self.cards, self.n_samples)
+                weights = self.__dict__["_r_weights"] = C.penalty_weights(
+                    self.cards, self.n_samples, self.penalty_scale)
             r = cache[flat] = C.penalty(self.digits(flat), *weights)
         return r
 
@@ -66,8 +68,9 @@ class FitState:
     def term_code(self) -> C.TermCode:
         """The support's code (:class:`fsll_ooc.cost.TermCode` of :attr:`penalty_code`)."""
         code = self.__dict__.get("_term_code")
-        if code is None or code.kind != self.penalty_code:
-            code = self.__dict__["_term_code"] = C.TermCode(self.cards, self.n_samples, self.penalty_code)
+        if code is None or code.kind != self.penalty_code or code.scale != self.penalty_scale:
+            code = self.__dict__["_term_code"] = C.TermCode(self.cards, self.n_samples, self.penalty_code,
+                                                            self.penalty_scale)
         return code
 
     def family(self, flat: int) -> tuple[int, ...]:
@@ -118,7 +121,7 @@ class FitState:
             "theta": [[int(y), float(v)] for y, v in self.theta.items()],
             "dbar": [[int(y), float(v)] for y, v in self.dbar.items()],
             "log_z": self.log_z, "n_iter": self.n_iter, "converged": self.converged, "history": self.history,
-            "penalty_code": self.penalty_code,
+            "penalty_code": self.penalty_code, "penalty_scale": self.penalty_scale,
         }
 
     @classmethod
@@ -127,4 +130,5 @@ class FitState:
         return cls(tuple(obj["cards"]), int(obj["n_samples"]), float(obj["entropy_q"]),
                    {int(y): float(v) for y, v in obj["theta"]}, {int(y): float(v) for y, v in obj["dbar"]},
                    float(obj["log_z"]), int(obj["n_iter"]), bool(obj["converged"]), list(obj["history"]),
-                   C.resolve_penalty(obj.get("penalty_code", "paper"), None))
+                   C.resolve_penalty(obj.get("penalty_code", "paper"), None),
+                   C.checked_penalty_scale(obj.get("penalty_scale", 1.0)))

@@ -1,0 +1,135 @@
+"""The penalty scale (``penalty_scale``) and its choice from held-out rows, against brute force."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fsll_ooc import FSLL, cost as C
+from fsll_ooc.learn import auto_epsilon, select
+
+import oracle
+from test_penalty import _data, _state, brute_code
+
+
+@pytest.mark.parametrize("kind", ["paper", "family"])
+@pytest.mark.parametrize("scale", [0.5, 0.3])
+def test_scaled_code_is_the_scale_times_the_code(kind, scale):
+    cards, N = (2, 3, 4, 5), 613
+    size = math.prod(cards)
+    rng = np.random.default_rng(7)
+    for _ in range(4):
+        support = rng.choice(np.arange(1, size), size=int(rng.integers(1, 30)), replace=False)
+        st = _state(cards, N, support, kind)
+        st.penalty_scale = scale
+        want = scale * brute_code(cards, N, support, kind)
+        assert st.total_penalty() == pytest.approx(want, rel=1e-12)
+        for y, r in zip(range(1, 40), st.penalties(list(range(1, 40)))):
+            other = sorted(set(support.tolist()) ^ {y})
+            assert r == pytest.approx(abs(scale * brute_code(cards, N, other, kind) - want), rel=1e-9, abs=1e-15)
+    r0, w = C.penalty_weights(cards, N)
+    r0s, ws = C.penalty_weights(cards, N, scale)
+    assert r0s == pytest.approx(scale * r0) and np.allclose(ws, scale * w)
+    assert C.penalty_weights(cards, N, 1.0)[0] == r0  # scale 1: the same bits
+
+
+def test_scaled_fit_is_an_axis_minimum_of_the_scaled_cost():
+    """``penalty_scale=0.5``: the fit's cost is KL(q||p) plus half the brute-force family code, and
+    no single append, adjust or remove gains epsilon under it."""
+    cards, n = (2, 3, 4, 5), 500
+    X, _ = _data(cards, n, 3)
+    m = FSLL(cardinalities=cards, penalty_scale=0.5, progress=False).fit(X)
+    assert m.penalty_scale_ == 0.5 and m.penalty_scale_scores_ == {}
+    half = FSLL(cardinalities=cards, penalty_scale=1.0, progress=False).fit(X)
+    assert m.n_bases_ > half.n_bases_  # a lighter penalty keeps more terms here
+    Phi, q = oracle.phi_matrix(cards), oracle.target(X, cards)
+    theta = np.zeros(math.prod(cards))
+    for y, v in m.theta_.items():
+        theta[np.ravel_multi_index(y, cards)] = v
+
+    def cost(th):
+        return oracle.kl(q, oracle.model(th, Phi)) + 0.5 * brute_code(cards, n, np.nonzero(th)[0], "family")
+
+    base = cost(theta)
+    assert m.cost_ == pytest.approx(base, abs=1e-10)
+    eps = auto_epsilon(n)
+    for y in range(1, len(q)):
+        th = theta.copy()
+        th[y] = oracle.coord_optimum(theta, y, q, Phi)
+        assert cost(th) > base - eps, f"moving {y} gains epsilon"
+        if theta[y] != 0:
+            th[y] = 0.0
+            assert cost(th) > base - eps, f"removing {y} gains epsilon"
+
+
+def test_holdout_split_and_choice_rule():
+    train, held = select.holdout_split(1003)
+    assert len(held) == math.ceil(1003 / select.HOLDOUT)
+    assert np.array_equal(np.sort(np.concatenate([train, held])), np.arange(1003))
+    assert np.array_equal(held, select.holdout_split(1003)[1])  # seeded: the same rows every time
+    codes = np.arange(500)[:, None]
+    seen = []
+
+    def fake(score_of):
+        def fit_scored(train_codes, s):
+            seen.append((len(train_codes), s))
+            return lambda c: np.full(len(c), score_of[s])
+        return fit_scored
+
+    assert select.choose_scale(fake({1.0: -2.0, 0.5: -1.5}), codes).scale == 0.5
+    assert select.choose_scale(fake({1.0: -2.0, 0.5: -2.5}), codes).scale == 1.0
+    tie = select.choose_scale(fake({1.0: -2.0, 0.5: -2.0}), codes)
+    assert tie.scale == 1.0 and tie.scores == {1.0: -2.0, 0.5: -2.0}  # ties keep the full code
+    assert all(n == 400 for n, _ in seen)
+    few = select.choose_scale(fake({1.0: -9.0, 0.5: 0.0}), codes[: select.MIN_ROWS - 1])
+    assert few.scale == 1.0 and few.scores == {} and "rows" in few.reason
+
+
+def test_auto_scale_is_the_held_out_argmax_and_the_final_fit_uses_it(tmp_path):
+    """The default fit's scale is the one whose fit on four fifths of the rows scores the held-out
+    fifth best (recomputed here with explicit scales), and its model is the fit under that scale."""
+    cards = (3, 4, 2, 3)
+    X, _ = _data(cards, 600, 5)
+    m = FSLL(cardinalities=cards, progress=False).fit(X)
+    train, held = select.holdout_split(len(X))
+    scores = {}
+    for s in C.PENALTY_SCALES:
+        sub = FSLL(cardinalities=cards, penalty_scale=s, progress=False).fit(X[train])
+        scores[s] = float(np.mean(sub.log_prob(X[held])))
+    assert m.penalty_scale_scores_ == pytest.approx(scores, abs=1e-12)
+    assert m.penalty_scale_ == max(scores, key=lambda s: (scores[s], s == 1.0))
+    fixed = FSLL(cardinalities=cards, penalty_scale=m.penalty_scale_, progress=False).fit(X)
+    assert fixed.theta_ == m.theta_ and fixed.cost_ == m.cost_
+    m.save(tmp_path / "m.json")
+    back = FSLL.load(tmp_path / "m.json")
+    assert back.penalty_scale_ == m.penalty_scale_ and back.get_params()["penalty_scale"] is None
+
+
+def test_paper_mode_and_bad_scales():
+    X, _ = _data((2, 3, 4), 300, 1)
+    m = FSLL(epsilon=1e-4, progress=False).fit(X)
+    assert m.penalty_scale_ == 1.0 and m.penalty_scale_scores_ == {}
+    assert C.resolve_penalty_scale(None, 1e-4) == 1.0 and C.resolve_penalty_scale(None, "auto") == "auto"
+    for bad in (0, -1.0, float("nan"), float("inf"), "half", True):
+        with pytest.raises(ValueError, match="penalty_scale"):
+            FSLL(penalty_scale=bad, progress=False).fit(X)
+    with pytest.raises(ValueError, match="penalty_scale"):
+        C.checked_penalty_scale("auto")  # a file must hold the number the fit used
+
+
+def test_half_scale_survives_an_interrupted_out_of_core_fit(tmp_path, monkeypatch):
+    """The scale is part of the stored state: resuming (and restarting) a fit uses it."""
+    import interrupts
+
+    X, _ = _data((3, 4, 2), 800, 4)
+    ref = FSLL(penalty_scale=0.5, progress=False).fit(X)
+    interrupts.stop_after(monkeypatch, 3)
+    with pytest.raises(interrupts.Crash):
+        FSLL(penalty_scale=0.5, progress=False, store=tmp_path / "s", layout=(1, 2), scheduler="serial").fit(X)
+    monkeypatch.undo()
+    m = FSLL.resume(tmp_path / "s", progress=False)
+    assert m.penalty_scale_ == 0.5
+    assert set(m.theta_) == set(ref.theta_) and m.cost_ == pytest.approx(ref.cost_, abs=1e-10)
+    again = FSLL.resume(tmp_path / "s", progress=False, restart=True)
+    assert again.penalty_scale_ == 0.5 and set(again.theta_) == set(ref.theta_)
