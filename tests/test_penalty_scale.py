@@ -133,3 +133,15 @@ def test_half_scale_survives_an_interrupted_out_of_core_fit(tmp_path, monkeypatc
     assert set(m.theta_) == set(ref.theta_) and m.cost_ == pytest.approx(ref.cost_, abs=1e-10)
     again = FSLL.resume(tmp_path / "s", progress=False, restart=True)
     assert again.penalty_scale_ == 0.5 and set(again.theta_) == set(ref.theta_)
+
+
+def test_unique_inverse_is_numpys():
+    from fsll_ooc.learn.cells import unique_inverse
+
+    rng = np.random.default_rng(11)
+    for size, n in ((50, 1000), (7, 3), (10_000, 100), (1, 5), (300, 0)):
+        flat = rng.integers(0, size, n)
+        want_u, want_i = np.unique(flat, return_inverse=True)
+        got_u, got_i = unique_inverse(flat, size)
+        assert np.array_equal(got_u, want_u) and np.array_equal(got_i, want_i.reshape(-1))
+        assert got_u.dtype == np.int64 and got_i.dtype == want_i.dtype

@@ -43,6 +43,7 @@ import numpy as np
 
 from .. import basis
 from ..engine import Table
+from .cells import unique_inverse
 
 __all__ = ["pair_products", "moment_matrix", "RefineResult", "refine", "closure_candidates", "joint_append",
            "family_terms", "family_move"]
@@ -253,7 +254,7 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
     log_z = state.log_z
     table_is_current = True  # does the dual table describe `theta`?
     for _ in range(max_rounds):
-        uniq, inv = np.unique(np.concatenate([prod.flat, support]), return_inverse=True)
+        uniq, inv = unique_inverse(np.concatenate([prod.flat, support]), math.prod(state.cards))
         vals = engine.gather(uniq)
         out.gathers += 1
         cell = vals[inv]
@@ -395,7 +396,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     cc = cand_products if cand_products is not None else _Products(cards)
     cc.update(flat_c)  # a cache kept across calls expands only the pairs of new candidates
     n1, n2, n3 = len(prod.flat), len(cs_flat), len(cc.flat)
-    uniq, inv = np.unique(np.concatenate([prod.flat, cs_flat, cc.flat, support, flat_c]), return_inverse=True)
+    uniq, inv = unique_inverse(np.concatenate([prod.flat, cs_flat, cc.flat, support, flat_c]), math.prod(cards))
     cell = engine.gather(uniq)[inv]
     d_c = engine.gather(flat_c, table=Table.DBAR)
     o = n1 + n2 + n3
