@@ -103,8 +103,9 @@ def brute_code(cards, N, support, kind):
     return total / N
 
 
-def brute_cost(theta_vec, q, Phi, cards, N, kind):
-    return kl(q, model(theta_vec, Phi)) + brute_code(cards, N, np.nonzero(theta_vec)[0], kind)
+def brute_cost(theta_vec, q, Phi, cards, N, kind, scale=1.0):
+    """``KL(q || p_theta)`` plus the code length of the support times the penalty ``scale``."""
+    return kl(q, model(theta_vec, Phi)) + scale * brute_code(cards, N, np.nonzero(theta_vec)[0], kind)
 
 
 def assert_axis_minimum(theta_vec, q, Phi, r, eps, cost_fn=None):

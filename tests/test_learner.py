@@ -71,7 +71,7 @@ def test_fit_equals_dense_reference(cards, n, seed):
 def test_no_single_coordinate_move_improves_at_termination(cards, n, seed, epsilon):
     X, _ = _data(cards, n, seed)
     # the paper's cost (the family code's axis minimum: test_penalty.py)
-    m = FSLL(cardinalities=cards, epsilon=epsilon, penalty="paper", progress=False).fit(X)
+    m = FSLL(cardinalities=cards, epsilon=epsilon, penalty="paper", penalty_scale=1.0, progress=False).fit(X)
     eps = resolve_epsilon(epsilon, n)
     Phi = oracle.phi_matrix(cards)
     q = oracle.target(X, cards)

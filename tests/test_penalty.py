@@ -79,8 +79,9 @@ def test_paper_epsilon_keeps_the_paper_cost():
 
 @pytest.mark.parametrize("cards,n,seed", [((2, 3, 4, 5), 400, 0), ((3, 2, 5), 3000, 1), ((4, 3, 3), 2000, 2)])
 def test_family_fit_is_an_axis_minimum_of_the_family_cost(cards, n, seed):
-    """Default fit: its cost is the brute-force family cost of its parameters, and no single
-    append, adjust or remove (each priced by the code's change) gains epsilon."""
+    """Default fit: its cost is the brute-force family cost of its parameters (times the
+    penalty scale the fit chose), and no single append, adjust or remove (each priced by the
+    code's change) gains epsilon."""
     X, _ = _data(cards, n, seed)
     m = FSLL(cardinalities=cards, progress=False).fit(X)
     assert m._state.penalty_code == "family"
@@ -90,15 +91,16 @@ def test_family_fit_is_an_axis_minimum_of_the_family_cost(cards, n, seed):
     theta = np.zeros(math.prod(cards))
     for y, v in m.theta_.items():
         theta[np.ravel_multi_index(y, cards)] = v
-    base = brute_cost(theta, q, Phi, cards, n, "family")
+    a = m.penalty_scale_
+    base = brute_cost(theta, q, Phi, cards, n, "family", a)
     assert m.cost_ == pytest.approx(base, abs=1e-10)
     for y in range(1, len(q)):
         th = theta.copy()
         th[y] = oracle.coord_optimum(theta, y, q, Phi)
-        assert brute_cost(th, q, Phi, cards, n, "family") > base - eps, f"moving {y} gains epsilon"
+        assert brute_cost(th, q, Phi, cards, n, "family", a) > base - eps, f"moving {y} gains epsilon"
         if theta[y] != 0:
             th[y] = 0.0
-            assert brute_cost(th, q, Phi, cards, n, "family") > base - eps, f"removing {y} gains epsilon"
+            assert brute_cost(th, q, Phi, cards, n, "family", a) > base - eps, f"removing {y} gains epsilon"
     costs = np.array([h["cost"] for h in m.history_])
     assert np.all(np.diff(costs) <= 1e-12)
     np.testing.assert_allclose(np.diff(costs), [h["delta"] for h in m.history_[1:]], atol=1e-10)
@@ -119,7 +121,7 @@ def test_family_code_survives_resume_save_and_load(tmp_path, monkeypatch):
     m = FSLL.resume(tmp_path / "s", progress=False)
     assert m._state.penalty_code == "family"
     assert set(m.theta_) == set(ref.theta_) and m.cost_ == pytest.approx(ref.cost_, abs=1e-10)
-    paper = FSLL(penalty="paper", progress=False).fit(X)
+    paper = FSLL(penalty="paper", penalty_scale=ref.penalty_scale_, progress=False).fit(X)
     assert paper.cost_ > ref.cost_  # the family code is never longer than the paper's for one support
     ref.save(tmp_path / "m.json")
     back = FSLL.load(tmp_path / "m.json")

@@ -1,6 +1,7 @@
 """The penalty scale (``penalty_scale``) and its choice from held-out rows, against brute force."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -10,7 +11,8 @@ from fsll_ooc import FSLL, cost as C
 from fsll_ooc.learn import auto_epsilon, select
 
 import oracle
-from test_penalty import _data, _state, brute_code
+from oracle import brute_code
+from test_penalty import _data, _state
 
 
 @pytest.mark.parametrize("kind", ["paper", "family"])
@@ -72,10 +74,11 @@ def test_holdout_split_and_choice_rule():
     seen = []
 
     def fake(score_of):
-        def fit_scored(train_codes, s):
-            seen.append((len(train_codes), s))
-            return lambda c: np.full(len(c), score_of[s])
-        return fit_scored
+        def fit_path(train_codes, scales):
+            for s in scales:
+                seen.append((len(train_codes), s))
+                yield lambda c, s=s: np.full(len(c), score_of[s])
+        return fit_path
 
     assert select.choose_scale(fake({1.0: -2.0, 0.5: -1.5}), codes).scale == 0.5
     assert select.choose_scale(fake({1.0: -2.0, 0.5: -2.5}), codes).scale == 1.0
@@ -86,18 +89,48 @@ def test_holdout_split_and_choice_rule():
     assert few.scale == 1.0 and few.scores == {} and "rows" in few.reason
 
 
-def test_auto_scale_is_the_held_out_argmax_and_the_final_fit_uses_it(tmp_path):
+def test_auto_scale_is_the_held_out_argmax_and_the_final_fit_uses_it(tmp_path, monkeypatch):
     """The default fit's scale is the one whose fit on four fifths of the rows scores the held-out
-    fifth best (recomputed here with explicit scales), and its model is the fit under that scale."""
+    fifth best: scale 1 recomputed here by an explicit fit; scale 1/2 by the search continued
+    from it, an axis minimum of the half-weight cost on those rows (brute force); the final
+    model is the fit under the chosen scale."""
     cards = (3, 4, 2, 3)
     X, _ = _data(cards, 600, 5)
     m = FSLL(cardinalities=cards, progress=False).fit(X)
     train, held = select.holdout_split(len(X))
-    scores = {}
-    for s in C.PENALTY_SCALES:
-        sub = FSLL(cardinalities=cards, penalty_scale=s, progress=False).fit(X[train])
-        scores[s] = float(np.mean(sub.log_prob(X[held])))
-    assert m.penalty_scale_scores_ == pytest.approx(scores, abs=1e-12)
+    full = FSLL(cardinalities=cards, penalty_scale=1.0, progress=False).fit(X[train])
+    assert m.penalty_scale_scores_[1.0] == pytest.approx(float(np.mean(full.log_prob(X[held]))), abs=1e-12)
+    seen = []
+    real_path = select.choose_scale
+
+    def spy(fit_path, codes, scales=C.PENALTY_SCALES):
+        def recording(train_codes, scales):
+            for s, lp in zip(scales, fit_path(train_codes, scales)):
+                seen.append(lp(np.array(list(itertools.product(*[range(k) for k in cards])))))
+                yield lp
+        return real_path(recording, codes, scales)
+
+    monkeypatch.setattr(select, "choose_scale", spy)
+    again = FSLL(cardinalities=cards, progress=False).fit(X)
+    monkeypatch.undo()
+    assert again.penalty_scale_scores_ == m.penalty_scale_scores_ and again.theta_ == m.theta_
+    # the continued model (log-probabilities of every cell) is an axis minimum of the half cost
+    Phi, q = oracle.phi_matrix(cards), oracle.target(X[train], cards)
+    logp = seen[1]
+    theta = np.linalg.solve(Phi.T, logp)
+    theta[0] = 0.0  # the normaliser's place
+    theta[np.abs(theta) < 1e-9] = 0.0
+    n = len(train)
+
+    def cost(th):
+        return oracle.kl(q, oracle.model(th, Phi)) + 0.5 * brute_code(cards, n, np.nonzero(th)[0], "family")
+
+    base, eps = cost(theta), auto_epsilon(n)
+    for y in range(1, len(q)):
+        th = theta.copy()
+        th[y] = oracle.coord_optimum(theta, y, q, Phi)
+        assert cost(th) > base - eps, f"moving {y} gains epsilon"
+    scores = m.penalty_scale_scores_
     assert m.penalty_scale_ == max(scores, key=lambda s: (scores[s], s == 1.0))
     fixed = FSLL(cardinalities=cards, penalty_scale=m.penalty_scale_, progress=False).fit(X)
     assert fixed.theta_ == m.theta_ and fixed.cost_ == m.cost_

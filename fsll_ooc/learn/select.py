@@ -5,9 +5,11 @@ index of each term.  On data from a Bayesian network over many-valued variables,
 binary data at a thousand rows, the model closest to the truth is found under half that
 price; on Ising and Potts data under the full price (``docs/benchmarks_quality.md``).  No
 single scale is best, so the fit asks the data: it holds out one fifth of the rows (a
-seeded shuffle, so a fit is repeatable), fits the same learner on the rest under each
-scale of :data:`fsll_ooc.cost.PENALTY_SCALES`, and keeps the scale whose model gives the
-held-out rows the higher log-likelihood (ties to the full code).  The final model is then
+seeded shuffle, so a fit is repeatable), fits the same learner on the rest under the
+first scale of :data:`fsll_ooc.cost.PENALTY_SCALES` and continues that search under each
+further one (a lighter penalty mostly adds terms, so the search goes on from the model
+it has), and keeps the scale whose model gives the held-out rows the higher
+log-likelihood (ties to the full code).  The final model is then
 fitted on every row under that scale (``docs/design.md``, "Choosing the penalty scale").
 """
 from __future__ import annotations
@@ -48,13 +50,13 @@ def holdout_split(n_rows: int) -> tuple[np.ndarray, np.ndarray]:
     return train, held
 
 
-def choose_scale(fit_scored, codes: np.ndarray, scales=C.PENALTY_SCALES) -> ScaleChoice:
+def choose_scale(fit_path, codes: np.ndarray, scales=C.PENALTY_SCALES) -> ScaleChoice:
     """The scale of ``scales`` whose fit on the training part scores the held-out rows best.
 
-    ``fit_scored(train_codes, scale)`` fits the learner on those rows under that penalty
-    scale and returns a function giving the log-likelihood of each row of a code array.
-    The first scale wins ties (the full MDL code comes first).  With fewer than
-    :data:`MIN_ROWS` rows the first scale is returned unscored.
+    ``fit_path(train_codes, scales)`` fits the learner on those rows under each penalty
+    scale in turn and yields, per scale, a function giving the log-likelihood of each row
+    of a code array.  The first scale wins ties (the full MDL code comes first).  With
+    fewer than :data:`MIN_ROWS` rows the first scale is returned unscored.
     """
     scales = tuple(float(s) for s in scales)
     n = int(codes.shape[0])
@@ -64,8 +66,7 @@ def choose_scale(fit_scored, codes: np.ndarray, scales=C.PENALTY_SCALES) -> Scal
     scores = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the sub-fits' small-sample warnings
-        for s in scales:
-            log_prob = fit_scored(codes[train], s)
+        for s, log_prob in zip(scales, fit_path(codes[train], scales)):
             scores[s] = float(np.mean(log_prob(codes[held])))
     best = scales[0]
     for s in scales[1:]:

@@ -65,6 +65,12 @@ class FitState:
                     self.penalty(y)
             return list(map(cache.__getitem__, flats))
 
+    def set_penalty_scale(self, scale: float) -> None:
+        """Price the support under another penalty scale from now on (the memoised prices go)."""
+        self.penalty_scale = float(scale)
+        for key in ("_r_cache", "_r_weights", "_term_code"):
+            self.__dict__.pop(key, None)
+
     def term_code(self) -> C.TermCode:
         """The support's code (:class:`fsll_ooc.cost.TermCode` of :attr:`penalty_code`)."""
         code = self.__dict__.get("_term_code")
