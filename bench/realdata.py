@@ -61,7 +61,8 @@ DEFAULT_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 ADULT_COLUMNS = ("workclass", "education", "marital-status", "occupation", "relationship", "race", "sex",
                  "Salary")
 ADULT9_COLUMNS = ADULT_COLUMNS[:-1] + ("native-country", "Salary")
-FL_SYSTEMS = {"FL-auto": {}, "FL-paper-code": {"penalty": "paper"}, "FL-paper": {"epsilon": 1e-4}}
+FL_SYSTEMS = {"FL-auto": {}, "FL-scale1": {"penalty_scale": 1.0},
+              "FL-paper-code": {"penalty": "paper", "penalty_scale": 1.0}, "FL-paper": {"epsilon": 1e-4}}
 PEERS = ("HC-BIC", "Chow-Liu", "MMHC", "PC")
 
 
@@ -274,6 +275,9 @@ def main(argv=None):
     ap.add_argument("--plot", default=None, help="draw the comparison into this PNG")
     ap.add_argument("--md", default=None, help="write the report section (markdown) here")
     ap.add_argument("--from-raw", default=None, help="write --md/--plot from this JSON instead of fitting")
+    ap.add_argument("--keep-from", default=None,
+                    help="a JSON of an earlier run: the rows of systems not run now are copied from it, marked "
+                         "as such (results of unchanged systems, or searches that hit the cap)")
     args = ap.parse_args(argv)
     cmd = "python bench/realdata.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.from_raw:
@@ -299,6 +303,10 @@ def main(argv=None):
             print(f"  {s:10s} ll={msg} time={r['time']:.2f}s size={r.get('size')} load={loads[-1]:.1f}",
                   flush=True)
         rows, best_peer = summarise(results)
+        for s, row in _kept_rows(args.keep_from, name, args.systems).items():
+            if "diff" in row and row["vs"] != best_peer:  # paired against another system: not comparable
+                row = {k: v for k, v in row.items() if k not in ("diff", "diff_se")}
+            rows[f"{s} (earlier run)"] = row
         out["sets"][name] = {"columns": cols, "cards": list(cards), "n_train": len(Xtr), "n_test": len(Xte),
                              "best_peer": best_peer, "systems": rows,
                              "load": [min(loads), float(np.median(loads)), max(loads)]}
@@ -309,6 +317,19 @@ def main(argv=None):
         with open(args.raw, "w", encoding="utf-8") as fh:
             json.dump(out, fh, indent=1)
     return _write(args, out, cmd.strip())
+
+
+def _kept_rows(path, name, systems):
+    """The rows of the systems not in ``systems`` from an earlier run's JSON (``{}`` without one)."""
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        old = json.load(fh)
+    info = old["sets"].get(name)
+    if info is None:
+        return {}
+    return {s: dict(r, vs=info["best_peer"]) for s, r in info["systems"].items()
+            if s not in systems and not s.endswith("(earlier run)")}
 
 
 def _commit():

@@ -70,7 +70,8 @@ def test_auto_epsilon_and_option_resolution():
 def test_corrective_fit_is_an_axis_minimum_of_the_same_cost(cards, n, seed, refine):
     X, _ = _data(cards, n, seed)
     # the paper's cost (the family code's axis minimum: test_penalty.py)
-    m = FSLL(cardinalities=cards, epsilon="auto", refine=refine, penalty="paper", progress=False).fit(X)
+    m = FSLL(cardinalities=cards, epsilon="auto", refine=refine, penalty="paper", penalty_scale=1.0,
+             progress=False).fit(X)
     eps = auto_epsilon(n)
     Phi = oracle.phi_matrix(cards)
     q = oracle.target(X, cards)
