@@ -11,7 +11,7 @@ from fsll_ooc import FSLL, cost as C
 from fsll_ooc.learn import auto_epsilon, select
 
 import oracle
-from oracle import brute_code
+from oracle import brute_code, brute_cost
 from test_penalty import _data, _state
 
 
@@ -50,19 +50,9 @@ def test_scaled_fit_is_an_axis_minimum_of_the_scaled_cost():
     for y, v in m.theta_.items():
         theta[np.ravel_multi_index(y, cards)] = v
 
-    def cost(th):
-        return oracle.kl(q, oracle.model(th, Phi)) + 0.5 * brute_code(cards, n, np.nonzero(th)[0], "family")
-
-    base = cost(theta)
+    base = oracle.assert_axis_minimum(theta, q, Phi, None, auto_epsilon(n),
+                                      cost_fn=lambda th: brute_cost(th, q, Phi, cards, n, "family", 0.5))
     assert m.cost_ == pytest.approx(base, abs=1e-10)
-    eps = auto_epsilon(n)
-    for y in range(1, len(q)):
-        th = theta.copy()
-        th[y] = oracle.coord_optimum(theta, y, q, Phi)
-        assert cost(th) > base - eps, f"moving {y} gains epsilon"
-        if theta[y] != 0:
-            th[y] = 0.0
-            assert cost(th) > base - eps, f"removing {y} gains epsilon"
 
 
 def test_holdout_split_and_choice_rule():
@@ -121,15 +111,8 @@ def test_auto_scale_is_the_held_out_argmax_and_the_final_fit_uses_it(tmp_path, m
     theta[0] = 0.0  # the normaliser's place
     theta[np.abs(theta) < 1e-9] = 0.0
     n = len(train)
-
-    def cost(th):
-        return oracle.kl(q, oracle.model(th, Phi)) + 0.5 * brute_code(cards, n, np.nonzero(th)[0], "family")
-
-    base, eps = cost(theta), auto_epsilon(n)
-    for y in range(1, len(q)):
-        th = theta.copy()
-        th[y] = oracle.coord_optimum(theta, y, q, Phi)
-        assert cost(th) > base - eps, f"moving {y} gains epsilon"
+    oracle.assert_axis_minimum(theta, q, Phi, None, auto_epsilon(n),
+                               cost_fn=lambda th: brute_cost(th, q, Phi, cards, n, "family", 0.5))
     scores = m.penalty_scale_scores_
     assert m.penalty_scale_ == max(scores, key=lambda s: (scores[s], s == 1.0))
     fixed = FSLL(cardinalities=cards, penalty_scale=m.penalty_scale_, progress=False).fit(X)
