@@ -109,7 +109,8 @@ class FSLL:
         continued under 1/2, and the scale whose model gives the held-out rows the higher
         log-likelihood is used for the fit on every row (``docs/design.md``, "Choosing the
         penalty scale"; it costs a fit and its continuation on four fifths of the rows;
-        with fewer than 100 rows, or a table too large to fit in memory, the scale is 1).  ``None`` (default): ``"auto"`` with
+        the sub-fits hold their tables in memory, also out of core; with fewer than 100
+        rows, or tables that do not fit in memory within ``memory_limit``, the scale is 1).  ``None`` (default): ``"auto"`` with
         ``epsilon="auto"``, ``1.0`` with a numeric epsilon (the paper's algorithm).  An EM
         fit (``missing``, ``hidden``) uses 1.
     missing : None or "em"
@@ -305,9 +306,14 @@ class FSLL:
         want = C.resolve_penalty_scale(self.penalty_scale, self.epsilon)
         if want != "auto":
             return ScaleChoice(want)
-        mem = total_memory()
-        if mem is not None and 3 * 8 * math.prod(cards) > mem:
-            return ScaleChoice(C.PENALTY_SCALES[0], reason="the table does not fit in memory")
+        try:  # the sub-fits hold the whole tables in memory, within the fit's memory limit
+            p = make_plan(cards, memory_limit=self.memory_limit if self.memory_limit is not None else total_memory(),
+                          disk_free=None, workers=1, out_of_core=None)
+            fits = p.feasible and p.layout.a == 0
+        except PlanError:
+            fits = False
+        if not fits:
+            return ScaleChoice(C.PENALTY_SCALES[0], reason="the tables do not fit in memory")
         opts = self.learn_options
         if opts is not None:
             opts = dataclasses.replace(opts, on_finish=None)

@@ -190,8 +190,8 @@ def test_batched_search_under_the_family_code(cards, n, seed, layout):
 
 
 def test_batched_default_fit_under_the_family_code():
-    """The library's default (family code, epsilon="auto", corrective phases) with batching:
-    an axis minimum of the family cost by brute force."""
+    """The library's default (family code, epsilon="auto", corrective phases, the penalty
+    scale chosen) with batching: an axis minimum of the (scaled) family cost by brute force."""
     from fsll_ooc import FSLL
     from fsll_ooc.learn import LearnOptions, auto_epsilon
 
@@ -204,7 +204,7 @@ def test_batched_default_fit_under_the_family_code():
     theta = np.zeros(math.prod(cards))
     for y, v in m.theta_.items():
         theta[np.ravel_multi_index(y, cards)] = v
-    family = lambda th_: oracle.brute_cost(th_, q, Phi, cards, n, "family")  # noqa: E731
+    family = lambda th_: oracle.brute_cost(th_, q, Phi, cards, n, "family", m.penalty_scale_)  # noqa: E731
     base = oracle.assert_axis_minimum(theta, q, Phi, None, auto_epsilon(n), cost_fn=family)
     assert m.cost_ == pytest.approx(base, abs=1e-10)
 

@@ -254,7 +254,7 @@ def test_learn_options_reach_the_learner():
     assert seen == [(eng, st)]  # the hook ran once, on the final state
     # FSLL passes them on: the same search, the hook called once (the paper's code, as _started's state)
     hooked = []
-    m = FSLL(cardinalities=cards, refine="final", penalty="paper", progress=False,
+    m = FSLL(cardinalities=cards, refine="final", penalty="paper", penalty_scale=1.0, progress=False,
              learn_options=LearnOptions(refine="final", joint=False, refine_rounds=1,
                                         on_finish=lambda e, s: hooked.append(s))).fit(X)
     assert [h["move"] for h in m.history_] == [h["move"] for h in st.history]

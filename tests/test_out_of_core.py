@@ -217,7 +217,8 @@ def test_plan_task_memory_bounds_what_a_band_task_allocates(tmp_path):
     rng = np.random.default_rng(0)
     X = rng.integers(0, 2, size=(3000, 22))
     X[:, 5] = X[:, 3] ^ (rng.random(3000) < 0.1)
-    kw = dict(progress=False, backend="memmap", layout=(1, 4), scheduler="serial", max_iter=4)
+    # the band tasks alone: no in-memory sub-fits of the penalty-scale choice
+    kw = dict(progress=False, backend="memmap", layout=(1, 4), scheduler="serial", max_iter=4, penalty_scale=1.0)
     FSLL(store=tmp_path / "warm", **kw).fit(X)  # imports and one-time allocations
     m = FSLL(store=tmp_path / "t", **kw)
     tracemalloc.start()
