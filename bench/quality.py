@@ -4,8 +4,13 @@
 Systems
 -------
 * ``FL-paper``  -- ``FSLL(epsilon=1e-4)``: the paper's greedy search, unchanged;
-* ``FL-auto``   -- ``FSLL(epsilon="auto")``: the data-derived threshold ``0.1 / N`` and
-  fully corrective steps (``refine="adjust"`` + joint selection, :mod:`fsll_ooc.learn.corrective`);
+* ``FL-paper-code`` -- ``FSLL(penalty="paper", penalty_scale=1.0)``: the search below under
+  the paper's code (the default before the family code);
+* ``FL-scale1`` -- ``FSLL(penalty_scale=1.0)``: the family code at full weight (the default
+  before the penalty-scale choice);
+* ``FL-auto``   -- ``FSLL()``: the data-derived threshold ``0.1 / N``, fully corrective
+  steps (``refine="adjust"`` + joint selection, :mod:`fsll_ooc.learn.corrective`), the
+  family code and the penalty scale chosen on held-out rows (:mod:`fsll_ooc.learn.select`);
 * ``HC-BIC``, ``HC-BIC+BDeu``, ``Chow-Liu``, ``Chow-Liu+BDeu`` -- pgmpy hill climbing
   with the BIC score / the Chow-Liu tree, maximum-likelihood or BDeu(1) CPDs
   (``bench/reproduce_paper.py``'s code; the structure search is timed in both rows).
@@ -26,6 +31,7 @@ step, and the joint selection on/off).
 Usage::
 
     python bench/quality.py [--seeds 0 1 2] [--quick] [--out docs/benchmarks_quality.md]
+        [--peers-from RAW.json] [--skip PC+BDeu ...]   # reuse / skip pgmpy fits
 
 Writes the markdown report and ``quality_kl.png`` next to it.  Runtime: about
 20 minutes for three seeds on 2 cores (pgmpy's hill climbing is most of it).
