@@ -249,6 +249,23 @@ def _positive_float(s: str) -> float:
     return v
 
 
+def _storage_options(s: str) -> dict:
+    """``--storage-options``: a JSON object of fsspec options for a store given by URL."""
+    try:
+        obj = json.loads(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--storage-options must be a JSON object, e.g. "
+                                         f"'{{\"endpoint_url\": \"http://127.0.0.1:9000\"}}' ({e})") from None
+    if not isinstance(obj, dict):
+        raise argparse.ArgumentTypeError(f"--storage-options must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+_STORAGE_OPTIONS_HELP = ("fsspec options (a JSON object) for a --store given by URL, e.g. "
+                         "'{\"endpoint_url\": \"http://minio:9000\"}'; S3 credentials can also come from the "
+                         "usual AWS_* environment variables")
+
+
 def _epsilon(s: str):
     """``--epsilon``: ``auto`` or a positive number."""
     if s.strip().lower() == "auto":
@@ -449,13 +466,15 @@ def _register_fit(sub) -> None:
     p.add_argument("--store", metavar="DIR",
                    help="fit out of core: keep the working tables in this directory (Zarr v3); "
                         "check the budget first with 'fsll-ooc plan'. The finished store can be "
-                        "given as MODEL to info/sample/score/plot.")
+                        "given as MODEL to info/sample/score/plot. A URL (s3://bucket/fit, gs://...) "
+                        "puts the store on an object store that every --scheduler worker reaches.")
+    p.add_argument("--storage-options", type=_storage_options, metavar="JSON", help=_STORAGE_OPTIONS_HELP)
     p.add_argument("--memory-limit", metavar="SIZE",
                    help="memory budget such as 4GiB; the planner picks a chunk layout within it "
                         "(default: the machine's RAM in core; 2 GiB out of core)")
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="run the chunk passes on a dask.distributed cluster, e.g. tcp://host:8786 "
-                        "(every worker must see the --store directory)")
+                        "(every worker must see the --store directory or URL)")
     p.add_argument("--force", action="store_true",
                    help="replace MODEL even if fsll-ooc did not write it; with --store, start the fit of "
                         "an interrupted store again instead of refusing")
@@ -485,7 +504,7 @@ def _cmd_fit(args) -> int:
     if args.store is not None:
         check_store_path(args.store)
     if args.store is not None and not args.force:
-        _refuse_interrupted_store(args.store, args.out)
+        _refuse_interrupted_store(args.store, args.out, args.storage_options)
     FSLL = _model_class()
     with _user_input():
         memory = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
@@ -506,7 +525,7 @@ def _cmd_fit(args) -> int:
         with _user_input():
             model = FSLL(cardinalities=enc.cardinalities, epsilon=args.epsilon, max_iter=args.max_iter,
                          store=args.store, memory_limit=memory, scheduler=client, progress=_show_progress(args),
-                         missing=args.missing)
+                         missing=args.missing, storage_options=args.storage_options)
         _flush_warnings()  # what the reading found, before a fit that may take long
         t0 = time.perf_counter()
         try:
@@ -597,8 +616,9 @@ def _encode_or_advise(data, cardinalities=None, store: str | None = None):
         if store is None:
             fits, where = _fits_in_memory(total_memory() or 2**30), "in memory"
         else:
-            disk = free_disk(store)
-            fits, where = (lambda ks: math.prod(ks) <= min(MAX_CELLS, disk // (TABLES * 8))), "on this disk"
+            disk = _store_free_disk(store)
+            room = MAX_CELLS if disk is None else min(MAX_CELLS, disk // (TABLES * 8))
+            fits, where = (lambda ks: math.prod(ks) <= room), ("on this disk" if disk is not None else "in the store")
         raise DataError(f"{len(cards)} variables are too many: {exc}; {where}, "
                         f"{_practical(cards, exc.names, fits)}") from None
 
@@ -644,19 +664,28 @@ def _fits_in_memory(memory: int):
     return lambda cards: BASE_OVERHEAD + (TABLES + 1) * 8 * math.prod(cards) <= memory
 
 
-def _store_status(store: str):
+def _store_free_disk(store: str) -> int | None:
+    """Free bytes where ``store`` goes (None for an object store given by URL: it does not say)."""
+    from .storage.url_store import local_path
+
+    path = local_path(store)
+    return free_disk(path) if path is not None else None
+
+
+def _store_status(store: str, storage_options: dict | None = None):
     """The verified state of the fit in ``store`` (None: no fsll-ooc fit there)."""
     from .storage.fit_store import FitStore
 
-    fs = FitStore(store)
+    with _user_input():
+        fs = FitStore(store, storage_options=storage_options)
     if not fs.exists():
         return None
     with _user_input():
         return fs.read()
 
 
-def _refuse_interrupted_store(store: str, out: str) -> None:
-    stored = _store_status(store)
+def _refuse_interrupted_store(store: str, out: str, storage_options: dict | None = None) -> None:
+    stored = _store_status(store, storage_options)
     if stored is None or stored.status == "complete":
         return
     it = stored.state.get("n_iter") if isinstance(stored.state, dict) else None
@@ -756,7 +785,7 @@ def _register_resume(sub) -> None:
         description="Continue the fit kept in STORE (a 'fit --store' that was interrupted: Ctrl-C, a "
                     "kill, a full disk) from its last iteration, to the same model an uninterrupted fit "
                     "gives, and save it. On a finished store it only saves the model.")
-    p.add_argument("store", metavar="STORE", help="the --store directory of the interrupted fit")
+    p.add_argument("store", metavar="STORE", help="the --store directory (or URL) of the interrupted fit")
     p.add_argument("--out", "-o", metavar="MODEL",
                    help="save the model here too (an existing file is replaced only if fsll-ooc wrote it, "
                         "or with --force); the finished store itself can serve as MODEL")
@@ -764,6 +793,7 @@ def _register_resume(sub) -> None:
                    help="rebuild the tables from the data kept in the store and fit again (for a store "
                         "whose tables were damaged)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="run the passes on a dask.distributed cluster")
+    p.add_argument("--storage-options", type=_storage_options, metavar="JSON", help=_STORAGE_OPTIONS_HELP)
     p.add_argument("--force", action="store_true", help="replace MODEL even if fsll-ooc did not write it")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -773,9 +803,11 @@ def _register_resume(sub) -> None:
 def _cmd_resume(args) -> int:
     from .planner import PlanError
 
-    if not os.path.isdir(args.store):
+    from .storage.url_store import local_path
+
+    if local_path(args.store) is not None and not os.path.isdir(local_path(args.store)):
         raise DataError(f"no store directory '{args.store}'")
-    if _store_status(args.store) is None:
+    if _store_status(args.store, args.storage_options) is None:
         raise DataError(f"'{args.store}' is not an fsll-ooc store (no fit state in it)")
     if args.out is not None:
         _check_output(args.out, "model", args.force, kind="model", store=args.store)
@@ -786,7 +818,7 @@ def _cmd_resume(args) -> int:
     try:
         with _user_input():
             model = _model_class().resume(args.store, scheduler=client, progress=_show_progress(args),
-                                          restart=args.restart)
+                                          restart=args.restart, storage_options=args.storage_options)
     except PlanError as exc:
         raise DataError(str(exc)) from exc
     finally:
@@ -1016,7 +1048,7 @@ def _cmd_plan(args) -> int:
             cards = tuple(_encode_or_advise(data).cardinalities)
         memory = parse_bytes(args.memory) if args.memory is not None else total_memory()
         disk = parse_bytes(args.disk) if args.disk is not None else (
-            free_disk(args.store) if args.store is not None else None)
+            _store_free_disk(args.store) if args.store is not None else None)
         p = plan(cards, dtype=args.dtype, memory_limit=memory, disk_free=disk, workers=args.workers,
                  out_of_core=True if args.out_of_core else None)
     advice = None

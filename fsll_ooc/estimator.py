@@ -19,7 +19,6 @@ import json
 import math
 import sys
 import warnings
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -34,6 +33,7 @@ from ._validation import (check_cardinalities_param, check_code_range, check_fit
                           check_memory_limit, check_n_samples, check_store_path, validate_data)
 from .model_file import MODEL_FORMAT, MODEL_VERSION, jsonable_categories
 from .storage.fit_store import TABLE_NAMES, FitStore, StoredFit
+from .storage.url_store import decode_options
 
 __all__ = ["FSLL", "MODEL_FORMAT", "MODEL_VERSION", "validate_data"]
 
@@ -63,8 +63,16 @@ class FSLL:
         ``epsilon=1e-4`` (with the default ``refine``) reproduces the paper exactly.
     max_iter : int, optional
         Hard cap on iterations (None: until convergence).
-    store : path, optional
-        Directory for out-of-core tables (Zarr v3 by default). None: in memory.
+    store : path or URL, optional
+        Directory for out-of-core tables (Zarr v3 by default). None: in memory.  A URL
+        (fsspec: ``s3://bucket/fit``, ``gs://...``; ``file://PATH`` is the directory
+        ``PATH``) puts the store on an object store that every dask worker reaches, for a
+        fit on a cluster (``docs/guide.md``, "Cluster runs"); its tables are Zarr v3.
+    storage_options : dict, optional
+        fsspec options for a ``store`` given by URL, e.g.
+        ``{"endpoint_url": "http://minio:9000"}`` for an S3-compatible server; they travel
+        with every task to the workers.  Kept neither in the store nor in the model file
+        (they may hold credentials): pass them again to :meth:`resume`.
     backend : {"zarr", "memmap", "numpy"}, optional
         Table storage; default "zarr" with a store, "numpy" without.
     memory_limit : int or str, optional
@@ -151,7 +159,7 @@ class FSLL:
     def __init__(self, cardinalities=None, epsilon="auto", max_iter=None, store=None, backend=None,
                  memory_limit=None, scheduler=None, layout=None, resync_every=256, progress=None, refine=None,
                  learn_options=None, penalty=None, penalty_scale=None, missing=None, hidden=None, n_restarts=None,
-                 random_state=None, em_max_rounds=100, em_tol=None):
+                 random_state=None, em_max_rounds=100, em_tol=None, storage_options=None):
         self.cardinalities = cardinalities
         self.epsilon = epsilon
         self.max_iter = max_iter
@@ -172,6 +180,7 @@ class FSLL:
         self.random_state = random_state
         self.em_max_rounds = em_max_rounds
         self.em_tol = em_tol
+        self.storage_options = storage_options
 
     # ------------------------------------------------------------------ sklearn-style params
     # To add a parameter: an argument of __init__ stored verbatim, its name in _PARAMS, the
@@ -179,7 +188,7 @@ class FSLL:
     # _SAVED_PARAMS too (then the model file and the store's state keep it and resume uses it).
     _PARAMS = ("cardinalities", "epsilon", "max_iter", "store", "backend", "memory_limit", "scheduler",
                "layout", "resync_every", "progress", "refine", "learn_options", "penalty", "penalty_scale",
-               "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol")
+               "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol", "storage_options")
     #: What is learned depends on these: the model file reports them, the store keeps them.
     _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options", "penalty", "penalty_scale",
                      "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol")
@@ -262,8 +271,8 @@ class FSLL:
             check_store_path(self.store)
         codes, cards, names, categories = self._encoded(X, feature_names, categories)
         if backend.persistent:
-            fs = FitStore(self.store, backend.name)
-            plan = self._make_plan(cards, backend, disk_free=free_disk(Path(self.store).resolve()))
+            fs = FitStore(self.store, backend.name, self.storage_options)
+            plan = self._make_plan(cards, backend, disk_free=None if fs.io.is_url else free_disk(fs.root.resolve()))
             fs.check_new()  # never replace or delete a user's files
             plan = fs.account(plan)
         else:
@@ -419,7 +428,8 @@ class FSLL:
                 bar.close()
 
     @classmethod
-    def resume(cls, store, scheduler=None, progress=None, restart: bool = False, memory_limit=None) -> "FSLL":
+    def resume(cls, store, scheduler=None, progress=None, restart: bool = False, memory_limit=None,
+               storage_options=None) -> "FSLL":
         """Continue an interrupted out-of-core fit from its store, to the same result.
 
         Works from any point at which the fit was stopped (killed, disk full, ...) once the
@@ -433,12 +443,13 @@ class FSLL:
         (:mod:`fsll_ooc.missing`).  Column names and category labels given
         to the fit come back with the model.  ``memory_limit`` (bytes or ``"4GiB"``) replaces
         the fit's own for this run (a smaller container, say; the chunk layout is the store's).
+        ``storage_options``: fsspec's options for a store given by URL (see :class:`FSLL`).
 
         Raises ``FileNotFoundError`` (nothing to resume), :class:`~fsll_ooc.storage.IntegrityError`
         (a store file is damaged or altered, named in the message) or
         :class:`~fsll_ooc.storage.lock.StoreLockedError` (another process is writing the store).
         """
-        fs = FitStore(store)
+        fs = FitStore(store, storage_options=storage_options)
         fs.require_state()
         with fs.shared():
             stored = fs.read()
@@ -474,7 +485,8 @@ class FSLL:
     def _from_stored(cls, fs: FitStore, stored: StoredFit, scheduler, progress, memory_limit=None) -> "FSLL":
         """An estimator with the stored fit's parameters (every learning parameter of the fit)."""
         kw = _params_from_json({k: v for k, v in stored.params.items() if k in cls._PARAMS})
-        kw.update(store=fs.root, backend=stored.backend, scheduler=scheduler, layout=stored.layout, progress=progress)
+        kw.update(store=fs.root, backend=stored.backend, scheduler=scheduler, layout=stored.layout, progress=progress,
+                  storage_options=decode_options(fs.io.options) if fs.io.is_url else None)
         if memory_limit is not None:
             kw["memory_limit"] = memory_limit
         return cls(**kw)

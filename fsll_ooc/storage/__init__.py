@@ -2,7 +2,8 @@
 
 Tables are stored by *backends*, classes registered by name (``base.TableBackend``,
 ``register_backend``): in-memory numpy (``memory``), memmap files with a checksum side
-file (``memmap``), Zarr v3 arrays with the crc32c codec (``zarr_tables``).  The
+file (``memmap``), Zarr v3 arrays with the crc32c codec (``zarr_tables``), the same
+arrays at a URL (``zarr_url``, fsspec: ``s3://`` ...; see ``url_store``).  The
 functions below dispatch to a table's backend; callers ask a backend's capabilities
 (``spec.backend_impl.persistent``, ...), never its name.  Also here: atomic and
 checksummed small files (``files``), the store directory's checks (``store_dir``), and
@@ -10,7 +11,7 @@ the store's writer lock (``lock``).  Nothing here knows about the model or the l
 """
 from . import base, errors, files, lock, store_dir, tables  # noqa: F401
 # the built-in backends register themselves on import, in this order
-from . import memory, memmap, zarr_tables  # noqa: F401,E402
+from . import memory, memmap, zarr_tables, zarr_url  # noqa: F401,E402
 from .base import (  # noqa: F401
     CHECKSUM_BYTES,
     TableBackend,

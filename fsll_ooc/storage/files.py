@@ -23,7 +23,7 @@ import numpy as np
 from .errors import IntegrityError
 
 __all__ = ["open_nofollow", "crc32c", "fsync_path", "syncfs", "file_sha256", "write_bytes_atomic", "write_json_atomic",
-           "read_json", "read_array_file", "array_file_bytes", "is_temporary_file"]
+           "read_json", "read_array_file", "array_file_bytes", "is_temporary_file", "json_text", "parse_json"]
 
 
 def open_nofollow(path, flags: int, mode: int = 0o644) -> int:
@@ -149,14 +149,18 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, checksum: bool = False)
     ``read_json(path, checksum=True)`` verifies.  Serialisation happens before any file
     is touched, so an object that cannot be written leaves nothing behind.
     """
+    write_bytes_atomic(path, json_text(obj, checksum).encode())
+
+
+def json_text(obj: Any, checksum: bool = False) -> str:
+    """The text :func:`write_json_atomic` writes (with ``checksum=True``, its last field
+    ``"checksum"``); also the body of a state object in a store given by URL."""
     if not checksum:
-        write_bytes_atomic(path, json.dumps(obj, indent=1).encode())
-        return
+        return json.dumps(obj, indent=1)
     if not isinstance(obj, dict) or not obj:
         raise TypeError("a checksummed JSON file holds a non-empty dict")
     body = json.dumps({k: v for k, v in obj.items() if k != "checksum"}, indent=1)
-    text = body[:-2] + _CHECKSUM_SEP + _sha256_text(body) + '"\n}'
-    write_bytes_atomic(path, text.encode())
+    return body[:-2] + _CHECKSUM_SEP + _sha256_text(body) + '"\n}'
 
 
 def read_json(path: str | os.PathLike, checksum: bool = False) -> Any:
@@ -166,9 +170,15 @@ def read_json(path: str | os.PathLike, checksum: bool = False) -> Any:
     if not checksum:
         with open(path) as fh:
             return json.load(fh)
+    with open(path, "rb") as fh:
+        return parse_json(fh.read(), path)
+
+
+def parse_json(data: bytes, path) -> Any:
+    """The object of checksummed JSON ``data`` (the text of :func:`json_text`), verified;
+    :class:`IntegrityError` naming ``path`` when it is truncated, altered or has no checksum."""
     try:
-        with open(path, "rb") as fh:
-            text = fh.read().decode("utf-8")
+        text = data.decode("utf-8")
         obj = json.loads(text)
     except (ValueError, UnicodeDecodeError) as e:
         raise IntegrityError(path, f"not valid JSON (truncated or altered: {e})") from None

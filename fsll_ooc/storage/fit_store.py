@@ -85,14 +85,19 @@ class StoredFit:
 class FitStore:
     """The directory ``root`` of an out-of-core fit whose tables use ``backend``.
 
+    ``root`` may also be a URL (fsspec: ``s3://bucket/store``, ...; ``storage_options``
+    are fsspec's options for it): the same files and the same order of writes, as
+    objects (:mod:`fsll_ooc.storage.url_store`), with tables of backend ``zarr_url``.
+
     Writing happens inside :meth:`writing` (the writer lock and the disk guard):
     :meth:`begin` (new fit) or :meth:`restart` / :meth:`reopen` (resume), then
     :meth:`create_tables` + :meth:`tables_ready` or :meth:`open_tables`,
     :meth:`checkpoint` after every iteration, :meth:`complete` at the end.
     """
 
-    def __init__(self, root, backend: str | None = None):
-        self.root = Path(root)
+    def __init__(self, root, backend: str | None = None, storage_options: dict | None = None):
+        self.io = open_root(root, storage_options)
+        self.root = self.io.root  # a Path, or the URL of a store given by URL
         self.backend = backend
         self.plan = None  # the plan whose layout the tables have (set by begin/reopen)
         self.resumable = False  # a state file describes this fit: a failure can be resumed
@@ -104,30 +109,30 @@ class FitStore:
 
     # ------------------------------------------------------------------ reading
     @property
-    def state_file(self) -> Path:
-        return self.root / STATE_FILE
+    def state_file(self):
+        return self.io.child(STATE_FILE)
 
     def exists(self) -> bool:
         """Whether the store holds a fit state (there is something to resume)."""
-        return self.state_file.exists()
+        return self.io.exists(STATE_FILE)
 
     def require_state(self) -> None:
         """``FileNotFoundError`` that says why, when there is no fit state to resume."""
-        if not self.state_file.exists():
+        if not self.io.exists(STATE_FILE):
             hint = (" (the fit was stopped before it started; run fit() again)"
-                    if (self.root / COUNTS_FILE).exists() or (self.root / locking.LOCK_FILE).exists() else "")
+                    if self.io.exists(COUNTS_FILE) or self.io.exists(locking.LOCK_FILE) else "")
             raise FileNotFoundError(f"{self.root}: no fit state ({STATE_FILE}) found; nothing to resume{hint}")
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
         """Hold the readers' shared lock (waits briefly for a writer; never creates the store)."""
-        with locking.StoreLock(self.root, purpose="read").acquire(shared=True, create=False):
+        with self.io.lock("read").acquire(shared=True, create=False):
             yield
 
     def read(self) -> StoredFit:
         """The verified state of the store; :class:`IntegrityError` if it cannot be trusted."""
         sf = self.state_file
-        obj = storage.read_json(sf, checksum=True)
+        obj = self.io.read_json(STATE_FILE)
         if not isinstance(obj, dict) or obj.get("format") != STATE_FORMAT:
             fmt = obj.get("format") if isinstance(obj, dict) else None
             raise IntegrityError(sf, f"not an fsll-ooc fit state (format {fmt!r})")
@@ -153,13 +158,14 @@ class FitStore:
     def read_counts(self, cards, n_samples: int) -> tuple[np.ndarray, np.ndarray]:
         """The fit's data as (cells, counts), checked against the state's checksum (after :meth:`read`)."""
         info = self._meta.get("counts") or {}
-        path = self.root / info.get("file", COUNTS_FILE)
-        if not path.exists():
+        name = info.get("file", COUNTS_FILE)
+        path = self.io.child(name)
+        if not self.io.exists(name):
             raise IntegrityError(path, "the fit's data file is missing; run fit() again")
-        if storage.file_sha256(path) != info.get("sha256"):
+        if self.io.sha256(name) != info.get("sha256"):
             raise IntegrityError(path, "the fit's data file does not match its checksum (altered or "
                                        "damaged); run fit() again")
-        a = storage.read_array_file(path)
+        a = self.io.read_array(name)
         if (a.ndim != 2 or a.shape[0] != 2 or int(a[1].sum()) != n_samples
                 or (a.size and (a[0].min() < 0 or a[0].max() >= math.prod(cards)))):
             raise IntegrityError(path, "the fit's data file does not describe this fit")
@@ -171,19 +177,22 @@ class FitStore:
         info = (self._meta.get("files") or {}).get(name)
         if not info:
             raise IntegrityError(self.state_file, f"fit state names no {name!r} file")
-        path = self.root / info["file"]
-        if not path.exists():
+        path = self.io.child(info["file"])
+        if not self.io.exists(info["file"]):
             raise IntegrityError(path, f"the fit's {name} file is missing; run fit() again")
-        if storage.file_sha256(path) != info.get("sha256"):
+        if self.io.sha256(info["file"]) != info.get("sha256"):
             raise IntegrityError(path, f"the fit's {name} file does not match its checksum (altered or damaged)")
-        return storage.read_array_file(path)
+        return self.io.read_array(info["file"])
 
     def extra(self, key: str):
         """What the fit's caller keeps under ``key`` in the state (``set_extra``; None if nothing)."""
         return (self._meta.get("extra") or {}).get(key)
 
-    def disk_available(self) -> int:
-        """Free space for the fit: the file system's free bytes plus what its tables take already."""
+    def disk_available(self) -> int | None:
+        """Free space for the fit: the file system's free bytes plus what its tables take already
+        (None for an object store: it does not say)."""
+        if self.io.is_url:
+            return None
         held = 0
         for nm in TABLE_NAMES:  # a table's file or directory and its side files (e.g. checksums)
             table = Path(storage.table_path(self.backend, self.root, nm))
@@ -198,7 +207,7 @@ class FitStore:
     # ------------------------------------------------------------------ writing
     def check_new(self) -> None:
         """Refuse a directory that is not empty and not an fsll-ooc store (a user's files)."""
-        storage.check_store_dir(self.root)
+        self.io.check_new()
 
     @contextlib.contextmanager
     def writing(self, purpose: str, stage: str, plan=None) -> Iterator["FitStore"]:
@@ -211,7 +220,7 @@ class FitStore:
         if plan is not None:
             self.plan = plan
         with self._disk_guard(stage):
-            lock = locking.StoreLock(self.root, purpose=purpose).acquire()
+            lock = self._lock = self.io.lock(purpose).acquire()
             try:
                 yield self
             finally:
@@ -230,15 +239,11 @@ class FitStore:
         self.plan, self._params = plan, dict(params)
         names, categories = labels if labels is not None else (None, None)
         self._meta = {"feature_names": names, "categories": categories}
-        sf = self.state_file
-        if sf.exists():
-            sf.unlink()  # an old state must never describe new tables
-            storage.fsync_path(str(self.root), directory=True)
+        self.io.remove(STATE_FILE)  # an old state must never describe new tables
         self._tidy()
         data = storage.array_file_bytes(np.stack([np.asarray(uniq, np.int64), np.asarray(counts, np.int64)]))
-        path = self.root / COUNTS_FILE
-        storage.write_bytes_atomic(path, data)
-        self._meta["counts"] = {"file": COUNTS_FILE, "sha256": storage.file_sha256(path),
+        self.io.write_bytes(COUNTS_FILE, data)
+        self._meta["counts"] = {"file": COUNTS_FILE, "sha256": self.io.sha256(COUNTS_FILE),
                                 "n_unique": int(len(uniq))}
         for name, a in (files or {}).items():
             self.keep(name, a)
@@ -265,11 +270,10 @@ class FitStore:
             raise ValueError(f"a kept file's name must be an identifier, got {name!r}")
         old = ((self._meta.get("files") or {}).get(name) or {}).get("file")
         fname = f"fsll_{name}.{1 if old == f'fsll_{name}.0.npy' else 0}.npy"
-        path = self.root / fname
-        storage.write_bytes_atomic(path, storage.array_file_bytes(np.asarray(a)))
+        self.io.write_bytes(fname, storage.array_file_bytes(np.asarray(a)))
         self._meta.setdefault("files", {})
         self._meta["files"] = {**(self._meta["files"] or {}), name: {"file": fname,
-                                                                     "sha256": storage.file_sha256(path)}}
+                                                                     "sha256": self.io.sha256(fname)}}
 
     def set_extra(self, key: str, obj) -> None:
         """Keep JSON ``obj`` under ``key`` in the state from the next state write on."""
@@ -282,8 +286,7 @@ class FitStore:
 
     def create_tables(self, cards, chunks) -> list[TableSpec]:
         """New, empty tables ``dbar``, ``thetabar``, ``scratch`` in the store."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        return [storage.create_table(self.backend, self.root, nm, cards, chunks) for nm in TABLE_NAMES]
+        return [self.io.create_table(self.backend, nm, cards, chunks) for nm in TABLE_NAMES]
 
     def tables_ready(self, specs, state) -> None:
         """Targets and duals written: make them durable, fingerprint the tables, status ``running``."""
@@ -336,8 +339,7 @@ class FitStore:
         With ``reader_owner`` (a reader of a finished fit) the scratch table is a private one
         of this process, removed when ``reader_owner`` is garbage collected.
         """
-        specs = [TableSpec(self.backend, storage.table_path(self.backend, self.root, nm), tuple(cards), tuple(chunks))
-                 for nm in TABLE_NAMES]
+        specs = [self.io.table_spec(self.backend, nm, cards, chunks) for nm in TABLE_NAMES]
         if reader_owner is not None:
             specs[2] = self._reader_scratch(tuple(cards), tuple(chunks), reader_owner)
             return specs
@@ -367,11 +369,13 @@ class FitStore:
                "backend": self.backend, "layout": [L.a, L.c], "chunks": list(L.chunk_shape),
                "params": self._params, "state": state.to_json()}
         obj.update(self._meta)
-        storage.write_json_atomic(self.state_file, obj, checksum=True)
+        lock = getattr(self, "_lock", None)
+        if lock is not None and hasattr(lock, "check"):
+            lock.check()  # a writer whose lease ran out writes no state over another writer's
+        self.io.write_json(STATE_FILE, obj)
 
     def _tidy(self) -> None:
-        storage.remove_leftovers(self.root)
-        _clean_dead_readers(self.root)
+        self.io.tidy()
 
     @contextlib.contextmanager
     def _disk_guard(self, stage: str) -> Iterator[None]:
@@ -385,7 +389,7 @@ class FitStore:
                 raise
             root = self.root
             try:
-                free = shutil.disk_usage(root if root.exists() else root.parent).free
+                free = None if self.io.is_url else shutil.disk_usage(root if root.exists() else root.parent).free
             except OSError:
                 free = None
             from ..planner import format_bytes
@@ -403,6 +407,8 @@ class FitStore:
 
     def _reader_scratch(self, cards, chunks, owner) -> TableSpec:
         """A scratch table of our own (space is taken only when written), removed with ``owner``."""
+        if self.io.is_url:
+            return self.io.reader_scratch(READERS_DIR, cards, chunks, owner)
         token = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         root = self.root / READERS_DIR / token
         try:
@@ -486,3 +492,71 @@ def _clean_dead_readers(root: Path) -> None:
         h, _, pid = h.rpartition("-")
         if h == host and pid.isdigit() and not locking.pid_alive(int(pid)):
             shutil.rmtree(sub, ignore_errors=True)
+
+
+def open_root(root, storage_options: dict | None = None):
+    """How the store ``root`` is reached: a local directory (:class:`LocalRoot`), or a URL
+    (:class:`~fsll_ooc.storage.url_store.URLRoot`); ``file://PATH`` is the local ``PATH``."""
+    from .url_store import URLRoot, is_url, local_path
+
+    if isinstance(root, (LocalRoot, URLRoot)):
+        return root
+    path = local_path(root)
+    if path is None:
+        return URLRoot(root, storage_options)
+    return LocalRoot(path)
+
+
+class LocalRoot:
+    """The files of a store in a local directory: atomic replacement, ``flock``, leftovers."""
+
+    is_url = False
+
+    def __init__(self, root):
+        self.root = Path(root)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def child(self, name: str) -> Path:
+        return self.root / name
+
+    def exists(self, name: str) -> bool:
+        return (self.root / name).exists()
+
+    def remove(self, name: str) -> None:
+        if (self.root / name).exists():
+            (self.root / name).unlink()
+            storage.fsync_path(str(self.root), directory=True)
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        storage.write_bytes_atomic(self.root / name, data)
+
+    def sha256(self, name: str) -> str:
+        return storage.file_sha256(self.root / name)
+
+    def read_array(self, name: str) -> np.ndarray:
+        return storage.read_array_file(self.root / name)
+
+    def read_json(self, name: str):
+        return storage.read_json(self.root / name, checksum=True)
+
+    def write_json(self, name: str, obj) -> None:
+        storage.write_json_atomic(self.root / name, obj, checksum=True)
+
+    def lock(self, purpose: str):
+        return locking.StoreLock(self.root, purpose=purpose)
+
+    def check_new(self) -> None:
+        storage.check_store_dir(self.root)
+
+    def tidy(self) -> None:
+        storage.remove_leftovers(self.root)
+        _clean_dead_readers(self.root)
+
+    def create_table(self, backend: str, name: str, cards, chunks) -> TableSpec:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return storage.create_table(backend, self.root, name, cards, chunks)
+
+    def table_spec(self, backend: str, name: str, cards, chunks) -> TableSpec:
+        return TableSpec(backend, storage.table_path(backend, self.root, name), tuple(cards), tuple(chunks))

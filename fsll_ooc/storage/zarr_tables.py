@@ -61,6 +61,31 @@ def _check_chunk_content(spec: TableSpec, f: str) -> None:
         raise IntegrityError(f, "chunk checksum mismatch (the file was altered or damaged)")
 
 
+def open_checked(store, spec: TableSpec, meta: str):
+    """The zarr array at ``store`` (a path or a zarr store), checked against ``spec``;
+    :class:`IntegrityError` naming ``meta`` when its metadata does not describe the table."""
+    import zarr
+
+    try:
+        # every chunk is stored, zeros included: a missing chunk file is then always damage
+        arr = zarr.open_array(store, mode="r+").with_config({"write_empty_chunks": True})
+    except Exception as e:  # noqa: BLE001 - any parse failure means the metadata cannot be trusted
+        raise IntegrityError(meta, f"array metadata cannot be read ({type(e).__name__}: {e})") from None
+    problems = []
+    if tuple(arr.shape) != spec.shape:
+        problems.append(f"shape {tuple(arr.shape)} instead of {spec.shape}")
+    if tuple(arr.chunks) != spec.chunks:
+        problems.append(f"chunks {tuple(arr.chunks)} instead of {spec.chunks}")
+    if np.dtype(arr.dtype) != np.dtype(spec.dtype):
+        problems.append(f"dtype {arr.dtype} instead of {spec.dtype}")
+    names = [type(c).__name__ for c in getattr(arr.metadata, "codecs", ())]
+    if names != ["BytesCodec", "Crc32cCodec"]:
+        problems.append(f"codecs {names} instead of [BytesCodec, Crc32cCodec] (checksummed, uncompressed)")
+    if problems:
+        raise IntegrityError(meta, "array metadata does not describe this table: " + "; ".join(problems))
+    return arr
+
+
 @register_backend
 class ZarrBackend(TableBackend):
     """Zarr v3 arrays, one chunk file per chunk with its CRC-32C (codec ``crc32c``)."""
@@ -87,29 +112,10 @@ class ZarrBackend(TableBackend):
         return spec
 
     def open(self, spec: TableSpec):
-        import zarr
-
         meta = os.path.join(spec.path, _METADATA)
         if not os.path.exists(meta):
             raise IntegrityError(meta, "array metadata is missing")
-        try:
-            # every chunk is stored, zeros included: a missing chunk file is then always damage
-            arr = zarr.open_array(spec.path, mode="r+").with_config({"write_empty_chunks": True})
-        except Exception as e:  # noqa: BLE001 - any parse failure means the metadata cannot be trusted
-            raise IntegrityError(meta, f"array metadata cannot be read ({type(e).__name__}: {e})") from None
-        problems = []
-        if tuple(arr.shape) != spec.shape:
-            problems.append(f"shape {tuple(arr.shape)} instead of {spec.shape}")
-        if tuple(arr.chunks) != spec.chunks:
-            problems.append(f"chunks {tuple(arr.chunks)} instead of {spec.chunks}")
-        if np.dtype(arr.dtype) != np.dtype(spec.dtype):
-            problems.append(f"dtype {arr.dtype} instead of {spec.dtype}")
-        names = [type(c).__name__ for c in getattr(arr.metadata, "codecs", ())]
-        if names != ["BytesCodec", "Crc32cCodec"]:
-            problems.append(f"codecs {names} instead of [BytesCodec, Crc32cCodec] (checksummed, uncompressed)")
-        if problems:
-            raise IntegrityError(meta, "array metadata does not describe this table: " + "; ".join(problems))
-        return arr
+        return open_checked(spec.path, spec, meta)
 
     def read(self, spec: TableSpec, key: tuple) -> np.ndarray:
         arr = open_table(spec)

@@ -1,0 +1,211 @@
+"""The backend ``"zarr_url"``: a table is a Zarr v3 array at a URL (fsspec: ``s3://``, ``gs://``, ...).
+
+The arrays are the ones the local ``zarr`` backend writes (uncompressed, chunks of the
+planner's chunk shape, a CRC-32C per chunk, every chunk stored), so a store copied
+between a bucket and a disk stays a store.  A spec's ``path`` is the array's URL and its
+``options`` the fsspec storage options (JSON), which travel with the spec to every
+dask worker.
+
+Whole-chunk reads and writes (what the engine's tasks do) go straight to the chunk
+objects, many at once (``fs.cat`` / ``fs.pipe``): every chunk read must exist with its
+exact size and checksum, else :class:`~fsll_ooc.storage.IntegrityError` names the object
+(a missing chunk is damage, never zeros).  Each chunk is one PUT, which an object store
+applies atomically, so there are no temporary objects to clean up.  Other keys go
+through zarr itself.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from .base import CHECKSUM_BYTES, TableBackend, TableSpec, chunk_slices, forget, key_chunks, normalize_key, \
+    open_table, register_backend
+from .errors import IntegrityError
+from .files import crc32c
+from .url_store import decode_options, filesystem
+from .zarr_tables import open_checked
+
+__all__ = ["ZarrURLBackend"]
+
+_METADATA = "zarr.json"
+
+
+def _chunk_path(spec: TableSpec, coords) -> str:
+    _, path = filesystem(spec.path, spec.options)
+    # the default chunk key encoding of zarr v3: c/i/j/...
+    return path + "/c/" + "/".join(str(int(i)) for i in coords)
+
+
+def _decode(spec: TableSpec, where: str, data) -> np.ndarray:
+    """The chunk's values from its stored bytes, checked (size, CRC-32C)."""
+    if isinstance(data, BaseException):
+        if isinstance(data, FileNotFoundError):
+            raise IntegrityError(where, "chunk object is missing (deleted, or the table was never completely written)")
+        raise IntegrityError(where, f"chunk object cannot be read ({type(data).__name__}: {data})")
+    want = spec.chunk_nbytes + CHECKSUM_BYTES
+    if len(data) != want:
+        raise IntegrityError(where, f"chunk object has {len(data):,} bytes, expected {want:,} (truncated or altered)")
+    body = memoryview(data)[:-CHECKSUM_BYTES]
+    if crc32c(body) != int.from_bytes(bytes(data[-CHECKSUM_BYTES:]), "little"):
+        raise IntegrityError(where, "chunk checksum mismatch (the object was altered or damaged)")
+    return np.frombuffer(body, dtype=np.dtype(spec.dtype).newbyteorder("<")).reshape(spec.chunks)
+
+
+def _encode(block: np.ndarray) -> bytes:
+    body = np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<")).tobytes()
+    return body + crc32c(body).to_bytes(CHECKSUM_BYTES, "little")
+
+
+def _region(spec: TableSpec, key) -> tuple[list[tuple[int, int]], list[int]]:
+    """Per axis ``(start, stop)`` of ``key``, and the axes given as integers (dropped from the result)."""
+    bounds, drop = [], []
+    for ax, (k, s) in enumerate(zip(normalize_key(key, len(spec.shape)), spec.shape)):
+        if isinstance(k, (int, np.integer)):
+            i = int(k) + (s if k < 0 else 0)
+            bounds.append((i, i + 1))
+            drop.append(ax)
+        else:
+            start, stop, _ = k.indices(s)
+            bounds.append((start, max(start, stop)))
+    return bounds, drop
+
+
+@register_backend
+class ZarrURLBackend(TableBackend):
+    """Zarr v3 arrays at a URL, one object per chunk with its CRC-32C (codec ``crc32c``)."""
+
+    name = "zarr_url"
+    persistent = True
+    supports_inplace_views = False
+    checksummed = True
+    checksum_bytes_per_chunk = CHECKSUM_BYTES
+
+    def table_path(self, store, name: str, dtype: str = "float64") -> str:
+        return f"{str(store).rstrip('/')}/{name}"
+
+    def _store(self, spec: TableSpec):
+        from zarr.storage import FsspecStore
+
+        return FsspecStore.from_url(spec.path, storage_options=decode_options(spec.options))
+
+    def create(self, spec: TableSpec) -> TableSpec:
+        import zarr
+        from zarr.codecs import Crc32cCodec
+
+        fs, path = filesystem(spec.path, spec.options)
+        if fs.exists(path):  # an old table of another shape must leave no chunk behind
+            fs.rm(path, recursive=True)
+        zarr.create_array(store=self._store(spec), shape=spec.shape, chunks=spec.chunks, dtype=spec.dtype,
+                          compressors=[Crc32cCodec()], fill_value=0.0, zarr_format=3, overwrite=True,
+                          config={"write_empty_chunks": True})
+        return spec
+
+    def open(self, spec: TableSpec):
+        fs, path = filesystem(spec.path, spec.options)
+        meta = f"{spec.path}/{_METADATA}"
+        fs.invalidate_cache(path)
+        if not fs.exists(f"{path}/{_METADATA}"):
+            raise IntegrityError(meta, "array metadata is missing")
+        return open_checked(self._store(spec), spec, meta)
+
+    def read(self, spec: TableSpec, key: tuple) -> np.ndarray:
+        open_table(spec)  # the metadata, checked once per process
+        coords, _ = key_chunks(spec, key)
+        bounds, drop = _region(spec, key)
+        out = np.empty([b - a for a, b in bounds], dtype=spec.dtype)
+        if coords:
+            fs, _ = filesystem(spec.path, spec.options)
+            paths = [_chunk_path(spec, c) for c in coords]
+            got = fs.cat(paths, on_error="return") if len(paths) > 1 else {paths[0]: _cat_one(fs, paths[0])}
+            for c, p in zip(coords, paths):
+                chunk = _decode(spec, p, got.get(p, FileNotFoundError(p)))
+                src, dst = [], []
+                for (a, b), sl, size in zip(bounds, chunk_slices(spec, c), spec.chunks):
+                    lo, hi = max(a, sl.start), min(b, sl.stop)
+                    src.append(slice(lo - sl.start, hi - sl.start))
+                    dst.append(slice(lo - a, hi - a))
+                out[tuple(dst)] = chunk[tuple(src)]
+        return out.reshape([n for ax, n in enumerate(out.shape) if ax not in drop]) if drop else out
+
+    def write(self, spec: TableSpec, key: tuple, value: np.ndarray) -> None:
+        coords, aligned = key_chunks(spec, key)
+        if not aligned or not coords:
+            open_table(spec)[key] = value
+            return
+        bounds, _ = _region(spec, key)
+        value = np.asarray(value, dtype=spec.dtype).reshape([b - a for a, b in bounds])
+        objects = {}
+        for c in coords:
+            block = np.zeros(spec.chunks, dtype=spec.dtype)  # an edge chunk is stored whole, padded
+            sl = chunk_slices(spec, c)
+            part = tuple(slice(s.start - a, s.stop - a) for s, (a, _) in zip(sl, bounds))
+            block[tuple(slice(0, s.stop - s.start) for s in sl)] = value[part]
+            objects[_chunk_path(spec, c)] = _encode(block)
+        fs, _ = filesystem(spec.path, spec.options)
+        fs.pipe(objects)
+
+    def gather(self, spec: TableSpec, flat: np.ndarray) -> np.ndarray:
+        arr = open_table(spec)
+        return np.asarray(arr.get_coordinate_selection(np.unravel_index(flat, spec.shape)), dtype=np.float64)
+
+    def as_array(self, spec: TableSpec):
+        import dask.array as da
+
+        return da.from_zarr(spec.path, storage_options=decode_options(spec.options) or None)
+
+    def check(self, spec: TableSpec) -> None:
+        """Metadata, and every chunk object present with its exact size (one listing)."""
+        forget(spec)
+        open_table(spec)
+        fs, path = filesystem(spec.path, spec.options)
+        fs.invalidate_cache(path)
+        try:
+            sizes = {k.rstrip("/"): v.get("size") for k, v in fs.find(path + "/c", detail=True).items()}
+        except FileNotFoundError:
+            sizes = {}
+        want = spec.chunk_nbytes + CHECKSUM_BYTES
+        for c in np.ndindex(*spec.grid):
+            p = _chunk_path(spec, c)
+            size = sizes.get(p)
+            if size is None:
+                raise IntegrityError(p, "chunk object is missing (deleted, or the table was never completely written)")
+            if size != want:
+                raise IntegrityError(p, f"chunk object has {size:,} bytes, expected {want:,} (truncated or altered)")
+
+    def verify(self, spec: TableSpec) -> None:
+        """Every chunk object's size and checksum (reads the whole table once, 64 chunks at a time)."""
+        self.check(spec)
+        fs, _ = filesystem(spec.path, spec.options)
+        grid = list(np.ndindex(*spec.grid))
+        for i in range(0, len(grid), 64):
+            paths = [_chunk_path(spec, c) for c in grid[i:i + 64]]
+            got = fs.cat(paths, on_error="return")
+            for p in paths:
+                _decode(spec, p, got.get(p, FileNotFoundError(p)))
+
+    def fingerprint(self, spec: TableSpec) -> dict:
+        return {"metadata": _METADATA, "sha256": self._metadata_hash(spec)}
+
+    def _metadata_hash(self, spec: TableSpec) -> str:
+        fs, path = filesystem(spec.path, spec.options)
+        try:
+            data = fs.cat_file(f"{path}/{_METADATA}")
+        except FileNotFoundError:
+            raise IntegrityError(f"{spec.path}/{_METADATA}", "array metadata is missing") from None
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+
+    def check_fingerprint(self, spec: TableSpec, fp: dict) -> None:
+        """The metadata's hash, then the metadata describes the table (chunk objects are not looked at)."""
+        if self._metadata_hash(spec) != fp.get("sha256"):
+            raise IntegrityError(f"{spec.path}/{_METADATA}",
+                                 "array metadata changed since the fit wrote it (altered or replaced)")
+        forget(spec)
+        open_table(spec)
+
+
+def _cat_one(fs, path):
+    try:
+        return fs.cat_file(path)
+    except Exception as e:  # noqa: BLE001 - reported by _decode, naming the object
+        return e
