@@ -209,6 +209,8 @@ class FSLL:
 
     def __repr__(self) -> str:
         diff = {k: v for k, v in self.get_params().items() if v != FSLL().get_params()[k]}
+        if isinstance(diff.get("storage_options"), dict):  # may hold credentials: names only
+            diff["storage_options"] = {k: "..." for k in diff["storage_options"]}
         return "FSLL(" + ", ".join(f"{k}={v!r}" for k, v in diff.items()) + ")"
 
     # ------------------------------------------------------------------ fitting

@@ -57,7 +57,17 @@ __all__ = ["is_url", "local_path", "encode_options", "decode_options", "filesyst
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: Seconds a writer lock stays valid without renewal (the holder renews every LEASE / 4).
 LEASE = 60.0
+#: Resolution of an object's Last-Modified (whole seconds on S3): added to a lease before it is stale.
+CLOCK_SLACK = 1.0
 LOCK_OBJECT = "fsll.lock"
+#: For a backend a store can name (``"zarr"``), the backend that keeps its tables at a URL
+#: (filled by the backend modules: ``storage/zarr_url.py``).
+URL_FORMS: dict[str, str] = {}
+
+
+def _now() -> float:
+    """This machine's clock, against which a lock's Last-Modified is compared."""
+    return time.time()
 
 
 def is_url(store) -> bool:
@@ -123,7 +133,6 @@ class URLRoot:
     """
 
     is_url = True
-    table_backend = "zarr_url"
 
     def __init__(self, url: str, options: dict | None = None):
         self.url = self.root = url.rstrip("/")
@@ -214,10 +223,10 @@ class URLRoot:
         """The spec of table ``name``: a ``zarr`` table of the store is a ``zarr_url`` array here."""
         from .base import TableSpec
 
-        if backend != "zarr":
+        if backend not in URL_FORMS:
             raise ValueError(f"a store given by URL ({self.url}) keeps its tables as zarr arrays; backend "
                              f"{backend!r} is local only: use backend='zarr' or a local store")
-        return TableSpec(self.table_backend, self.child(name), tuple(int(c) for c in cards),
+        return TableSpec(URL_FORMS[backend], self.child(name), tuple(int(c) for c in cards),
                          tuple(int(c) for c in chunks), options=self.options)
 
     def reader_scratch(self, readers: str, cards, chunks, owner):
@@ -265,7 +274,7 @@ def _server_age(fs, path: str) -> tuple[dict | None, str | None, float | None]:
     age = None
     if modified is not None:
         stamp = modified.timestamp() if hasattr(modified, "timestamp") else float(modified)
-        age = time.time() - stamp
+        age = _now() - stamp
     return (record if isinstance(record, dict) else {}), etag, age
 
 
@@ -313,7 +322,9 @@ class ObjectLock:
             fs.pipe_file(self._path, self._record(), mode="create")
         else:
             fs.pipe_file(self._path, self._record())
-        _, self._etag, _ = _server_age(fs, self._path)
+        record, self._etag, _ = _server_age(fs, self._path)
+        if record is None or record.get("token") != self._token:
+            raise OSError(f"{self.root.child(LOCK_OBJECT)} was replaced by another writer")
 
     def acquire(self, shared: bool = False, create: bool = True) -> "ObjectLock":
         """Take the lock (exclusive by default; ``shared``: only check that no live writer holds it)."""
@@ -323,7 +334,7 @@ class ObjectLock:
         if shared:
             record, _, age = _server_age(fs, self._path)
             if record is not None and not self._stale(age, record):
-                raise StoreLockedError(self.root.url, record, True)
+                raise StoreLockedError(self.root.url, record, True, self._advice(age))
             return self
         for _ in range(3):
             try:
@@ -335,10 +346,7 @@ class ObjectLock:
             if record is None:
                 continue  # released in the meantime: try again
             if not self._stale(age, record):
-                raise StoreLockedError(self.root.url, record, False,
-                                       f"(a lease renewed {age:.0f} s ago; if that fit is gone, delete "
-                                       f"{self.root.child(LOCK_OBJECT)} or wait {self.lease:.0f} s)"
-                                       if age is not None else "")
+                raise StoreLockedError(self.root.url, record, False, self._advice(age))
             try:  # stale: take it over, on condition that nobody else did first
                 self._put(if_match=etag)
             except (OSError, ValueError):
@@ -352,14 +360,19 @@ class ObjectLock:
         self._stop.clear()
         self._beat = threading.Thread(target=self._heartbeat, name="fsll-lock-lease", daemon=True)
         self._beat.start()
-        weakref.finalize(self, self._stop.set)
         return self
+
+    def _advice(self, age: float | None) -> str:
+        if age is None:
+            return ""
+        return (f"(a lease renewed {max(age, 0):.0f} s ago; if that fit is gone, delete "
+                f"{self.root.child(LOCK_OBJECT)} or wait {self.lease:.0f} s)")
 
     def _stale(self, age: float | None, record: dict) -> bool:
         if record.get("state") != "held":
             return True
         lease = float(record.get("lease_seconds") or self.lease)
-        return age is not None and age > lease
+        return age is not None and age > lease + CLOCK_SLACK
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.lease / 4):

@@ -23,7 +23,7 @@ from .base import CHECKSUM_BYTES, TableBackend, TableSpec, chunk_slices, forget,
     open_table, register_backend
 from .errors import IntegrityError
 from .files import crc32c
-from .url_store import decode_options, filesystem
+from .url_store import URL_FORMS, _is_s3, decode_options, filesystem
 from .zarr_tables import open_checked
 
 __all__ = ["ZarrURLBackend"]
@@ -117,7 +117,7 @@ class ZarrURLBackend(TableBackend):
         if coords:
             fs, _ = filesystem(spec.path, spec.options)
             paths = [_chunk_path(spec, c) for c in coords]
-            got = fs.cat(paths, on_error="return") if len(paths) > 1 else {paths[0]: _cat_one(fs, paths[0])}
+            got = _cat(fs, paths)
             for c, p in zip(coords, paths):
                 chunk = _decode(spec, p, got.get(p, FileNotFoundError(p)))
                 src, dst = [], []
@@ -180,7 +180,7 @@ class ZarrURLBackend(TableBackend):
         grid = list(np.ndindex(*spec.grid))
         for i in range(0, len(grid), 64):
             paths = [_chunk_path(spec, c) for c in grid[i:i + 64]]
-            got = fs.cat(paths, on_error="return")
+            got = _cat(fs, paths)
             for p in paths:
                 _decode(spec, p, got.get(p, FileNotFoundError(p)))
 
@@ -204,8 +204,17 @@ class ZarrURLBackend(TableBackend):
         open_table(spec)
 
 
-def _cat_one(fs, path):
-    try:
-        return fs.cat_file(path)
-    except Exception as e:  # noqa: BLE001 - reported by _decode, naming the object
-        return e
+def _cat(fs, paths: list[str]) -> dict:
+    """The objects ``paths``, fetched concurrently, as ``{path: bytes or the exception}``
+    (each one GET: S3's size request before a download is skipped, the chunks are read
+    concurrently anyway)."""
+    kw = {"max_concurrency": 1} if _is_s3(fs) else {}
+    if len(paths) == 1:
+        try:
+            return {paths[0]: fs.cat_file(paths[0], **kw)}
+        except Exception as e:  # noqa: BLE001 - reported by _decode, naming the object
+            return {paths[0]: e}
+    return fs.cat(paths, on_error="return", **kw)
+
+
+URL_FORMS["zarr"] = ZarrURLBackend.name  # a store's "zarr" tables, at a URL
