@@ -101,23 +101,20 @@ def decode_options(text: str | None) -> dict:
     return json.loads(text) if text else {}
 
 
-_FS: dict[tuple[str, str | None], tuple[Any, str]] = {}
+_FS: dict[tuple[str, str | None], Any] = {}
 _FS_LOCK = threading.Lock()
 
 
 def filesystem(url: str, options: str | None = None):
     """``(fs, path)`` for ``url`` with the JSON storage ``options`` (one fsspec filesystem per
-    protocol and options in this process)."""
+    protocol and options in this process; ``path`` is the URL without its protocol)."""
     from fsspec.core import url_to_fs
 
-    proto = url.split("://", 1)[0]
-    key = (proto, options)
+    key = (url.split("://", 1)[0], options)
     with _FS_LOCK:
-        got = _FS.get(key)
-        if got is None:
-            fs, _ = url_to_fs(url, **decode_options(options))
-            got = _FS[key] = (fs, None)
-    fs = got[0]
+        fs = _FS.get(key)
+        if fs is None:
+            fs = _FS[key] = url_to_fs(url, **decode_options(options))[0]
     return fs, fs._strip_protocol(url).rstrip("/")
 
 
