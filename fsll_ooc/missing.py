@@ -957,15 +957,13 @@ def _set_em_attributes(est, res: EMResult, n_hidden: int) -> None:
 def _fit_in_store(est, backend, rows, counts, cards, n_hidden: int, seeds, names, categories) -> None:
     """A new EM fit in ``est.store``: the data kept as distinct rows and counts (file
     ``rows``), then :func:`_learn_in_store` from new tables."""
-    from pathlib import Path
-
     from ._machine import free_disk
     from .estimator import _json_or_none
     from .model_file import jsonable_categories
     from .storage.fit_store import FitStore
 
-    fs = FitStore(est.store, backend.name)
-    plan = est._make_plan(cards, backend, disk_free=free_disk(Path(est.store).resolve()))
+    fs = FitStore(est.store, backend.name, getattr(est, "storage_options", None))
+    plan = est._make_plan(cards, backend, disk_free=None if fs.io.is_url else free_disk(fs.root.resolve()))
     fs.check_new()  # never replace or delete a user's files
     plan = fs.account(plan)
     N = int(counts.sum())
