@@ -449,7 +449,7 @@ def check_invariants(root, state, since: int = 0) -> None:
             if bad:
                 break
     if bad is not None:
-        raise IntegrityError(Path(root), f"the learner stopped at iteration {state.n_iter}: {bad}",
+        raise IntegrityError(root, f"the learner stopped at iteration {state.n_iter}: {bad}",
                              _DAMAGED.format(store=str(root)))
 
 
