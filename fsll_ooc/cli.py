@@ -1020,9 +1020,11 @@ def _plan_duration(args, p):
     if not p.out_of_core:
         speed = memory_speed()
         return estimate_duration(p, speed, speed, "memory, measured: a copy of 64 MiB; compute comes on top")
-    if args.store is None:
+    from .storage.url_store import local_path
+
+    if args.store is None or local_path(args.store) is None:  # an object store: no disk to measure
         return None
-    where = os.path.abspath(args.store)
+    where = os.path.abspath(local_path(args.store))
     while not os.path.isdir(where):
         where = os.path.dirname(where)
     if free_disk(where) < 1 * 2**30:
