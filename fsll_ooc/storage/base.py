@@ -32,7 +32,9 @@ CHECKSUM_BYTES = 4
 class TableSpec:
     """Where one table lives: ``backend`` (a registered name), ``path`` (file or directory;
     None in memory), ``shape``, ``chunks``, ``dtype``; ``array`` holds the data of a
-    backend that is not :attr:`~TableBackend.persistent`.
+    backend that is not :attr:`~TableBackend.persistent`; ``fit_id`` names the fit the
+    table belongs to (checksummed backends bind every chunk's checksum to it, to the
+    table and to the chunk's position: :mod:`fsll_ooc.storage.binding`).
 
     Small and picklable, so a dask worker in another process opens the same table by itself
     (:func:`fsll_ooc.storage.open_table`); a table that lives in this process's memory refuses
@@ -45,13 +47,14 @@ class TableSpec:
     chunks: tuple[int, ...]
     dtype: str = "float64"
     array: Any = None
+    fit_id: str = ""
 
     def __reduce__(self):
         if not self.backend_impl.persistent:
             raise TypeError(f"a {self.backend!r} table lives in this process's memory and cannot be sent to "
                             f"another process; use a store (backend one of {_persistent_names()}) with a "
                             "distributed scheduler")
-        return (TableSpec, (self.backend, self.path, self.shape, self.chunks, self.dtype, None))
+        return (TableSpec, (self.backend, self.path, self.shape, self.chunks, self.dtype, None, self.fit_id))
 
     @property
     def backend_impl(self) -> "TableBackend":
