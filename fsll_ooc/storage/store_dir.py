@@ -3,6 +3,7 @@
 Store layout (``backend="zarr"``)::
 
     STORE/dbar/zarr.json, STORE/dbar/c/...   # zarr arrays, one per table
+    STORE/dbar.crc32c                         # the chunks' checksums bound to table, position and fit
     STORE/thetabar/ ...
     STORE/scratch/ ...
     STORE/fsll_state.json      # fit state, replaced atomically after every iteration
