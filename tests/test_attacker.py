@@ -335,3 +335,68 @@ def test_a_store_from_before_bound_checksums_is_refused_then_rebuilt(tmp_path, m
     m = FSLL.resume(store, progress=False, restart=True)
     ref = FSLL(progress=False, store=tmp_path / "ref", layout=LAYOUT, scheduler="serial", epsilon=1e-4).fit(X)
     assert m.theta_ == ref.theta_ and m.n_iter_ == ref.n_iter_
+
+
+@pytest.mark.parametrize("marker", ["file", "symlink", "directory"])
+def test_a_planted_lock_marker_does_not_make_a_directory_a_store(tmp_path, marker):
+    from fsll_ooc.storage import IntegrityError
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("precious\n")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    lock = home / "fsll.lock"
+    if marker == "file":
+        lock.write_text("")
+    elif marker == "symlink":
+        os.symlink(victim, lock)
+    else:
+        lock.mkdir()
+    est = FSLL(progress=False, store=home, layout=LAYOUT, scheduler="serial")
+    want = {"file": "not empty and is not an fsll-ooc store", "symlink": r"fsll\.lock: is a symbolic link",
+            "directory": r"fsll\.lock is not a regular file"}[marker]
+    with pytest.raises((ValueError, IntegrityError), match=want):
+        est.fit(data())
+    assert (home / "notes.txt").read_text() == "precious\n" and victim.read_text() == "precious\n"
+    assert sorted(p.name for p in home.iterdir()) == ["fsll.lock", "notes.txt"]
+
+
+def test_a_directory_holding_only_a_lock_is_a_store_killed_before_it_started(tmp_path):
+    store = tmp_path / "s"
+    store.mkdir()
+    (store / "fsll.lock").write_text("")  # what a fit killed before it kept its data leaves
+    m = FSLL(progress=False, store=store, layout=LAYOUT, scheduler="serial").fit(data())
+    assert FitStore(store).read().status == "complete" and np.isfinite(m.cost_)
+
+
+@pytest.mark.parametrize("where", ["table", "chunk_dir", "readers"])
+def test_a_planted_directory_link_in_a_zarr_store_is_not_written_through(tmp_path, monkeypatch, where):
+    """zarr writes a chunk to a temporary file next to it and renames it: a linked table or
+    chunk directory would put the store's files in the link's target."""
+    import shutil
+
+    from fsll_ooc.storage import IntegrityError
+
+    store = tmp_path / "s"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if where == "readers":
+        FSLL(progress=False, store=store, layout=LAYOUT, scheduler="serial").fit(data())
+        os.symlink(elsewhere, store / "readers")
+        with pytest.raises(IntegrityError, match=r"readers: is a symbolic link"):
+            FSLL.resume(store, progress=False)
+        assert list(elsewhere.iterdir()) == []
+        return
+    interrupted_fit(store, monkeypatch, "zarr")
+    if where == "table":
+        target = store / "thetabar"
+    else:
+        target = next(p for p in (store / "thetabar" / "c").iterdir() if p.is_dir())
+    shutil.copytree(target, elsewhere / "t")
+    shutil.rmtree(target)
+    os.symlink(elsewhere / "t", target)
+    before = {p: p.read_bytes() for p in (elsewhere / "t").rglob("*") if p.is_file()}
+    with pytest.raises(IntegrityError, match="is a symbolic link"):
+        FSLL.resume(store, progress=False)
+    assert {p: p.read_bytes() for p in (elsewhere / "t").rglob("*") if p.is_file()} == before
