@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, chunk_slices, forget, key_chunks, open_table,
+from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, cached, chunk_slices, forget, key_chunks, open_table,
                    register_backend)
 from .errors import IntegrityError
 from . import binding, files
