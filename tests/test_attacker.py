@@ -216,3 +216,187 @@ def test_inconsistent_target_duals_stop_the_fit_instead_of_running_away(tmp_path
     kept = FitStore(store).read()
     assert kept.status == "running" and kept.state["n_iter"] == n_iter  # the last sane step
     assert all(h["cost"] >= 0 for h in kept.state["history"])
+
+
+# --------------------------------------------------------------------------- chunks bound to their place
+def interrupted_fit(store, monkeypatch, backend, seed=0, stop=4):
+    """A fit stopped after its ``stop``-th state write (status ``running``, iterations left)."""
+    import interrupts
+
+    X = data(seed)
+    X[:, 1], X[:, 3] = X[:, 0], X[:, 2] % 2
+    interrupts.stop_after(monkeypatch, stop)
+    with pytest.raises(interrupts.Crash):
+        FSLL(progress=False, store=store, backend=backend, layout=LAYOUT, scheduler="serial", epsilon=1e-4).fit(X)
+    monkeypatch.undo()
+    return X
+
+
+def chunk_files(store, backend, table):
+    """The chunks of ``table`` as (file, offset, size): zarr chunk files, or memmap bands."""
+    if backend == "zarr":
+        return [(p, 0, p.stat().st_size) for p in sorted((store / table / "c").rglob("*")) if p.is_file()]
+    import json
+
+    st = json.loads((store / "fsll_state.json").read_text())
+    size = 8 * int(np.prod(st["chunks"]))
+    path = store / f"{table}.f64"
+    return [(path, i, size) for i in range(0, path.stat().st_size, size)]
+
+
+def read_part(part):
+    path, off, size = part
+    with open(path, "rb") as fh:
+        fh.seek(off)
+        return fh.read(size)
+
+
+def write_part(part, data, crc=None):
+    """Write ``data`` over chunk ``part`` (and, for a memmap band, its side-file entry ``crc``)."""
+    path, off, size = part
+    with open(path, "r+b") as fh:
+        fh.seek(off)
+        fh.write(data)
+    if crc is not None:
+        with open(str(path) + ".crc32c", "r+b") as fh:
+            fh.seek(4 * (off // size))
+            fh.write(crc)
+
+
+def side_entry(part):
+    path, off, size = part
+    if path.suffix != ".f64":
+        return None
+    with open(str(path) + ".crc32c", "rb") as fh:
+        fh.seek(4 * (off // size))
+        return fh.read(4)
+
+
+@pytest.mark.parametrize("backend", ["zarr", "memmap"])
+@pytest.mark.parametrize("damage", ["swap", "move", "foreign"])
+def test_swapped_moved_or_foreign_chunks_are_refused_by_name(tmp_path, monkeypatch, backend, damage):
+    """Every chunk passes its own CRC; only the binding to table, position and fit tells them apart."""
+    from fsll_ooc.storage import IntegrityError
+
+    store = tmp_path / "s"
+    interrupted_fit(store, monkeypatch, backend)
+    dbar = chunk_files(store, backend, "dbar")
+    if damage == "swap":  # two chunks of a table change places, each with its own checksum
+        a, b = next((a, b) for a in dbar for b in dbar if read_part(a) != read_part(b))
+        da, db, ca, cb = read_part(a), read_part(b), side_entry(a), side_entry(b)
+        write_part(a, db, cb)
+        write_part(b, da, ca)
+        victim = a
+    elif damage == "move":  # a chunk of another table (with its checksum) put in place of one of dbar's
+        theta = chunk_files(store, backend, "thetabar")
+        i = next(i for i in range(len(dbar)) if read_part(dbar[i]) != read_part(theta[i]))
+        write_part(dbar[i], read_part(theta[i]), side_entry(theta[i]))
+        victim = dbar[i]
+    else:  # the whole table (and its checksums) copied from another fit with the same cardinalities
+        other = tmp_path / "other"
+        interrupted_fit(other, monkeypatch, backend, seed=1)
+        import shutil
+
+        name = "dbar" if backend == "zarr" else "dbar.f64"
+        if backend == "zarr":
+            shutil.rmtree(store / name)
+            shutil.copytree(other / name, store / name)
+        else:
+            shutil.copy(other / name, store / name)
+        shutil.copy(other / f"{name}.crc32c", store / f"{name}.crc32c")
+        victim = (store / name, 0, 0)
+    where = str(victim[0]) if backend == "zarr" or damage == "foreign" else str(store / "dbar.f64")
+    with pytest.raises(IntegrityError, match="restart=True") as e:
+        FSLL.resume(store, progress=False)
+    msg = str(e.value)
+    assert msg.startswith(str(store / ("dbar" if backend == "zarr" else "dbar.f64"))) and "\n" not in msg
+    if backend == "zarr" and damage != "foreign":
+        assert msg.startswith(where + ":")
+    assert "not the chunk this fit wrote at this place" in msg or "checksum mismatch" in msg
+    m = FSLL.resume(store, progress=False, restart=True)  # rebuilt from the data kept in the store
+    assert m.n_iter_ > 0 and np.isfinite(m.cost_)
+
+
+def test_a_store_from_before_bound_checksums_is_refused_then_rebuilt(tmp_path, monkeypatch):
+    import json
+
+    from fsll_ooc import storage
+    from fsll_ooc.storage import IntegrityError
+
+    store = tmp_path / "s"
+    X = interrupted_fit(store, monkeypatch, "zarr")
+    obj = json.loads((store / "fsll_state.json").read_text())
+    obj.pop("checksum")
+    obj.pop("fit_id")
+    obj["version"] = 1
+    storage.write_json_atomic(store / "fsll_state.json", obj, checksum=True)
+    with pytest.raises(IntegrityError, match=r"fsll_state\.json: written by an older fsll-ooc .*restart=True"):
+        FSLL.resume(store, progress=False)
+    m = FSLL.resume(store, progress=False, restart=True)
+    ref = FSLL(progress=False, store=tmp_path / "ref", layout=LAYOUT, scheduler="serial", epsilon=1e-4).fit(X)
+    assert m.theta_ == ref.theta_ and m.n_iter_ == ref.n_iter_
+
+
+@pytest.mark.parametrize("marker", ["file", "symlink", "directory"])
+def test_a_planted_lock_marker_does_not_make_a_directory_a_store(tmp_path, marker):
+    from fsll_ooc.storage import IntegrityError
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("precious\n")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    lock = home / "fsll.lock"
+    if marker == "file":
+        lock.write_text("")
+    elif marker == "symlink":
+        os.symlink(victim, lock)
+    else:
+        lock.mkdir()
+    est = FSLL(progress=False, store=home, layout=LAYOUT, scheduler="serial")
+    want = {"file": "not empty and is not an fsll-ooc store", "symlink": r"fsll\.lock: is a symbolic link",
+            "directory": r"fsll\.lock is not a regular file"}[marker]
+    with pytest.raises((ValueError, IntegrityError), match=want):
+        est.fit(data())
+    assert (home / "notes.txt").read_text() == "precious\n" and victim.read_text() == "precious\n"
+    assert sorted(p.name for p in home.iterdir()) == ["fsll.lock", "notes.txt"]
+
+
+def test_a_directory_holding_only_a_lock_is_a_store_killed_before_it_started(tmp_path):
+    store = tmp_path / "s"
+    store.mkdir()
+    (store / "fsll.lock").write_text("")  # what a fit killed before it kept its data leaves
+    m = FSLL(progress=False, store=store, layout=LAYOUT, scheduler="serial").fit(data())
+    assert FitStore(store).read().status == "complete" and np.isfinite(m.cost_)
+
+
+@pytest.mark.parametrize("where", ["table", "chunk_dir", "readers"])
+def test_a_planted_directory_link_in_a_zarr_store_is_not_written_through(tmp_path, monkeypatch, where):
+    """zarr writes a chunk to a temporary file next to it and renames it: a linked table or
+    chunk directory would put the store's files in the link's target."""
+    import shutil
+
+    from fsll_ooc.storage import IntegrityError
+
+    store = tmp_path / "s"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if where == "readers":
+        FSLL(progress=False, store=store, layout=LAYOUT, scheduler="serial").fit(data())
+        os.symlink(elsewhere, store / "readers")
+        with pytest.raises(IntegrityError, match=r"readers: is a symbolic link"):
+            FSLL.resume(store, progress=False)
+        assert list(elsewhere.iterdir()) == []
+        return
+    interrupted_fit(store, monkeypatch, "zarr")
+    if where == "table":
+        target = store / "thetabar"
+    else:
+        target = next(p for p in (store / "thetabar" / "c").iterdir() if p.is_dir())
+    shutil.copytree(target, elsewhere / "t")
+    shutil.rmtree(target)
+    os.symlink(elsewhere / "t", target)
+    before = {p: p.read_bytes() for p in (elsewhere / "t").rglob("*") if p.is_file()}
+    with pytest.raises(IntegrityError, match="is a symbolic link"):
+        FSLL.resume(store, progress=False)
+    assert {p: p.read_bytes() for p in (elsewhere / "t").rglob("*") if p.is_file()} == before

@@ -240,11 +240,14 @@ def test_every_chunk_carries_a_checksum_and_the_plan_counts_it(X, tmp_path):
     m = FSLL(progress=False, store=tmp_path / "s", layout=LAYOUT).fit(X)
     import zarr
 
+    fit_id = json.loads((tmp_path / "s" / "fsll_state.json").read_text())["fit_id"]
     for name in ("dbar", "thetabar", "scratch"):
         arr = zarr.open_array(str(tmp_path / "s" / name), mode="r")
         assert [type(c).__name__ for c in arr.metadata.codecs] == ["BytesCodec", "Crc32cCodec"]
-        storage.verify_table(storage.TableSpec("zarr", str(tmp_path / "s" / name), arr.shape, arr.chunks))
-    used = sum(f.stat().st_size for n in ("dbar", "thetabar", "scratch") for f in _chunk_files(tmp_path / "s" / n))
+        storage.verify_table(storage.TableSpec("zarr", str(tmp_path / "s" / name), arr.shape, arr.chunks,
+                                               fit_id=fit_id))
+    used = sum(f.stat().st_size for n in ("dbar", "thetabar", "scratch")
+               for f in _chunk_files(tmp_path / "s" / n) + [tmp_path / "s" / f"{n}.crc32c"])
     assert used == m.plan_.disk_bytes
 
 

@@ -34,7 +34,10 @@ class TableSpec:
     a URL for a backend that stores by URL; None in memory), ``shape``, ``chunks``,
     ``dtype``; ``array`` holds the data of a backend that is not
     :attr:`~TableBackend.persistent`; ``options`` (a JSON text) are the fsspec storage
-    options of a table stored by URL, sent with the spec to every worker.
+    options of a table stored by URL, sent with the spec to every worker; ``fit_id``
+    names the fit the table belongs to (checksummed local backends bind every chunk's
+    checksum to it, to the table and to the chunk's position:
+    :mod:`fsll_ooc.storage.binding`).
 
     Small and picklable, so a dask worker in another process opens the same table by itself
     (:func:`fsll_ooc.storage.open_table`); a table that lives in this process's memory refuses
@@ -48,13 +51,15 @@ class TableSpec:
     dtype: str = "float64"
     array: Any = None
     options: str | None = None
+    fit_id: str = ""
 
     def __reduce__(self):
         if not self.backend_impl.persistent:
             raise TypeError(f"a {self.backend!r} table lives in this process's memory and cannot be sent to "
                             f"another process; use a store (backend one of {_persistent_names()}) with a "
                             "distributed scheduler")
-        return (TableSpec, (self.backend, self.path, self.shape, self.chunks, self.dtype, None, self.options))
+        return (TableSpec, (self.backend, self.path, self.shape, self.chunks, self.dtype, None, self.options,
+                            self.fit_id))
 
     @property
     def backend_impl(self) -> "TableBackend":

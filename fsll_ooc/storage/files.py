@@ -22,8 +22,9 @@ import numpy as np
 
 from .errors import IntegrityError
 
-__all__ = ["open_nofollow", "crc32c", "fsync_path", "syncfs", "file_sha256", "write_bytes_atomic", "write_json_atomic",
-           "read_json", "read_array_file", "array_file_bytes", "is_temporary_file", "json_text", "parse_json"]
+__all__ = ["open_nofollow", "memmap_nofollow", "crc32c", "fsync_path", "syncfs", "file_sha256", "write_bytes_atomic",
+           "write_json_atomic", "read_json", "read_array_file", "array_file_bytes", "is_temporary_file", "json_text",
+           "parse_json"]
 
 
 def open_nofollow(path, flags: int, mode: int = 0o644) -> int:
@@ -36,6 +37,14 @@ def open_nofollow(path, flags: int, mode: int = 0o644) -> int:
             raise IntegrityError(path, "is a symbolic link; fsll-ooc never writes through a link in a store "
                                        "(remove the link)") from None
         raise
+
+
+def memmap_nofollow(path, dtype, shape) -> np.memmap:
+    """``np.memmap`` of an existing file, read-write, opened with ``O_NOFOLLOW`` (a link
+    planted at ``path`` is refused, see :func:`open_nofollow`)."""
+    fd = open_nofollow(path, os.O_RDWR)
+    with os.fdopen(fd, "r+b") as fh:
+        return np.memmap(fh, dtype=dtype, mode="r+", shape=shape)
 
 
 def crc32c(data) -> int:

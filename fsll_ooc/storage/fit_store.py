@@ -54,7 +54,9 @@ __all__ = ["FitStore", "StoredFit", "check_invariants", "STATE_FILE", "COUNTS_FI
 
 STATE_FILE = "fsll_state.json"
 STATE_FORMAT = "fsll-ooc-fit-state"
-STATE_VERSION = 1
+#: 2: the state names the fit (``fit_id``) and chunk checksums are bound to it; a version-1
+#: store's tables are rebuilt (``FSLL.resume(store, restart=True)``), its finished model is read.
+STATE_VERSION = 2
 #: The fit's data as (cell, count) pairs, kept in the store so that resume can restart any stage.
 COUNTS_FILE = "fsll_counts.npy"
 #: Private scratch tables of read-only users of a finished store (one directory per reader).
@@ -64,6 +66,9 @@ STATUSES = ("starting", "running", "complete")
 #: The backend of a reader's private scratch table: takes disk space only where written.
 READER_BACKEND = "zarr"
 
+_OLD_STORE = ("written by an older fsll-ooc whose chunk checksums do not bind a chunk to its table, position "
+              "and fit, so its tables cannot be trusted; FSLL.resume({store!r}, restart=True) rebuilds them from the "
+              "data kept in the store and fits again")
 _DAMAGED = ("the store's tables cannot be trusted; FSLL.resume({store!r}, restart=True) rebuilds them from the "
             "data kept in the store and fits again")
 
@@ -151,7 +156,7 @@ class FitStore:
         self.backend = obj["backend"]
         self._params = params
         self._meta = {k: obj.get(k) for k in ("counts", "tables", "feature_names", "categories", "kl_data",
-                                              "files", "extra")}
+                                              "files", "extra", "fit_id")}
         return StoredFit(obj["status"], obj["backend"], tuple(obj["layout"]), params, obj["state"],
                          obj.get("feature_names"), obj.get("categories"), obj.get("kl_data"))
 
@@ -238,7 +243,7 @@ class FitStore:
         """
         self.plan, self._params = plan, dict(params)
         names, categories = labels if labels is not None else (None, None)
-        self._meta = {"feature_names": names, "categories": categories}
+        self._meta = {"feature_names": names, "categories": categories, "fit_id": _new_fit_id()}
         self.io.remove(STATE_FILE)  # an old state must never describe new tables
         self._tidy()
         data = storage.array_file_bytes(np.stack([np.asarray(uniq, np.int64), np.asarray(counts, np.int64)]))
@@ -258,7 +263,7 @@ class FitStore:
         self.plan = plan
         self._stored = (len(stored.state.get("history") or ()), stored.state.get("entropy_q"))
         self._meta = {k: self._meta.get(k) for k in ("counts", "tables", "feature_names", "categories", "files",
-                                                     "extra")}
+                                                     "extra", "fit_id")}
         self._tidy()
         self.resumable = True
 
@@ -280,13 +285,19 @@ class FitStore:
         self._meta["extra"] = {**(self._meta.get("extra") or {}), key: obj}
 
     def restart(self, state) -> None:
-        """Back to status ``starting`` (tables are rebuilt from the data kept in the store)."""
+        """Back to status ``starting`` (tables are rebuilt from the data kept in the store, under
+        a new fit id: no chunk of the old tables passes for one of the new)."""
         self._watch(state, 0, None)
+        self._meta["fit_id"] = _new_fit_id()
+        self._meta.pop("tables", None)
         self.write_state(state, "starting")
 
     def create_tables(self, cards, chunks) -> list[TableSpec]:
         """New, empty tables ``dbar``, ``thetabar``, ``scratch`` in the store."""
-        return [self.io.create_table(self.backend, nm, cards, chunks) for nm in TABLE_NAMES]
+        if not self._meta.get("fit_id"):
+            self._meta["fit_id"] = _new_fit_id()
+        return [self.io.create_table(self.backend, nm, cards, chunks, fit_id=self._meta["fit_id"])
+                for nm in TABLE_NAMES]
 
     def tables_ready(self, specs, state) -> None:
         """Targets and duals written: make them durable, fingerprint the tables, status ``running``."""
@@ -339,10 +350,13 @@ class FitStore:
         With ``reader_owner`` (a reader of a finished fit) the scratch table is a private one
         of this process, removed when ``reader_owner`` is garbage collected.
         """
-        specs = [self.io.table_spec(self.backend, nm, cards, chunks) for nm in TABLE_NAMES]
+        fit_id = self._meta.get("fit_id") or ""
+        specs = [self.io.table_spec(self.backend, nm, cards, chunks, fit_id=fit_id) for nm in TABLE_NAMES]
         if reader_owner is not None:
             specs[2] = self._reader_scratch(tuple(cards), tuple(chunks), reader_owner)
             return specs
+        if not fit_id:
+            raise IntegrityError(self.state_file, _OLD_STORE.format(store=str(self.root)))
         tables = self._meta.get("tables") or {}
         for nm, spec in zip(TABLE_NAMES, specs):
             try:
@@ -410,12 +424,16 @@ class FitStore:
         if self.io.is_url:
             return self.io.reader_scratch(READERS_DIR, cards, chunks, owner)
         token = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-        root = self.root / READERS_DIR / token
+        readers = self.root / READERS_DIR
+        if readers.is_symlink():
+            raise IntegrityError(readers, "is a symbolic link; fsll-ooc never writes through a link in a store "
+                                          "(remove the link)")
+        root = readers / token
         try:
-            spec = storage.create_table(READER_BACKEND, root, "scratch", cards, chunks)
+            spec = storage.create_table(READER_BACKEND, root, "scratch", cards, chunks, fit_id=_new_fit_id())
         except OSError:  # a read-only store: use the temporary directory
             root = Path(tempfile.mkdtemp(prefix="fsll-reader-"))
-            spec = storage.create_table(READER_BACKEND, root, "scratch", cards, chunks)
+            spec = storage.create_table(READER_BACKEND, root, "scratch", cards, chunks, fit_id=_new_fit_id())
         weakref.finalize(owner, _remove_tree, str(root))
         return spec
 
@@ -451,6 +469,11 @@ def check_invariants(root, state, since: int = 0) -> None:
     if bad is not None:
         raise IntegrityError(root, f"the learner stopped at iteration {state.n_iter}: {bad}",
                              _DAMAGED.format(store=str(root)))
+
+
+def _new_fit_id() -> str:
+    """A random id naming one fit's tables (their chunk checksums are bound to it)."""
+    return secrets.token_hex(16)
 
 
 def _persistent(name) -> bool:
@@ -554,9 +577,10 @@ class LocalRoot:
         storage.remove_leftovers(self.root)
         _clean_dead_readers(self.root)
 
-    def create_table(self, backend: str, name: str, cards, chunks) -> TableSpec:
+    def create_table(self, backend: str, name: str, cards, chunks, fit_id: str = "") -> TableSpec:
         self.root.mkdir(parents=True, exist_ok=True)
-        return storage.create_table(backend, self.root, name, cards, chunks)
+        return storage.create_table(backend, self.root, name, cards, chunks, fit_id=fit_id)
 
-    def table_spec(self, backend: str, name: str, cards, chunks) -> TableSpec:
-        return TableSpec(backend, storage.table_path(backend, self.root, name), tuple(cards), tuple(chunks))
+    def table_spec(self, backend: str, name: str, cards, chunks, fit_id: str = "") -> TableSpec:
+        return TableSpec(backend, storage.table_path(backend, self.root, name), tuple(cards), tuple(chunks),
+                         fit_id=fit_id)

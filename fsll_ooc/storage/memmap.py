@@ -2,6 +2,7 @@
 
 Chunks must be contiguous runs of the file (chunk shape ``(1, ..., 1, k_c, ..., k_n-1)``).
 A side file ``NAME.f64.crc32c`` holds one CRC-32C per chunk (little-endian uint32),
+bound to the chunk's table, position and fit (:mod:`fsll_ooc.storage.binding`),
 updated on every write and checked on every band read; raw access through
 :func:`fsll_ooc.storage.open_table` (dask arrays over the memmap, point gathers) is *not*
 checked.  The data file is preallocated (``posix_fallocate``) so a full disk fails at
@@ -30,7 +31,8 @@ import numpy as np
 from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, cached, chunk_slices, forget, key_chunks, open_table,
                    register_backend)
 from .errors import IntegrityError
-from . import files
+from . import binding, files
+from .binding import crc_path
 from .files import crc32c, fsync_path
 
 __all__ = ["MemmapBackend", "crc_path", "wants_direct", "DIRECT_IO", "DIRECT_ALIGN", "DIRECT_PIECE"]
@@ -49,11 +51,6 @@ DIRECT_PIECE = 16 * 2**20
 
 _local = threading.local()
 _direct_refused: set = set()  # devices (st_dev) whose file system refused O_DIRECT
-
-
-def crc_path(spec: TableSpec) -> str:
-    """The side file of per-chunk checksums of memmap table ``spec``."""
-    return spec.path + ".crc32c"
 
 
 def _contiguous_split(shape, chunks) -> int | None:
@@ -92,11 +89,8 @@ def _create_filled(path: str, size: int) -> None:
 
 def _crcs(spec: TableSpec) -> np.memmap:
     """The per-chunk checksums of a memmap table (opened once per process)."""
-    def opener():
-        open_table(spec)  # size checks of both files
-        return np.memmap(crc_path(spec), dtype="<u4", mode="r+", shape=(spec.n_chunks,))
-
-    return cached(("crc", spec.path), opener)
+    open_table(spec)  # size checks of both files
+    return binding.side_file(spec)
 
 
 def _chunk_rows(spec: TableSpec, value: np.ndarray, n: int) -> np.ndarray:
@@ -241,9 +235,10 @@ def _write_memmap(spec: TableSpec, arr: np.memmap, key, value) -> None:
     value = np.asarray(value)
     if aligned and value.size == len(coords) * spec.chunk_size:
         rows = _chunk_rows(spec, value, len(coords))
-        crcs[ids] = [crc32c(r) for r in rows]
+        crcs[ids] = binding.bind_many(spec, (crc32c(r) for r in rows), ids)
     else:  # partial chunks: checksum what is now in the file
-        crcs[ids] = [crc32c(np.ascontiguousarray(arr[chunk_slices(spec, c)])) for c in coords]
+        crcs[ids] = binding.bind_many(spec, (crc32c(np.ascontiguousarray(arr[chunk_slices(spec, c)])) for c in coords),
+                                      ids)
 
 
 def _verify_memmap(spec: TableSpec, arr: np.memmap, key, out: np.ndarray) -> None:
@@ -252,9 +247,9 @@ def _verify_memmap(spec: TableSpec, arr: np.memmap, key, out: np.ndarray) -> Non
         return
     ids = _chunk_ids(spec, coords)
     if aligned and out.size == len(coords) * spec.chunk_size:
-        got = [crc32c(r) for r in _chunk_rows(spec, out, len(coords))]
+        got = binding.bind_many(spec, (crc32c(r) for r in _chunk_rows(spec, out, len(coords))), ids)
     else:
-        got = [crc32c(np.ascontiguousarray(arr[chunk_slices(spec, c)])) for c in coords]
+        got = binding.bind_many(spec, (crc32c(np.ascontiguousarray(arr[chunk_slices(spec, c)])) for c in coords), ids)
     want = np.asarray(_crcs(spec)[ids])
     bad = np.nonzero(np.asarray(got, dtype=np.uint64) != want.astype(np.uint64))[0]
     if bad.size:
@@ -262,7 +257,8 @@ def _verify_memmap(spec: TableSpec, arr: np.memmap, key, out: np.ndarray) -> Non
         off = int(ids[int(bad[0])]) * spec.chunk_nbytes
         raise IntegrityError(spec.path, f"checksum mismatch in chunk {tuple(c)} (bytes {off:,}..{off + spec.chunk_nbytes:,}; "
                                         f"{bad.size} of {len(coords)} chunks read are bad): "
-                                        "the file was altered or a write was interrupted")
+                                        "the file was altered or a write was interrupted, or the chunk was "
+                                        "swapped, moved from another table or copied from another fit")
 
 
 @register_backend
@@ -280,29 +276,22 @@ class MemmapBackend(TableBackend):
             raise ValueError(f"memmap tables need chunks of the form (1, ..., 1, k_c, ..., k_n-1); got {spec.chunks}")
         _create_filled(spec.path, spec.nbytes)
         crc0 = crc32c(np.zeros(spec.chunk_size, dtype=spec.dtype))
-        crcs = np.full(spec.n_chunks, crc0, dtype="<u4")
-        files.write_bytes_atomic(crc_path(spec), crcs.tobytes())  # looked up per call: fault injection replaces it
+        binding.create_side_file(spec, binding.bind_many(spec, np.full(spec.n_chunks, crc0), range(spec.n_chunks)))
         return spec
 
     def open(self, spec: TableSpec) -> np.memmap:
+        try:
+            size = os.lstat(spec.path).st_size
+        except FileNotFoundError:
+            raise IntegrityError(spec.path, "table file is missing") from None
         if os.path.islink(spec.path):
             raise IntegrityError(spec.path, "is a symbolic link; fsll-ooc never writes through a link in a store "
                                             "(remove the link)")
-        try:
-            size = os.path.getsize(spec.path)
-        except FileNotFoundError:
-            raise IntegrityError(spec.path, "table file is missing") from None
         if size != spec.nbytes:
             raise IntegrityError(spec.path, f"table file has {size:,} bytes, expected {spec.nbytes:,} "
                                             "(truncated or not this table)")
-        try:
-            crc_size = os.path.getsize(crc_path(spec))
-        except FileNotFoundError:
-            raise IntegrityError(crc_path(spec), "checksum file of the table is missing") from None
-        if crc_size != CHECKSUM_BYTES * spec.n_chunks:
-            raise IntegrityError(crc_path(spec), f"checksum file has {crc_size:,} bytes, expected "
-                                                 f"{CHECKSUM_BYTES * spec.n_chunks:,} (truncated or not this table)")
-        return np.memmap(spec.path, dtype=spec.dtype, mode="r+", shape=spec.shape)
+        binding.check_side_file(spec)
+        return files.memmap_nofollow(spec.path, spec.dtype, spec.shape)
 
     def read(self, spec: TableSpec, key: tuple) -> np.ndarray:
         arr = open_table(spec)
@@ -340,12 +329,13 @@ class MemmapBackend(TableBackend):
         for start in range(0, spec.n_chunks, per):
             stop = min(start + per, spec.n_chunks)
             rows = np.array(flat[start * ce: stop * ce]).reshape(stop - start, ce)
-            got = np.array([crc32c(r) for r in rows], dtype=np.uint32)
+            got = binding.bind_many(spec, (crc32c(r) for r in rows), range(start, stop))
             bad = np.nonzero(got != np.asarray(_crcs(spec)[start:stop]))[0]
             if bad.size:
                 i = start + int(bad[0])
                 raise IntegrityError(spec.path, f"checksum mismatch in chunk {np.unravel_index(i, spec.grid)} "
-                                                f"(bytes {i * spec.chunk_nbytes:,}..{(i + 1) * spec.chunk_nbytes:,})")
+                                                f"(bytes {i * spec.chunk_nbytes:,}..{(i + 1) * spec.chunk_nbytes:,}): "
+                                                "altered, or not the chunk this fit wrote at this place")
 
     def fingerprint(self, spec: TableSpec) -> dict:
         return {"bytes": spec.nbytes, "checksum_bytes": CHECKSUM_BYTES * spec.n_chunks}

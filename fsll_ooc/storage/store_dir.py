@@ -3,6 +3,7 @@
 Store layout (``backend="zarr"``)::
 
     STORE/dbar/zarr.json, STORE/dbar/c/...   # zarr arrays, one per table
+    STORE/dbar.crc32c                         # the chunks' checksums bound to table, position and fit
     STORE/thetabar/ ...
     STORE/scratch/ ...
     STORE/fsll_state.json      # fit state, replaced atomically after every iteration
@@ -19,12 +20,18 @@ import os
 from pathlib import Path
 
 from .base import backend_names, get_backend
+from .errors import IntegrityError
 from .files import is_temporary_file
 
 __all__ = ["STORE_MARKERS", "check_store_dir", "remove_leftovers"]
 
 #: Files that only an fsll-ooc store holds (fit state, kept data, writer lock).
 STORE_MARKERS = ("fsll_state.json", "fsll_counts.npy", "fsll.lock", "fsll.lock.d")
+#: Of those, the ones that make a directory a store: a fit wrote its data or its state there.
+#: A lock alone does not (anyone can create one; a fit killed before it kept its data
+#: leaves a directory holding nothing else, which counts as empty).
+_DATA_MARKERS = ("fsll_state.json", "fsll_counts.npy")
+_LINK = "is a symbolic link; fsll-ooc never writes through a link in a store (remove the link)"
 
 
 def check_store_dir(store) -> None:
@@ -32,15 +39,29 @@ def check_store_dir(store) -> None:
 
     A store is created in a new or empty directory; a fit replaces its ``dbar``,
     ``thetabar`` and ``scratch`` entries and deletes temporary files, which in a user's
-    directory could be anything.  Raises ``ValueError`` before anything is written.
+    directory could be anything.  A directory is a store when it holds the fit's state or
+    kept data as regular files; otherwise it may hold only a lock (``fsll.lock``, a regular
+    file; ``fsll.lock.d``, a directory).  A marker that is a symbolic link, or a lock file
+    that is not a regular file, is refused.  Raises ``ValueError`` (an
+    :class:`~fsll_ooc.storage.IntegrityError` for a link) before anything is written.
     """
     root = Path(store)
     if root.exists() and not root.is_dir():
         raise ValueError(f"store {root} is a file, not a directory")
-    if not root.is_dir() or any((root / m).exists() for m in STORE_MARKERS):
+    if not root.is_dir():
         return
+    for m in STORE_MARKERS:
+        if os.path.islink(root / m):
+            raise IntegrityError(root / m, _LINK)
+    if any((root / m).is_file() for m in _DATA_MARKERS):
+        return
+    lock = root / "fsll.lock"
+    if lock.exists() and not lock.is_file():
+        raise ValueError(f"store {root}: {lock.name} is not a regular file (a directory?); it is the store's "
+                         "lock: remove it, or give a new or empty directory")
     try:
-        entries = sorted(p.name for p in root.iterdir())
+        entries = sorted(p.name for p in root.iterdir()
+                         if not (p.name == "fsll.lock" or (p.name == "fsll.lock.d" and p.is_dir())))
     except OSError as e:
         raise ValueError(f"store {root} cannot be listed ({e.strerror})") from None
     if entries:

@@ -32,10 +32,11 @@ def overhead_bytes(backend: str, shape, chunks) -> int:
     return get_backend(backend).overhead_bytes(shape, chunks)
 
 
-def create_table(backend: str, path, name: str, shape, chunks, dtype="float64") -> TableSpec:
+def create_table(backend: str, path, name: str, shape, chunks, dtype="float64", fit_id: str = "") -> TableSpec:
     """Create (or overwrite) table ``name`` of backend ``backend`` in directory ``path``
     (None for a backend that is not persistent); contents are zero, except that a zarr
     chunk must be written before it is read (every chunk is stored: a missing one is damage).
+    ``fit_id`` names the fit the table belongs to (chunk checksums are bound to it).
 
     Raises ``ValueError`` for an unknown backend or a persistent one without a path,
     ``OSError`` (``ENOSPC``) when the table's space cannot be reserved.
@@ -49,7 +50,7 @@ def create_table(backend: str, path, name: str, shape, chunks, dtype="float64") 
         raise ValueError(f"backend {backend!r} needs a store path")
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
-    spec = TableSpec(backend, impl.table_path(root, name, dtype), shape, chunks, dtype)
+    spec = TableSpec(backend, impl.table_path(root, name, dtype), shape, chunks, dtype, fit_id=fit_id)
     forget(spec)
     return impl.create(spec)
 

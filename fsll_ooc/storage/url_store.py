@@ -209,22 +209,23 @@ class URLRoot:
     def tidy(self) -> None:
         """Nothing to remove: a killed writer leaves no temporary objects (every PUT is whole)."""
 
-    def create_table(self, backend: str, name: str, cards, chunks):
+    def create_table(self, backend: str, name: str, cards, chunks, fit_id: str = ""):
         from .base import forget, get_backend
 
-        spec = self.table_spec(backend, name, cards, chunks)
+        spec = self.table_spec(backend, name, cards, chunks, fit_id=fit_id)
         forget(spec)
         return get_backend(spec.backend).create(spec)
 
-    def table_spec(self, backend: str, name: str, cards, chunks):
-        """The spec of table ``name``: a ``zarr`` table of the store is a ``zarr_url`` array here."""
+    def table_spec(self, backend: str, name: str, cards, chunks, fit_id: str = ""):
+        """The spec of table ``name``: a ``zarr`` table of the store is a ``zarr_url`` array here
+        (``fit_id`` is kept in the spec; chunk checksums at a URL are not bound to it)."""
         from .base import TableSpec
 
         if backend not in URL_FORMS:
             raise ValueError(f"a store given by URL ({self.url}) keeps its tables as zarr arrays; backend "
                              f"{backend!r} is local only: use backend='zarr' or a local store")
         return TableSpec(URL_FORMS[backend], self.child(name), tuple(int(c) for c in cards),
-                         tuple(int(c) for c in chunks), options=self.options)
+                         tuple(int(c) for c in chunks), options=self.options, fit_id=fit_id)
 
     def reader_scratch(self, readers: str, cards, chunks, owner):
         """A private scratch table under ``STORE/readers/`` (reachable by every worker),
