@@ -376,9 +376,7 @@ def _register_demo(sub) -> None:
 def _load_kernels() -> None:
     """Compile (first run after installing) or load from numba's cache the kernels a fit uses."""
     from . import kernels
-    from .kernels import transform as fast_transform
-    kernels.warmup()
-    fast_transform.warmup((np.float64,), cards=(2,))  # the paper's datasets are binary
+    kernels.prepare_fit(cards=(2,))  # the paper's datasets are binary
 
 
 _DEMO_HEADER = ("data", "N", "KL(pd||p)", "KL(p*||p)", "#basis", "iterations", "seconds")

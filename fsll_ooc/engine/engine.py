@@ -20,6 +20,8 @@ import numpy as np
 
 from .. import cost, storage
 from ..executors import Executor, make_executor
+from ..kernels import ahead
+from ..kernels import scan as scan_kernels
 from ..planner import Layout
 from .bands import global_to_band, n_bands
 from .tasks import (DBAR, SCRATCH, THETABAR, Context, ScanResult, Step, Table, combine, task_fill, task_gather,
@@ -85,6 +87,9 @@ class Engine:
         engine = cls(layout, specs, r0, w, make_executor(scheduler, n_tasks))
         engine.progress = bool(progress)
         if sample_flat is not None:
+            # the first fit after installing: the update + scan kernels compile in a second
+            # process while the targets' transforms compile here (fsll_ooc.kernels.ahead)
+            ahead.start(scan_kernels.__name__)
             engine.compute_targets(sample_flat, n_samples)
             engine.init_duals()
         return engine

@@ -59,10 +59,10 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from . import threadpool
+from . import ahead, threadpool
 
 __all__ = ["update_scan_xor", "update_scan_perm", "update_scan_explicit", "reduce_rows", "support_moves",
-           "top_appends", "warmup", "PassArgs", "SUB", "CHUNK", "BLOCK_CELLS"]
+           "top_appends", "warmup", "ahead_kernels", "PassArgs", "SUB", "CHUNK", "BLOCK_CELLS"]
 
 SUB = 64  # cells per branch-free bound test
 CHUNK = 1024  # cells per gathered partner chunk (8 KiB: stays in L1)
@@ -365,6 +365,7 @@ def _run(args: PassArgs, P, Q, parallel):
     n = threadpool.num_threads() if parallel else 1
     rows = max(1, min(BLOCK_CELLS // max(Q, 1), P // (4 * n)))
     ctr = np.zeros(2, dtype=np.int64)
+    ahead.wait(__name__)  # a child compiling this module's kernels (first use after installing)
     if n == 1 or P < 2 * rows:
         _blocks(*args, np.int64(max(P, 1)), ctr, True)
         return
@@ -468,8 +469,15 @@ def update_scan_explicit(t, partner, d, rP, rQ, r_const, ch=1.0, sh=0.0, inv_den
     return reduce_rows(rb, rp)
 
 
-@njit(cache=True, nogil=True)
 def support_moves(ys, t, d, theta, r):
+    """The best *adjust* or *remove* move over the support: ``(delta, i, move)`` (see
+    :func:`_support_moves`, the compiled kernel)."""
+    ahead.wait(__name__)
+    return _support_moves(ys, t, d, theta, r)
+
+
+@njit(cache=True, nogil=True)
+def _support_moves(ys, t, d, theta, r):
     """The best *adjust* or *remove* move over the support: ``(delta, i, move)``.
 
     ``ys``: the support's flat indices; ``t``, ``d``: ``thetabar`` and ``dbar`` there;
@@ -561,6 +569,29 @@ def top_appends(t, d, rP, rQ, r_const, k, skip):
             pos[i:j + 1] = seg[o]
         i = j + 1
     return val, pos
+
+
+def _example_pass() -> PassArgs:
+    """A tiny pass with the argument types of every real one (one specialisation of the driver)."""
+    t = np.zeros((2, 4))
+    rb, rp = _rows(2)
+    return PassArgs(t=t, partner=t, d=np.zeros((2, 4)), rP=np.zeros(2), rQ=np.zeros(4), r_const=0.0, permP=_NO_PERM,
+                    permQ=_NO_PERM, mp=np.int64(0), mq=np.int64(0), ca=1.0, sb=0.0, cw=np.int64(0), unit=np.int64(1),
+                    explicit=True, update=False, threshold=0.0, skip=np.int64(-1), row_best=rb, row_pos=rp)
+
+
+def ahead_kernels() -> list:
+    """``(dispatcher, argument types)`` of the kernels every fit runs, in the types the
+    fit passes them: the driver of the fused update + scan and the reductions after it.
+    A new fit compiles them in a second process while it compiles its transforms
+    (:mod:`fsll_ooc.kernels.ahead`); :func:`top_appends` (several terms per pass, not a
+    default) is compiled on its first use."""
+    a = _example_pass()
+    one = np.zeros(1)
+    examples = [(_blocks, (*a, np.int64(1), np.zeros(2, np.int64), True)),
+                (reduce_rows, (a.row_best, a.row_pos)),
+                (_support_moves, (np.zeros(1, np.int64), one, one, one, one))]
+    return [(disp, tuple(disp.typeof_pyval(x) for x in args)) for disp, args in examples]
 
 
 def warmup() -> None:

@@ -1,0 +1,71 @@
+"""Compiling kernels in a second process (fsll_ooc.kernels.ahead): the child compiles what
+the fit runs, the parent then loads it from numba's cache, and nothing starts when the
+kernels are there already."""
+import os
+import sys
+import textwrap
+
+import numpy as np
+
+from fsll_ooc import kernels
+from fsll_ooc.kernels import ahead, scan
+
+
+def test_the_child_compiles_the_specialisations_a_fit_runs():
+    """The signatures the child compiles are those of real passes: after one pass of each
+    kind and one support move in this process, each is among the compiled ones."""
+    rng = np.random.default_rng(0)
+    t = rng.uniform(-0.5, 0.5, (4, 8))
+    d = rng.uniform(-0.5, 0.5, (4, 8))
+    r = np.zeros(4), np.zeros(8)
+    kernels.update_scan_xor(t.copy(), d, *r, 0.0, 1, 3, 1.0, 0.5, 0.9)
+    kernels.update_scan_explicit(t.copy(), None, d, *r, 0.0, update=False)
+    kernels.update_scan_explicit(t.copy(), t[::-1].copy(), d, *r, 0.0, 1.0, 0.5, 0.9)
+    kernels.support_moves(np.arange(3, dtype=np.int64), t[0, :3].copy(), d[0, :3].copy(), np.ones(3), np.zeros(3))
+    for disp, sig in scan.ahead_kernels():
+        assert tuple(sig) in disp.overloads, (disp.py_func.__name__, sig)
+        assert ahead.is_cached(disp, sig)
+    assert ahead.start(scan.__name__) is False  # all there: no second process
+    ahead.wait(scan.__name__)  # nothing to wait for
+
+
+def test_a_child_fills_the_cache_and_the_parent_loads_from_it(tmp_path, monkeypatch):
+    """End to end on a tiny module: a fresh cache, the child compiles, the parent's first
+    call is a cache hit (no compile here), and a second start finds nothing to do."""
+    (tmp_path / "tiny_ahead_mod.py").write_text(textwrap.dedent('''
+        import numpy as np
+        from numba import njit
+
+        @njit(cache=True)
+        def twice(x):
+            return 2.0 * x
+
+        def ahead_kernels():
+            return [(twice, (twice.typeof_pyval(np.float64(1.0)),))]
+    '''))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from numba.core import config
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path / "cache"))
+    import importlib
+
+    sys.modules.pop("tiny_ahead_mod", None)
+    mod = importlib.import_module("tiny_ahead_mod")
+    try:
+        (disp, sig), = mod.ahead_kernels()
+        assert not ahead.is_cached(disp, sig)
+        assert ahead.start("tiny_ahead_mod") is True
+        ahead.wait("tiny_ahead_mod")
+        assert ahead.is_cached(disp, sig)
+        assert disp(np.float64(1.5)) == 3.0
+        assert disp.stats.cache_hits[tuple(sig)] == 1 and not disp.stats.cache_misses
+        assert ahead.start("tiny_ahead_mod") is False
+    finally:
+        sys.modules.pop("tiny_ahead_mod", None)
+
+
+def test_wait_for_nothing_is_a_no_op():
+    ahead.wait("no.such.module")
+    assert ahead.start("no.such.module") is False  # cannot import: numba compiles here as usual
