@@ -630,7 +630,7 @@ class FSLL:
             table.reshape(-1)[sup] = val
             from .kernels.transform import transform_inplace
 
-            transform_inplace(table, transpose=True)
+            transform_inplace(table, transpose=True, first_use="reference")  # no compile for one table
             l = table
             l -= l.max()
             p = np.exp(l, out=l)

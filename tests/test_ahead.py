@@ -69,3 +69,60 @@ def test_a_child_fills_the_cache_and_the_parent_loads_from_it(tmp_path, monkeypa
 def test_wait_for_nothing_is_a_no_op():
     ahead.wait("no.such.module")
     assert ahead.start("no.such.module") is False  # cannot import: numba compiles here as usual
+
+
+def _table(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def test_first_use_reference_gives_the_compiled_bits(monkeypatch):
+    """While the compiled driver is not there, a small table goes through the numpy
+    reference: the same bits as the compiled transform (mixed cardinalities, both
+    directions, all axes and a subset, a repeated axis)."""
+    from fsll_ooc.kernels import transform as ft
+
+    cases = [((2, 3, 5, 2), None), ((3, 2, 2, 7, 2), None), ((2,) * 12, None), ((5, 2, 3), (0, 2)),
+             ((2, 3, 2), (1, 1, 2))]
+    for i, (shape, axes) in enumerate(cases):
+        for tr in (False, True):
+            want = _table(shape, i)
+            ft.transform_inplace(want, axes, transpose=tr)  # compiled
+            with monkeypatch.context() as m:
+                m.setattr(ft, "_driver_ready", lambda x, pl: False)
+                got = _table(shape, i)
+                ft.transform_inplace(got, axes, transpose=tr, first_use="reference")
+            assert np.array_equal(got, want), (shape, axes, tr)
+
+
+def test_first_use_reference_only_where_it_pays_and_keeps_bits(monkeypatch):
+    """The reference is not used when the driver is ready, for a power-of-two axis of 4+
+    values (other rounding), or above the size limit; a bad ``first_use`` is refused."""
+    import pytest
+
+    from fsll_ooc import basis
+    from fsll_ooc.kernels import transform as ft
+
+    calls = []
+    real = basis.transform
+    monkeypatch.setattr(basis, "transform", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    ft.transform_inplace(_table((2, 3), 0), first_use="reference")  # driver compiled here: no reference
+    monkeypatch.setattr(ft, "_driver_ready", lambda x, pl: False)
+    ft.transform_inplace(_table((4, 3), 0), first_use="reference")  # a 4-valued Walsh axis
+    monkeypatch.setattr(ft, "REFERENCE_FIRST_MAX_SIZE", 4)
+    ft.transform_inplace(_table((2, 3), 0), first_use="reference")  # above the limit
+    ft.transform_inplace(_table((2, 3), 0))  # "compile" is the default
+    assert calls == []
+    monkeypatch.setattr(ft, "REFERENCE_FIRST_MAX_SIZE", 6)
+    ft.transform_inplace(_table((2, 3), 0), first_use="reference")
+    assert calls == [(2, 3)]
+    with pytest.raises(ValueError, match="first_use"):
+        ft.transform_inplace(_table((2, 3), 0), first_use="later")
+
+
+def test_driver_ready_reads_the_cache_of_this_process():
+    from fsll_ooc.kernels import transform as ft
+    from fsll_ooc.kernels.transform_plan import plan_for
+
+    x = _table((2, 2, 2), 0)
+    ft.transform_inplace(x)
+    assert ft._driver_ready(x.reshape(-1), plan_for((2, 2, 2), (0, 1, 2), 8, False))

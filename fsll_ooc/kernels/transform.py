@@ -49,10 +49,10 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
-from . import threadpool
+from . import ahead, threadpool
 from .transform_plan import C_PAT, C_SPAN, PMF, PMT, R2, R4, R8, axis_index, plan_for
 
-__all__ = ["transform_inplace", "warmup"]
+__all__ = ["transform_inplace", "warmup", "REFERENCE_FIRST_MAX_SIZE"]
 
 # Sub-blocks (bytes) for consecutive program rows acting within them (L1, L2).
 _SUB1_BYTES = 1 << 15
@@ -63,6 +63,9 @@ _PAR_MIN_SIZE = 1 << 21
 _CHUNKS_PER_THREAD = 4
 # How many fibres a +-1 kernel keeps sums for (scratch length).
 _PM_CHUNK = 256
+#: ``first_use="reference"``: tables up to this many elements are done by the numpy
+#: reference while the compiled driver is neither loaded nor in numba's cache.
+REFERENCE_FIRST_MAX_SIZE = 1 << 22
 
 # Program rows and passes: the format of :mod:`fsll_ooc.kernels.transform_plan`.
 
@@ -1188,8 +1191,31 @@ def _transform_threads(x, passes, progs, n):
 # Public entry points
 # ---------------------------------------------------------------------------------
 
+def _driver_ready(x, pl) -> bool:
+    """Is the driver for this table's dtype and kind of program compiled in this process or
+    in numba's on-disk cache?  (A positive answer is kept.)"""
+    s = _pm_scratch(pl.progs, x.dtype)
+    key = (x.dtype.str, s is None)
+    if key not in _READY:
+        sig = tuple(_run_pass.typeof_pyval(v) for v in (x, pl.passes, pl.progs, 0, np.uint64(0), np.uint64(0), s))
+        if not ahead.is_cached(_run_pass, sig):
+            return False
+        _READY.add(key)
+    return True
+
+
+_READY: set = set()
+
+
+def _reference_same_bits(shape, axes) -> bool:
+    """Does the numpy reference give this transform's bits?  Yes unless a transformed
+    power-of-two axis has 4 or more values (its stages may then run in another order:
+    see the module docstring)."""
+    return all(shape[ax] == 2 or shape[ax] & (shape[ax] - 1) for ax in axes)
+
+
 def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpose: bool = False,
-                      parallel: bool = True) -> None:
+                      parallel: bool = True, first_use: str = "compile") -> None:
     """Overwrite ``a`` with ``basis.transform(a, axes, transpose=transpose)``.
 
     ``a``: C-contiguous, writeable ``float64`` or ``float32`` array of shape
@@ -1226,12 +1252,19 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
     counts = {}
     for ax in ax_list:
         counts[ax] = counts.get(ax, 0) + 1
+    if first_use not in ("compile", "reference"):
+        raise ValueError(f"first_use must be 'compile' or 'reference', got {first_use!r}")
     x = a.reshape(-1)
     n = threadpool.num_threads() if parallel and a.size >= _PAR_MIN_SIZE else 1
     for r in range(max(counts.values())):  # one round per multiplicity of an axis
         axs = tuple(sorted(ax for ax, c in counts.items() if c > r))
         pl = plan_for(tuple(a.shape), axs, a.itemsize, bool(transpose))
         if pl.passes.shape[0] == 0:
+            continue
+        if (first_use == "reference" and a.size <= REFERENCE_FIRST_MAX_SIZE and _reference_same_bits(a.shape, axs)
+                and not _driver_ready(x, pl)):
+            from .. import basis
+            a[...] = basis.transform(a, axs, transpose=transpose)
             continue
         if n > 1:
             _transform_threads(x, pl.passes, pl.progs, n)
