@@ -161,6 +161,8 @@ class Install:
             env["NUMBA_CACHE_DIR"] = self._cache
             if self.tree is not None:  # import fsll_ooc from this source tree
                 env["PYTHONPATH"] = os.path.abspath(self.tree)
+            elif env.get("PYTHONPATH"):  # as given, but the children run in a directory of their own
+                env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep))
         return env
 
     def close(self) -> None:

@@ -1,9 +1,10 @@
 """In-core speed: the paper's six datasets, iteration cost in copy units, transform cost, a profile.
 
 Usage: python bench/perf.py [--out docs/benchmarks_perf.md] [--sizes 20 24 26] [--skip-profile]
-       [--skip-compile] [--skip-busy] [--reps 3]
+       [--skip-compile] [--compile-rounds 1] [--venv-dir DIR] [--skip-busy] [--reps 3]
 Memory: about 3 GiB at 2^26 (three tables of 512 MiB plus temporaries); disk: a
-throw-away numba cache for the compile measurement.  Time: a few minutes on 2 cores.
+fresh virtual environment (about 500 MB, deleted after) for the first-use measurement.
+Time: a few minutes on 2 cores, plus a minute or two for the fresh install.
 
 "Copy units": seconds of the measured operation divided by the seconds numpy needs to
 copy one float64 table of the same |X| (``np.copyto``), measured in the same run.
@@ -51,22 +52,17 @@ def cold_fit_seconds(name: str) -> float:
     return float(r.stdout.strip().splitlines()[-1])
 
 
-def compile_rows() -> list[str]:
-    """First use after installing: numba compiles the kernels (a fresh, empty cache)."""
-    code = ("import time; t=time.perf_counter(); from fsll_ooc import FSLL, datasets, kernels; from fsll_ooc.kernels import transform as fast_transform; "
-            "X,_=datasets.paper_dataset('Ising5x4S', seed=0); t1=time.perf_counter(); "
-            "FSLL(epsilon=1e-4, progress=False).fit(X); t2=time.perf_counter(); "
-            "kernels.warmup(); fast_transform.warmup(); t3=time.perf_counter(); "
-            "print(t2-t1, t3-t2)")
-    out = []
-    with tempfile.TemporaryDirectory() as cache:
-        for label in ("empty cache (first use)", "cache filled (every later process)"):
-            env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-            first, rest = (float(x) for x in r.stdout.split())
-            out.append(f"| {label} | {first:.1f} | {rest:.1f} |")
-            print(out[-1], flush=True)
-    return ["| numba cache | first Ising5x4S fit (s) | then every other kernel variant (s) |", "|---|---|---|", *out]
+def compile_rows(rounds: int = 1, venv_dir: str | None = None) -> list[str]:
+    """First use after installing, per path the defaults take: ``pip install`` this tree into
+    a fresh virtual environment, then each path cold (numba's cache empty) and warm, in
+    separate processes (:mod:`coldstart`)."""
+    from coldstart import PATHS, Install, measure, summary
+
+    with tempfile.TemporaryDirectory(prefix="perf-venv-", dir=venv_dir) as base:
+        inst = Install.fresh_venv(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  os.path.join(base, "venv"))
+        rows = measure(PATHS, [inst], "BN20-37S", rounds=rounds)
+    return summary(rows)
 
 
 def _best_fit(X, reps: int, threads: int):
@@ -250,6 +246,8 @@ def main(argv=None):
     ap.add_argument("--skip-profile", action="store_true")
     ap.add_argument("--skip-paper", action="store_true")
     ap.add_argument("--skip-compile", action="store_true")
+    ap.add_argument("--compile-rounds", type=int, default=1, help="cold + warm runs per path in the fresh venv")
+    ap.add_argument("--venv-dir", default=None, help="where the fresh venv goes (default: the temp directory)")
     ap.add_argument("--skip-busy", action="store_true",
                     help="skip the paper's datasets with another program busy on one core")
     ap.add_argument("--reps", type=int, default=3, help="warm fits per dataset (the best is reported)")
@@ -263,7 +261,8 @@ def main(argv=None):
     parts += ["### One iteration and one full transform, in copy units\n", *iteration_rows(args.sizes, args.reps), ""]
     parts += ["### What numba buys (same run)\n", *numba_rows(args.sizes[:2]), ""]
     if not args.skip_compile:
-        parts += ["### JIT compile (a fresh interpreter each)\n", *compile_rows(), ""]
+        parts += ["### First use after installing (a fresh venv; each path cold, then warm)\n",
+                  *compile_rows(args.compile_rounds, args.venv_dir), ""]
     if not args.skip_profile:
         parts += ["### Profile of one BN20-54L fit (cProfile on the wall clock, sorted by own time)\n", "```", profile_text(), "```", ""]
     parts.append(f"Total benchmark time: {time.time() - t0:.0f} s; load average at the end: {os.getloadavg()[0]:.2f}.\n")
