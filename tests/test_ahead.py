@@ -22,7 +22,8 @@ def test_the_child_compiles_the_specialisations_a_fit_runs():
     kernels.update_scan_explicit(t.copy(), None, d, *r, 0.0, update=False)
     kernels.update_scan_explicit(t.copy(), t[::-1].copy(), d, *r, 0.0, 1.0, 0.5, 0.9)
     kernels.support_moves(np.arange(3, dtype=np.int64), t[0, :3].copy(), d[0, :3].copy(), np.ones(3), np.zeros(3))
-    for disp, sig in scan.ahead_kernels():
+    assert scan.ahead_kernels() == scan.fit_kernels()[:1]
+    for disp, sig in scan.fit_kernels():
         assert tuple(sig) in disp.overloads, (disp.py_func.__name__, sig)
         assert ahead.is_cached(disp, sig)
     assert ahead.start(scan.__name__) is False  # all there: no second process
@@ -58,6 +59,7 @@ def test_a_child_fills_the_cache_and_the_parent_loads_from_it(tmp_path, monkeypa
         assert not ahead.is_cached(disp, sig)
         assert ahead.start("tiny_ahead_mod") is True
         ahead.wait("tiny_ahead_mod")
+        assert not ahead.running("tiny_ahead_mod")
         assert ahead.is_cached(disp, sig)
         assert disp(np.float64(1.5)) == 3.0
         assert disp.stats.cache_hits[tuple(sig)] == 1 and not disp.stats.cache_misses

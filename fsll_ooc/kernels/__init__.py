@@ -18,6 +18,8 @@ def prepare_fit(cards) -> None:
 
     ahead.start(scan.__name__)
     transform.warmup((np.float64,), cards=cards)
+    for disp, sig in scan.fit_kernels()[1:]:
+        disp.compile(sig)
     ahead.wait(scan.__name__)
-    for disp, sig in scan.ahead_kernels():
+    for disp, sig in scan.fit_kernels()[:1]:
         disp.compile(sig)

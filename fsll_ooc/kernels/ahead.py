@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["is_cached", "start", "wait", "WAIT_SECONDS"]
+__all__ = ["is_cached", "start", "running", "wait", "WAIT_SECONDS"]
 
 #: How long :func:`wait` waits for a child before compiling in this process instead.
 WAIT_SECONDS = 300.0
@@ -35,11 +35,19 @@ _lock = threading.Lock()
 _children: dict[str, tuple[int, subprocess.Popen]] = {}  # module -> (owner pid, child)
 
 # The child: compiles (or finds cached) the listed kernels of a module, then exits.
-# ``ahead_kernels()`` of the module gives ``(dispatcher, argument types)`` pairs.
-_CHILD = """import sys
-sys.path.insert(0, sys.argv[1])
-import importlib
-for disp, sig in importlib.import_module(sys.argv[2]).ahead_kernels():
+# ``ahead_kernels()`` of the module gives ``(dispatcher, argument types)`` pairs.  The
+# module's top-level package is entered without running its ``__init__`` (which imports
+# much more than the kernels need: seconds on a busy machine); numba's cache is keyed on
+# the kernels' source file and names, the same either way.
+_CHILD = """import importlib, os, sys, types
+root, module = sys.argv[1], sys.argv[2]
+sys.path.insert(0, root)
+top = module.split(".")[0]
+if "." in module and os.path.isdir(os.path.join(root, top)):
+    pkg = types.ModuleType(top)
+    pkg.__path__ = [os.path.join(root, top)]
+    sys.modules[top] = pkg
+for disp, sig in importlib.import_module(module).ahead_kernels():
     disp.compile(sig)
 """
 
@@ -84,6 +92,12 @@ def start(module: str) -> bool:
         return True
 
 
+def running(module: str) -> bool:
+    """Is a child started by this process still compiling ``module``'s kernels?"""
+    entry = _children.get(module)
+    return entry is not None and entry[0] == os.getpid() and entry[1].poll() is None
+
+
 def wait(module: str, timeout: float | None = None) -> None:
     """Wait until the child compiling ``module``'s kernels (if any, started by this process)
     has finished, at most ``timeout`` seconds (default :data:`WAIT_SECONDS`); numba then
@@ -91,16 +105,18 @@ def wait(module: str, timeout: float | None = None) -> None:
     not write them.  Cheap when no child runs: callers call it before every pass."""
     if not _children:
         return
-    with _lock:
-        entry = _children.pop(module, None)
+    entry = _children.get(module)
     if entry is None or entry[0] != os.getpid():
         return
-    child = entry[1]
+    child = entry[1]  # every thread that asks waits (Popen.wait may be called from several)
     try:
         child.wait(WAIT_SECONDS if timeout is None else timeout)
     except subprocess.TimeoutExpired:
         child.kill()
         child.wait()
+    with _lock:
+        if _children.get(module) is entry:
+            del _children[module]
 
 
 @atexit.register

@@ -62,7 +62,7 @@ from numba.core.extending import intrinsic
 from . import ahead, threadpool
 
 __all__ = ["update_scan_xor", "update_scan_perm", "update_scan_explicit", "reduce_rows", "support_moves",
-           "top_appends", "warmup", "ahead_kernels", "PassArgs", "SUB", "CHUNK", "BLOCK_CELLS"]
+           "top_appends", "warmup", "fit_kernels", "ahead_kernels", "PassArgs", "SUB", "CHUNK", "BLOCK_CELLS"]
 
 SUB = 64  # cells per branch-free bound test
 CHUNK = 1024  # cells per gathered partner chunk (8 KiB: stays in L1)
@@ -365,7 +365,10 @@ def _run(args: PassArgs, P, Q, parallel):
     n = threadpool.num_threads() if parallel else 1
     rows = max(1, min(BLOCK_CELLS // max(Q, 1), P // (4 * n)))
     ctr = np.zeros(2, dtype=np.int64)
-    ahead.wait(__name__)  # a child compiling this module's kernels (first use after installing)
+    if ahead.running(__name__):  # first use after installing: a child compiles the driver;
+        for disp, sig in fit_kernels()[1:]:  # the small kernels meanwhile here
+            disp.compile(sig)
+    ahead.wait(__name__)
     if n == 1 or P < 2 * rows:
         _blocks(*args, np.int64(max(P, 1)), ctr, True)
         return
@@ -472,7 +475,7 @@ def update_scan_explicit(t, partner, d, rP, rQ, r_const, ch=1.0, sh=0.0, inv_den
 def support_moves(ys, t, d, theta, r):
     """The best *adjust* or *remove* move over the support: ``(delta, i, move)`` (see
     :func:`_support_moves`, the compiled kernel)."""
-    ahead.wait(__name__)
+    ahead.wait(__name__)  # (a fit's first pass has waited already)
     return _support_moves(ys, t, d, theta, r)
 
 
@@ -580,18 +583,23 @@ def _example_pass() -> PassArgs:
                     explicit=True, update=False, threshold=0.0, skip=np.int64(-1), row_best=rb, row_pos=rp)
 
 
-def ahead_kernels() -> list:
-    """``(dispatcher, argument types)`` of the kernels every fit runs, in the types the
-    fit passes them: the driver of the fused update + scan and the reductions after it.
-    A new fit compiles them in a second process while it compiles its transforms
-    (:mod:`fsll_ooc.kernels.ahead`); :func:`top_appends` (several terms per pass, not a
-    default) is compiled on its first use."""
+def fit_kernels() -> list:
+    """``(dispatcher, argument types)`` of the kernels every fit runs, in the types the fit
+    passes them: the driver of the fused update + scan, then the reductions after it.
+    :func:`top_appends` (several terms per pass, not a default) compiles on its first use."""
     a = _example_pass()
     one = np.zeros(1)
     examples = [(_blocks, (*a, np.int64(1), np.zeros(2, np.int64), True)),
                 (reduce_rows, (a.row_best, a.row_pos)),
                 (_support_moves, (np.zeros(1, np.int64), one, one, one, one))]
     return [(disp, tuple(disp.typeof_pyval(x) for x in args)) for disp, args in examples]
+
+
+def ahead_kernels() -> list:
+    """What a new fit compiles in a second process while it compiles its transforms
+    (:mod:`fsll_ooc.kernels.ahead`): the driver, the longest compile of this module; the
+    reductions compile in the fit's process while it waits for the driver."""
+    return fit_kernels()[:1]
 
 
 def warmup() -> None:
