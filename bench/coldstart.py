@@ -212,7 +212,9 @@ def measure(paths, installs, data: str, rounds: int = 1, warm_runs: int = 1, eve
                            "extra_seconds": cold["process_seconds"] - warm["process_seconds"],
                            "cold_cpu": cold["cpu_seconds"], "warm_cpu": warm["cpu_seconds"],
                            "extra_cpu": cold["cpu_seconds"] - warm["cpu_seconds"],
-                           "cold_child_cpu": cold["child_cpu_seconds"], "load": os.getloadavg()[0]}
+                           "cold_child_cpu": cold["child_cpu_seconds"],
+                           "extra_own_cpu": cold["cpu_seconds"] - cold["child_cpu_seconds"] - warm["cpu_seconds"],
+                           "load": os.getloadavg()[0]}
                     if events:
                         row["compiles"] = cold.get("compiles", [])
                     rows.append(row)
@@ -237,8 +239,9 @@ def print_row(row: dict, events: bool = False) -> None:
 def summary(rows: list[dict]) -> list[str]:
     """A markdown table: per path and install, the medians over the rounds."""
     out = ["| path | source | rounds | cold wall (s) | warm wall (s) | first use adds, wall (s) | cold CPU (s) | "
-           "of which the second process | warm CPU (s) | first use adds, CPU (s) | load |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "of which the second process | warm CPU (s) | first use adds, CPU (s) | of which in the path's own "
+           "process | load |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = []
     for r in rows:
         if (r["path"], r["tree"]) not in keys:
@@ -252,7 +255,8 @@ def summary(rows: list[dict]) -> list[str]:
         rng = lambda k: f"{med(k):.1f}" + (f" ({min(r[k] for r in rs):.1f}-{max(r[k] for r in rs):.1f})" if len(rs) > 1 else "")
         out.append(f"| {path} | {tree or 'this tree'} | {len(rs)} | {rng('cold_seconds')} | {rng('warm_seconds')} | "
                    f"**{rng('extra_seconds')}** | {rng('cold_cpu')} | {med('cold_child_cpu'):.1f} | {rng('warm_cpu')} | "
-                   f"{rng('extra_cpu')} | {min(r['load'] for r in rs):.1f}-{max(r['load'] for r in rs):.1f} |")
+                   f"{rng('extra_cpu')} | {rng('extra_own_cpu')} | "
+                   f"{min(r['load'] for r in rs):.1f}-{max(r['load'] for r in rs):.1f} |")
     return out
 
 
