@@ -359,7 +359,7 @@ def _register_demo(sub) -> None:
                     "print KL(pd||p), KL(p*||p), the number of bases, iterations and seconds, "
                     "next to the paper's Table 1 row. The BN tables are random, so only "
                     "magnitudes are comparable with the paper for BN20-*. The compiled kernels "
-                    "are loaded first (compiled on the first run after installing, about 20 s; "
+                    "are loaded first (compiled on the first run after installing, several seconds; "
                     "reported on stderr), so the seconds are the fit's own.")
     p.add_argument("--dataset", default="BN20-37S", choices=PAPER_DATASETS, metavar="NAME",
                    help=f"one of {', '.join(PAPER_DATASETS)} (default: %(default)s)")
@@ -390,10 +390,10 @@ def _cmd_demo(args) -> int:
     progress = _show_progress(args)
     rows = []
     # the compiled kernels first, so that "seconds" is the fit alone (as the paper's column);
-    # the first run after installing compiles them (about 20 s), later ones load them
+    # the first run after installing compiles them (several seconds), later ones load them
     if not args.quiet:
         print("fsll-ooc: loading the compiled kernels (the first run after installing compiles "
-              "them, about 20 s)...", file=sys.stderr, flush=True)
+              "them, several seconds)...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     _load_kernels()
     kernel_seconds = time.perf_counter() - t0

@@ -128,3 +128,21 @@ def test_driver_ready_reads_the_cache_of_this_process():
     x = _table((2, 2, 2), 0)
     ft.transform_inplace(x)
     assert ft._driver_ready(x.reshape(-1), plan_for((2, 2, 2), (0, 1, 2), 8, False))
+
+
+def test_a_fit_that_compiles_says_so(monkeypatch, capsys):
+    """When a fit starts the compile (first use after installing) and shows progress, one
+    line on stderr says why it waits; without progress, or with the kernels cached, none."""
+    from fsll_ooc import FSLL
+
+    X = np.random.default_rng(0).integers(0, 2, (200, 4))
+    started = []
+    monkeypatch.setattr(ahead, "start", lambda module: started.append(module) or True)
+    FSLL(epsilon=1e-4, max_iter=2, progress=True).fit(X)
+    assert "compiling the kernels" in capsys.readouterr().err
+    assert started == [scan.__name__]
+    FSLL(epsilon=1e-4, max_iter=2, progress=False).fit(X)
+    assert "compiling" not in capsys.readouterr().err
+    monkeypatch.setattr(ahead, "start", lambda module: False)
+    FSLL(epsilon=1e-4, max_iter=2, progress=True).fit(X)
+    assert "compiling" not in capsys.readouterr().err

@@ -89,7 +89,9 @@ class Engine:
         if sample_flat is not None:
             # the first fit after installing: the update + scan kernels compile in a second
             # process while the targets' transforms compile here (fsll_ooc.kernels.ahead)
-            ahead.start(scan_kernels.__name__)
+            if ahead.start(scan_kernels.__name__) and progress:
+                print("fsll-ooc: compiling the kernels (the first fit after installing; later runs load "
+                      "them)", file=sys.stderr, flush=True)
             engine.compute_targets(sample_flat, n_samples)
             engine.init_duals()
         return engine
