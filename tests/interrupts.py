@@ -1,5 +1,8 @@
-"""Stopping a fit in-process at a chosen state write (for resume tests)."""
+"""Stopping a fit in-process at a chosen state write (for resume tests), and a store
+table copied from another fit (for tests of foreign tables)."""
 from __future__ import annotations
+
+import shutil
 
 from fsll_ooc.storage.fit_store import FitStore
 
@@ -28,3 +31,16 @@ def stop_after(monkeypatch, n: int) -> None:
         raise Crash()
 
     on_persist(monkeypatch, n, crash)
+
+
+def copy_table(src, dst, backend: str, table: str) -> str:
+    """Replace table ``table`` of store ``dst`` by the one of store ``src`` (a fit with the same
+    cardinalities), with its checksum side file; returns the table's file or directory name."""
+    name = table if backend == "zarr" else f"{table}.f64"
+    if backend == "zarr":
+        shutil.rmtree(dst / name)
+        shutil.copytree(src / name, dst / name)
+    else:
+        shutil.copy(src / name, dst / name)
+    shutil.copy(src / f"{name}.crc32c", dst / f"{name}.crc32c")
+    return name

@@ -295,15 +295,9 @@ def test_swapped_moved_or_foreign_chunks_are_refused_by_name(tmp_path, monkeypat
     else:  # the whole table (and its checksums) copied from another fit with the same cardinalities
         other = tmp_path / "other"
         interrupted_fit(other, monkeypatch, backend, seed=1)
-        import shutil
+        import interrupts
 
-        name = "dbar" if backend == "zarr" else "dbar.f64"
-        if backend == "zarr":
-            shutil.rmtree(store / name)
-            shutil.copytree(other / name, store / name)
-        else:
-            shutil.copy(other / name, store / name)
-        shutil.copy(other / f"{name}.crc32c", store / f"{name}.crc32c")
+        name = interrupts.copy_table(other, store, backend, "dbar")
         victim = (store / name, 0, 0)
     where = str(victim[0]) if backend == "zarr" or damage == "foreign" else str(store / "dbar.f64")
     with pytest.raises(IntegrityError, match="restart=True") as e:

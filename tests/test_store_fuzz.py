@@ -121,13 +121,7 @@ def damage(store: Path, other: Path, backend: str, kind: str, draw) -> None:
         path.unlink()
         os.symlink(copy, path)
     else:  # the table, with its checksums, copied from another fit with the same cardinalities
-        name = table if backend == "zarr" else f"{table}.f64"
-        if backend == "zarr":
-            shutil.rmtree(store / name)
-            shutil.copytree(other / name, store / name)
-        else:
-            shutil.copy(other / name, store / name)
-        shutil.copy(other / f"{name}.crc32c", store / f"{name}.crc32c")
+        interrupts.copy_table(other, store, backend, table)
 
 
 @pytest.mark.parametrize("kind", DAMAGES)
