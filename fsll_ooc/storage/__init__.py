@@ -30,6 +30,7 @@ from .files import (  # noqa: F401
     fsync_path,
     read_array_file,
     read_json,
+    refuse_link,
     write_bytes_atomic,
     write_json_atomic,
 )

@@ -22,9 +22,20 @@ import numpy as np
 
 from .errors import IntegrityError
 
-__all__ = ["open_nofollow", "memmap_nofollow", "crc32c", "fsync_path", "syncfs", "file_sha256", "write_bytes_atomic",
+__all__ = ["LINK_REFUSAL", "refuse_link", "open_nofollow", "memmap_nofollow", "crc32c", "fsync_path", "syncfs", "file_sha256", "write_bytes_atomic",
            "write_json_atomic", "read_json", "read_array_file", "array_file_bytes", "is_temporary_file", "json_text",
            "parse_json"]
+
+
+#: The refusal of a symbolic link where a store writes.
+LINK_REFUSAL = "is a symbolic link; fsll-ooc never writes through a link in a store (remove the link)"
+
+
+def refuse_link(path) -> None:
+    """:class:`IntegrityError` naming ``path`` when it is a symbolic link (a store never writes
+    through one)."""
+    if os.path.islink(path):
+        raise IntegrityError(path, LINK_REFUSAL)
 
 
 def open_nofollow(path, flags: int, mode: int = 0o644) -> int:
@@ -34,8 +45,7 @@ def open_nofollow(path, flags: int, mode: int = 0o644) -> int:
         return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), mode)
     except OSError as e:
         if e.errno == errno.ELOOP or (e.errno in (errno.EEXIST, errno.EACCES) and os.path.islink(path)):
-            raise IntegrityError(path, "is a symbolic link; fsll-ooc never writes through a link in a store "
-                                       "(remove the link)") from None
+            raise IntegrityError(path, LINK_REFUSAL) from None
         raise
 
 

@@ -425,9 +425,7 @@ class FitStore:
             return self.io.reader_scratch(READERS_DIR, cards, chunks, owner)
         token = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         readers = self.root / READERS_DIR
-        if readers.is_symlink():
-            raise IntegrityError(readers, "is a symbolic link; fsll-ooc never writes through a link in a store "
-                                          "(remove the link)")
+        storage.refuse_link(readers)
         root = readers / token
         try:
             spec = storage.create_table(READER_BACKEND, root, "scratch", cards, chunks, fit_id=_new_fit_id())

@@ -33,7 +33,7 @@ from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, cached, chunk_slices
 from .errors import IntegrityError
 from . import binding, files
 from .binding import crc_path
-from .files import crc32c, fsync_path
+from .files import crc32c, fsync_path, refuse_link
 
 __all__ = ["MemmapBackend", "crc_path", "wants_direct", "DIRECT_IO", "DIRECT_ALIGN", "DIRECT_PIECE"]
 
@@ -284,9 +284,7 @@ class MemmapBackend(TableBackend):
             size = os.lstat(spec.path).st_size
         except FileNotFoundError:
             raise IntegrityError(spec.path, "table file is missing") from None
-        if os.path.islink(spec.path):
-            raise IntegrityError(spec.path, "is a symbolic link; fsll-ooc never writes through a link in a store "
-                                            "(remove the link)")
+        refuse_link(spec.path)
         if size != spec.nbytes:
             raise IntegrityError(spec.path, f"table file has {size:,} bytes, expected {spec.nbytes:,} "
                                             "(truncated or not this table)")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .base import backend_names, get_backend
 from .errors import IntegrityError
-from .files import is_temporary_file
+from .files import LINK_REFUSAL, is_temporary_file
 
 __all__ = ["STORE_MARKERS", "check_store_dir", "remove_leftovers"]
 
@@ -31,7 +31,6 @@ STORE_MARKERS = ("fsll_state.json", "fsll_counts.npy", "fsll.lock", "fsll.lock.d
 #: A lock alone does not (anyone can create one; a fit killed before it kept its data
 #: leaves a directory holding nothing else, which counts as empty).
 _DATA_MARKERS = ("fsll_state.json", "fsll_counts.npy")
-_LINK = "is a symbolic link; fsll-ooc never writes through a link in a store (remove the link)"
 
 
 def check_store_dir(store) -> None:
@@ -52,7 +51,7 @@ def check_store_dir(store) -> None:
         return
     for m in STORE_MARKERS:
         if os.path.islink(root / m):
-            raise IntegrityError(root / m, _LINK)
+            raise IntegrityError(root / m, LINK_REFUSAL)
     if any((root / m).is_file() for m in _DATA_MARKERS):
         return
     lock = root / "fsll.lock"

@@ -34,7 +34,7 @@ import numpy as np
 from . import binding
 from .base import CHECKSUM_BYTES, TableBackend, TableSpec, forget, key_chunks, open_table, register_backend
 from .errors import IntegrityError
-from .files import crc32c, file_sha256, fsync_path, syncfs
+from .files import crc32c, file_sha256, fsync_path, refuse_link, syncfs
 
 __all__ = ["ZarrBackend"]
 
@@ -85,17 +85,13 @@ def _check_places(spec: TableSpec, coords, files) -> None:
 def _refuse_links(spec: TableSpec, coords) -> None:
     """No directory on the way to the chunk files of ``coords`` is a symbolic link (zarr
     would create and rename its files inside whatever the link points to)."""
-    if os.path.islink(spec.path):
-        raise IntegrityError(spec.path, "is a symbolic link; fsll-ooc never writes through a link in a store "
-                                        "(remove the link)")
+    refuse_link(spec.path)
     seen = set()
     for c in coords:
         d = os.path.dirname(_chunk_file(spec, None, c))
         while d != spec.path and d not in seen:
             seen.add(d)
-            if os.path.islink(d):
-                raise IntegrityError(d, "is a symbolic link; fsll-ooc never writes through a link in a store "
-                                        "(remove the link)")
+            refuse_link(d)
             d = os.path.dirname(d)
 
 
@@ -155,9 +151,7 @@ class ZarrBackend(TableBackend):
         import zarr
         from zarr.codecs import Crc32cCodec
 
-        if os.path.islink(spec.path):
-            raise IntegrityError(spec.path, "is a symbolic link; fsll-ooc never writes through a link in a store "
-                                            "(remove the link)")
+        refuse_link(spec.path)
         if os.path.isdir(spec.path):  # zarr's overwrite leaves stray chunk files of other shapes
             shutil.rmtree(spec.path)
         binding.create_side_file(spec, np.zeros(spec.n_chunks, dtype="<u4"))  # no chunk is valid before written
