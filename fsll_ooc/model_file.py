@@ -164,9 +164,9 @@ def checked_history(history: Any) -> list:
         for k in ("y", "added"):
             if h.get(k) is not None:
                 np.asarray(h[k], dtype=np.int64)  # ValueError/TypeError/OverflowError when not integers
-    from .queries import _contributions
+    from .queries import term_contributions
 
-    _contributions(history)
+    term_contributions(history)
     return history
 
 

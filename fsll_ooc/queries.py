@@ -46,7 +46,7 @@ import numpy as np
 from .basis import is_walsh
 
 __all__ = ["marginal", "conditional", "mode", "interactions", "labels", "resolve_variable",
-           "resolve_value", "factor_text", "describe_factor"]
+           "resolve_value", "factor_text", "describe_factor", "term_contributions"]
 
 
 # --------------------------------------------------------------------------- labels
@@ -353,7 +353,7 @@ def _joint_weights(gains, n: int) -> list[float]:
     return [v / total for v in g]
 
 
-def _contributions(history: Iterable[Mapping]) -> tuple[dict[tuple, float], float]:
+def term_contributions(history: Iterable[Mapping]) -> tuple[dict[tuple, float], float]:
     """Cost reduction owed to each term now in the model, and the total reduction.
 
     * ``append`` of ``y`` starts its account with that iteration's gain (``-delta``);
@@ -403,7 +403,7 @@ def interactions(model, as_frame: bool = True):
     ``log p(x)`` where an even number of the factors are -1, and subtracts it
     elsewhere), ``variables`` (tuple of names), ``order`` (number of variables),
     ``theta``, ``share`` (fraction of the fit's total cost reduction that appending
-    and adjusting this term brought, see :func:`_contributions`; NaN when the model
+    and adjusting this term brought, see :func:`term_contributions`; NaN when the model
     has no history) and ``y``.
     Sorted by ``share``, then ``|theta|``.  ``as_frame=False`` returns the rows as
     dicts, each with its ``factors`` (see :func:`describe_factor`) too.
@@ -411,7 +411,7 @@ def interactions(model, as_frame: bool = True):
     _check_fitted(model)
     names, cats = labels(model)
     ks = tuple(int(k) for k in model.cardinalities_)
-    contrib, total = _contributions(getattr(model, "history_", None) or [])
+    contrib, total = term_contributions(getattr(model, "history_", None) or [])
     rows = []
     for y, theta in dict(model.theta_).items():
         y = tuple(int(v) for v in y)

@@ -261,7 +261,7 @@ def test_interactions_columns_sorting_and_shares(model):
         assert model.theta_[r["y"]] == r["theta"]
         assert r["order"] == len(r["variables"]) == sum(1 for v in r["y"] if v)
         assert r["variables"] == tuple(f"X{i}" for i, v in enumerate(r["y"]) if v)
-    contrib, total = queries._contributions(model.history_)
+    contrib, total = queries.term_contributions(model.history_)
     assert total == pytest.approx(model.history_[0]["cost"] - model.history_[-1]["cost"], rel=1e-9)
     np.testing.assert_allclose(share, [contrib[y] / total for y in df["y"]])
     if "remove" not in {h["move"] for h in model.history_}:
@@ -287,7 +287,7 @@ def test_contributions_with_remove_and_reappend():
             {"move": "adjust", "y": [1, 0], "delta": -0.1},
             {"move": "remove", "y": [0, 1], "delta": -0.05},
             {"move": "append", "y": [0, 1], "delta": -0.15}]
-    contrib, total = queries._contributions(hist)
+    contrib, total = queries.term_contributions(hist)
     assert total == pytest.approx(1.0)
     assert contrib == pytest.approx({(1, 0): 0.6, (0, 1): 0.15})
 
@@ -298,16 +298,16 @@ def test_contributions_of_joint_moves():
             {"move": "append", "y": [0, 1], "delta": -0.1},
             {"move": "refine", "y": None, "delta": -0.2},            # shared 3:1
             {"move": "joint-append", "y": None, "delta": -0.4, "added": [[1, 1], [2, 0]]}]
-    contrib, total = queries._contributions(hist)
+    contrib, total = queries.term_contributions(hist)
     assert total == pytest.approx(1.0)
     assert contrib == pytest.approx({(1, 0): 0.45, (0, 1): 0.15, (1, 1): 0.2, (2, 0): 0.2})
     # with the gains predicted at selection, the joint move is split in their proportion
     hist[-1]["added_gain"] = [0.03, 0.01]
-    contrib, total = queries._contributions(hist)
+    contrib, total = queries.term_contributions(hist)
     assert total == pytest.approx(1.0)
     assert contrib == pytest.approx({(1, 0): 0.45, (0, 1): 0.15, (1, 1): 0.3, (2, 0): 0.1})
     hist[-1]["added_gain"] = [0.0, -1.0]  # nothing usable: equal split
-    assert queries._contributions(hist)[0] == pytest.approx({(1, 0): 0.45, (0, 1): 0.15, (1, 1): 0.2, (2, 0): 0.2})
+    assert queries.term_contributions(hist)[0] == pytest.approx({(1, 0): 0.45, (0, 1): 0.15, (1, 1): 0.2, (2, 0): 0.2})
 
 
 def test_shares_of_a_fit_with_joint_moves_account_for_every_gain():
@@ -323,7 +323,7 @@ def test_shares_of_a_fit_with_joint_moves_account_for_every_gain():
     df = m.interactions()
     assert len(df) == m.n_bases_ and df["share"].notna().all() and (df["share"] > 0).all()
     total = m.history_[0]["cost"] - m.cost_
-    contrib, got_total = queries._contributions(m.history_)
+    contrib, got_total = queries.term_contributions(m.history_)
     assert got_total == pytest.approx(total, rel=1e-9)
     # replay: a term's account is what its appends/adjusts/joint credits gave it, refits shared
     removed = 0.0
