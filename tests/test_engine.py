@@ -83,9 +83,21 @@ def test_passes_match_brute_force(cards, layout, backend, tmp_path):
     assert log_z == pytest.approx(math.log(np.exp(Phi.T @ theta).sum()), abs=1e-12)
     # resync: exact duals from theta agree with the incremental tables, and the exact log Z
     incremental = _table(eng, Table.THETABAR)
+    before = eng.passes
     exact_log_z = eng.resync(support, theta[support], log_z)
+    assert eng.passes - before == (1 if layout[0] == 0 else 2)  # out of core: an A-pass and a B-pass
     assert exact_log_z == pytest.approx(math.log(np.exp(Phi.T @ theta).sum()), abs=1e-12)
     np.testing.assert_allclose(_table(eng, Table.THETABAR), incremental, atol=1e-12)
+    # the re-derivation with its scan fused into the last pass: the same duals, the scan of the table
+    exact = _table(eng, Table.THETABAR)
+    before = eng.passes
+    lz, sc = eng.resync_scan(support, theta[support], log_z, 4)
+    assert eng.passes - before == 2 and lz == exact_log_z
+    np.testing.assert_array_equal(_table(eng, Table.THETABAR), exact)
+    plain = eng.update_scan_batch([], support, 4)
+    assert (sc.pos, sc.best, sc.t, sc.d) == (plain.pos, plain.best, plain.t, plain.d)
+    assert sorted(zip(sc.supp_pos, sc.supp_t, sc.supp_d)) == sorted(zip(plain.supp_pos, plain.supp_t, plain.supp_d))
+    assert sorted(sc.top_delta)[:4] == sorted(plain.top_delta)[:4]
     # density, gather and the top-k candidate pass
     total = eng.density(support, theta[support], exact_log_z)
     assert total == pytest.approx(1.0, abs=1e-12)

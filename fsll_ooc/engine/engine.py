@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import cost, storage
+from .. import basis, cost, storage
 from ..executors import Executor, make_executor
 from ..kernels import ahead
 from ..kernels import scan as scan_kernels
@@ -104,7 +104,7 @@ class Engine:
         started = time.perf_counter()
         tables = _TABLES_MOVED.get(fn, 2)
         if fn in (task_update_scan, task_update_many) and args and not (
-                args[0][3] or (fn is task_update_many and args[0][-1] is not None)):
+                args[0][3] or (fn is task_update_many and (args[0][8] is not None or args[0][9] is not None))):
             tables = 2  # a scan only: the duals are not written
         elif fn is task_update_scan and args and args[0][4] == SCRATCH:
             tables = 4  # the second pass of a two-pass update also reads the partner
@@ -236,48 +236,85 @@ class Engine:
 
         def arg(i):
             loc, glob, _ = groups.get(i, (empty, empty, None))
-            return (self.ctx, kind, i, steps, loc, glob, int(top), par, multiplier)
+            return (self.ctx, kind, i, steps, loc, glob, int(top), par, multiplier, None)
 
         return self._run(kind, task_update_many, arg)
+
+    def resync_scan(self, support: np.ndarray, theta: np.ndarray, log_z: float, top: int) -> tuple[float, ScanResult]:
+        """:meth:`resync` followed by the scan of :meth:`update_scan_batch` without steps:
+        ``(exact log Z, scan)``.  Out of core the scan runs in the re-derivation's last pass
+        (two passes in all, against three); in core it is the re-derivation's pass and a scan.
+        The duals are the same bits as :meth:`resync`'s."""
+        L = self.layout
+        support = np.asarray(support, np.int64)
+        if L.a == 0:
+            log_z = self.resync(support, theta, log_z)
+            return log_z, self.update_scan_batch([], support, top)
+        total = self._density(support, theta, log_z, SCRATCH, forward=True, last=False)
+        ops = (("T", tuple(range(L.a)), False), ("scale", 1.0 / total))
+        groups = self._group("B", support)
+        empty = np.zeros(0, np.int64)
+
+        def arg(i):
+            loc, glob, _ = groups.get(i, (empty, empty, None))
+            return (self.ctx, "B", i, (), loc, glob, int(top), False, None, (SCRATCH, ops))
+
+        return log_z + math.log(total), self._run("B", task_update_many, arg)
 
     def resync(self, support: np.ndarray, theta: np.ndarray, log_z: float) -> float:
         """Re-derive ``thetabar`` exactly from ``theta`` (full transforms); returns exact ``log Z``.
 
-        ``log_z`` is the running estimate, used only to keep ``exp`` in range.
+        ``log_z`` is the running estimate, used only to keep ``exp`` in range.  One pass in
+        core; out of core two (docs/design.md, "The engine"): an A-band pass builds the
+        log-density of its values of the head variables, takes ``exp`` and transforms
+        forward along the band's variables; a B-band pass transforms along the head
+        variables and normalises.
         """
         total = self._density(support, theta, log_z, SCRATCH, forward=True)
-        L = self.layout
-        if L.a > 0:
-            self._run("A", task_map, lambda i: (self.ctx, "A", i, SCRATCH, THETABAR,
-                                                (("T", L.a_axes, False), ("scale", 1.0 / total))))
         return log_z + math.log(total)
 
     def resync_reading(self, support: np.ndarray, theta: np.ndarray, log_z: float,
                        cells: np.ndarray) -> tuple[float, np.ndarray]:
         """:meth:`resync`, reading ``p_theta`` at the global flat indices ``cells`` on the way
         (the E-step of EM, :mod:`fsll_ooc.missing`): ``(exact log Z, p_theta[cells])``, in the
-        resync's own passes (three; one in core), the duals the same bits as :meth:`resync`'s."""
+        resync's own passes (two; one in core), the duals the same bits as :meth:`resync`'s."""
         cells = np.asarray(cells, np.int64)
         total, raw = self._density(support, theta, log_z, SCRATCH, forward=True, read_at=cells)
-        L = self.layout
-        if L.a > 0:
-            self._run("A", task_map, lambda i: (self.ctx, "A", i, SCRATCH, THETABAR,
-                                                (("T", L.a_axes, False), ("scale", 1.0 / total))))
         return log_z + math.log(total), raw / total
 
     def density(self, support: np.ndarray, theta: np.ndarray, log_z: float) -> float:
         """Write ``exp(l_theta - log_z)`` into the scratch table; returns its sum."""
         return self._density(support, theta, log_z, SCRATCH, forward=False)
 
-    def _density(self, support, theta, log_z, dst, forward: bool, read_at: np.ndarray | None = None):
+    def _head_values(self, support: np.ndarray, theta: np.ndarray) -> list:
+        """Per A-band ``i``, read as the head variables' values ``x_head = i``: ``(local, values)``
+        with ``values = theta_y prod_{v < a} phi_{y_v}(x_v)`` at ``local`` = the band-local index of
+        ``y``'s other digits (terms that differ only on the head variables add up in the band)."""
+        L = self.layout
+        band, local = global_to_band(L, "A", support)
+        head = L.cards[:L.a]
+        ydig = np.unravel_index(band, head)
+        mats = [basis.local_matrix(k) for k in head]
+        out = []
+        for i in range(L.n_a_bands):
+            xdig = np.unravel_index(i, head)
+            f = np.ones(len(support))
+            for v in range(L.a):
+                f *= mats[v][ydig[v], xdig[v]]
+            out.append((local, theta * f))
+        return out
+
+    def _density(self, support, theta, log_z, dst, forward: bool, read_at: np.ndarray | None = None,
+                 last: bool = True):
         """The density pass(es); with ``read_at`` (global flat indices) also the values
-        ``exp(l_theta - log_z)`` there, in that order: ``(total, values)``."""
+        ``exp(l_theta - log_z)`` there, in that order: ``(total, values)``.  ``last=False``
+        (forward, out of core): without the final B-pass into ``thetabar`` (the caller runs it)."""
         L = self.layout
         support = np.asarray(support, np.int64)
         theta = np.asarray(theta, np.float64)
         groups = self._group("A", support, theta)
         empty = (np.zeros(0, np.int64), None, np.zeros(0))
-        kind = "A" if L.a == 0 else "B"
+        kind = "A" if L.a == 0 or forward else "B"  # the band kind whose pass takes exp
         reads = None if read_at is None else self._group(kind, read_at, np.arange(read_at.size, dtype=np.int64))
 
         def take(i):  # the read-off op of band i, right after exp
@@ -292,13 +329,24 @@ class Engine:
             res = self._run("A", task_fill, lambda i: (self.ctx, "A", i, THETABAR if forward else dst,
                                                        groups.get(i, empty)[0], groups.get(i, empty)[2],
                                                        ops + take(i) + rest))
+        elif forward:
+            # A-band i is read as the head variables' *values* x_head = i: the sparse theta is
+            # transformed along the head variables first (a few numbers per term), so the band
+            # holds the whole log-density of its slice after T^T along its own variables
+            heads = self._head_values(support, theta)
+            ops = (("T", L.a_axes, True), ("exp", log_z))
+            rest = (("sum",), ("T", L.a_axes, False))
+            res = self._run("A", task_fill, lambda i: (self.ctx, "A", i, dst, heads[i][0], heads[i][1],
+                                                       ops + take(i) + rest))
+            total = res.total
+            if last:
+                self._run("B", task_map, lambda i: (self.ctx, "B", i, dst, THETABAR,
+                                                    (("T", tuple(range(L.a)), False), ("scale", 1.0 / total))))
         else:
             self._run("A", task_fill, lambda i: (self.ctx, "A", i, dst, groups.get(i, empty)[0],
                                                  groups.get(i, empty)[2], (("T", L.a_axes, True),)))
-            head = tuple(range(L.a))
-            ops = (("T", head, True), ("exp", log_z))
-            rest = (("sum",),) + ((("T", head, False),) if forward else ())
-            res = self._run("B", task_map, lambda i: (self.ctx, "B", i, dst, dst, ops + take(i) + rest))
+            ops = (("T", tuple(range(L.a)), True), ("exp", log_z))
+            res = self._run("B", task_map, lambda i: (self.ctx, "B", i, dst, dst, ops + take(i) + (("sum",),)))
         if read_at is None:
             return res.total
         values = np.empty(read_at.size)

@@ -244,13 +244,20 @@ def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple, taken: lis
     return total
 
 
-def _open_band(ctx: Context, kind: str, idx: int):
+def _open_band(ctx: Context, kind: str, idx: int, source: tuple | None = None):
     """``(key, r_const, geometry, t, d, in_place, skip)`` of band ``idx``: its duals ``t`` and
-    targets ``d`` as ``(P, Q)`` arrays (``in_place``: ``t`` is a view of the table itself)."""
+    targets ``d`` as ``(P, Q)`` arrays (``in_place``: ``t`` is a view of the table itself).
+    ``source = (table, ops)``: the duals are ``table``'s band after ``ops`` (:func:`_apply_ops`),
+    a new array (the caller writes it to ``thetabar``)."""
     key, r_const = ctx.band(kind, idx)
     geom = ctx.geometry(kind)
-    t = storage.read(ctx.specs[THETABAR], key)
-    in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata
+    if source is None:
+        t = storage.read(ctx.specs[THETABAR], key)
+        in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata
+    else:
+        t = np.array(storage.read(ctx.specs[source[0]], key), np.float64).reshape(geom.shape)
+        _apply_ops(ctx, kind, t, source[1])
+        in_place = False
     t = t.reshape(geom.P, geom.Q)
     d = storage.read(ctx.specs[DBAR], key).reshape(geom.P, geom.Q)
     skip = 0 if idx == 0 else -1  # y = 0 is the first cell of band 0 of either kind
@@ -307,16 +314,19 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
 
 
 def task_update_many(ctx: Context, kind: str, idx: int, steps: tuple, supp_local: np.ndarray,
-                     supp_global: np.ndarray, top: int, parallel: bool, multiplier=None) -> ScanResult:
+                     supp_global: np.ndarray, top: int, parallel: bool, multiplier=None,
+                     source: tuple | None = None) -> ScanResult:
     """Several dual updates of one band (docs/design.md, "Several terms per pass"), then a scan.
 
     ``steps``: factors ``cosh + sinh Phi_y`` whose variables are all local to this kind of
     band, applied in the order given; or ``multiplier = (V, m)``: the band becomes
     ``T_V(m * T_V(band))`` (Walsh-Hadamard variables ``V``).  The scan reports the best
     append candidate and the ``top`` best by exact cost change (:func:`fsll_ooc.kernels.top_appends`).
+    ``source = (table, ops)``: the band's duals are first made from ``table``'s band by
+    ``ops`` and written to ``thetabar`` (the last pass of an exact re-derivation, then its scan).
     """
     L = ctx.layout
-    key, r_const, geom, t, d, in_place, skip = _open_band(ctx, kind, idx)
+    key, r_const, geom, t, d, in_place, skip = _open_band(ctx, kind, idx, source)
     if multiplier is not None:
         V, m = multiplier
         band = t.reshape(geom.shape)
@@ -329,7 +339,7 @@ def task_update_many(ctx: Context, kind: str, idx: int, steps: tuple, supp_local
         _transform_band(band, pos, False, parallel)
     for step in steps:  # the fused kernels with a threshold no cell beats: updates only
         _update_band(ctx, kind, key, geom, t, d, r_const, step, THETABAR, step.axes, -math.inf, skip, parallel)
-    if (steps or multiplier is not None) and not in_place:
+    if (steps or multiplier is not None or source is not None) and not in_place:
         storage.write(ctx.specs[THETABAR], key, t.reshape(geom.shape))
     val, pos = kernels.top_appends(t, d, geom.rP, geom.rQ, r_const, max(int(top), 1), skip)
     used = pos >= 0

@@ -449,8 +449,7 @@ def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOpt
     factors, _ = B.merge_steps(state.cards, V, tb0, steps)
     since_sync += len(factors)
     if since_sync >= resync_every or engine.batch_pass(V) is None:
-        state.log_z = engine.resync(support(), values(), state.log_z)
-        res = engine.update_scan_batch([], support(), opts.top)
+        state.log_z, res = engine.resync_scan(support(), values(), state.log_z, opts.top)
         since_sync = 0
     elif len(factors) >= B.MULTIPLIER_MIN_FACTORS and all(basis.is_walsh(state.cards[v]) for v in V):
         m = B.marginal_multiplier(state.cards, V, tb0, factors)
