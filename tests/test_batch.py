@@ -328,8 +328,55 @@ def test_auto_batches_default_fits_of_large_tables_alike_in_and_out_of_core(monk
     o = FSLL(cardinalities=cards, progress=False, store=tmp_path / "s", backend="memmap", layout=(1, 2)).fit(X)
     assert set(o.theta_) == set(m.theta_) and o.n_iter_ == m.n_iter_
     assert o.cost_ == pytest.approx(m.cost_, abs=1e-10)
+    # out of core the corrective phases scan in their last re-derivation: the same phases, the same moves
+    assert any(h["move"] == "refine" for h in o.history_)
+    assert [h["move"] for h in o.history_] == [h["move"] for h in m.history_]
     paper = FSLL(cardinalities=cards, epsilon=1e-4, progress=False).fit(X)
     assert not any("batch" in h for h in paper.history_)
     want, costs = oracle.learn(X, cards)
     assert {int(np.ravel_multi_index(y, cards)) for y in paper.theta_} == set(np.nonzero(want)[0].tolist())
     assert paper.cost_ == pytest.approx(costs[-1], abs=1e-10)
+
+
+def test_refine_scans_in_its_last_re_derivation_out_of_core(tmp_path):
+    """``refine(top=...)`` on a banded store: the same parameters as without, and its ``scan`` is
+    the scan of the final dual table (so the learner need not scan again); in core no scan."""
+    from fsll_ooc import storage
+    from fsll_ooc.engine import Engine, Table
+    from fsll_ooc.learn import corrective
+    from fsll_ooc.learn.state import FitState
+    from fsll_ooc.planner import Layout
+
+    cards, n = (2, 3, 4, 5), 1500
+    p, _ = datasets.random_bayesnet(cards, 2, seed=3)
+    X = datasets.sample_table(p, n, seed=4)
+    flat = np.ravel_multi_index(tuple(X.T), cards)
+    size = math.prod(cards)
+    Phi = oracle.phi_matrix(cards)
+    sup = np.array([1, 5, 20, 33, 61, 118], np.int64)
+    results = []
+    for name, layout, backend, top in (("a", (1, 2), "memmap", None), ("b", (1, 2), "memmap", 8),
+                                       ("c", (0, 0), "numpy", 8)):
+        L = Layout(cards, *layout)
+        store = None if backend == "numpy" else tmp_path / name
+        specs = [storage.create_table(backend, store, t.name.lower(), cards, L.chunk_shape) for t in Table]
+        eng = Engine.create(L, specs, n, "serial", sample_flat=flat)
+        state = FitState(cards, n, 0.0, log_z=math.log(size))
+        for y, d in zip(sup.tolist(), eng.gather(sup, table=Table.DBAR).tolist()):
+            state.theta[y], state.dbar[y] = 0.0, d
+        rr = corrective.refine(eng, state, tol=1e-12, top=top)
+        results.append((eng, (state, rr)))
+    (ea, (sa, ra)), (eb, (sb, rb)), (ec, (sc, rc)) = results
+    assert ra.rounds >= 2 and ra.scan is None and rc.scan is None
+    assert sb.theta == sa.theta and sb.log_z == sa.log_z and rb.rounds == ra.rounds
+    plain = eb.update_scan_batch([], np.fromiter(sb.theta, np.int64), 8)
+    assert (rb.scan.pos, rb.scan.t, rb.scan.d) == (plain.pos, plain.t, plain.d)
+    assert rb.scan.best == pytest.approx(plain.best, abs=1e-15)
+    assert sorted(zip(rb.scan.supp_pos, rb.scan.supp_t)) == sorted(zip(plain.supp_pos, plain.supp_t))
+    # and the duals are the model's (brute force)
+    theta = np.zeros(size)
+    for y, v in sb.theta.items():
+        theta[y] = v
+    tb = Phi @ oracle.model(theta, Phi)
+    np.testing.assert_allclose(rb.scan.supp_t[np.argsort(rb.scan.supp_pos)], tb[np.sort(rb.scan.supp_pos)],
+                               atol=1e-12)

@@ -240,6 +240,12 @@ class Engine:
 
         return self._run(kind, task_update_many, arg)
 
+    @property
+    def scan_in_resync(self) -> bool:
+        """Does :meth:`resync_scan` scan inside the re-derivation's own passes (out of core,
+        ``a > 0``), so that the scan costs no pass of its own?"""
+        return self.layout.a > 0
+
     def resync_scan(self, support: np.ndarray, theta: np.ndarray, log_z: float, top: int) -> tuple[float, ScanResult]:
         """:meth:`resync` followed by the scan of :meth:`update_scan_batch` without steps:
         ``(exact log Z, scan)``.  Out of core the scan runs in the re-derivation's last pass

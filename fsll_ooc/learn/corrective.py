@@ -179,6 +179,7 @@ class RefineResult:
     gathers: int = 0
     delta: float = 0.0       # cost change (<= 0)
     decrement: float = math.inf  # last Newton decrement g^T H^-1 g / 2 (predicted remaining gain)
+    scan: object = None      # with ``top``: the scan of the final dual table, run in its re-derivation
 
 
 def _one_blas_thread():
@@ -224,7 +225,7 @@ MAX_SUPPORT = 4000
 
 
 def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int = 12,
-           max_step: float = 4.0, products: _Products | None = None) -> RefineResult:
+           max_step: float = 4.0, products: _Products | None = None, top: int | None = None) -> RefineResult:
     """Damped Newton on ``theta`` restricted to the support of ``state`` (in place).
 
     ``tol``: stop when the predicted remaining gain (Newton decrement / 2) is below
@@ -232,8 +233,23 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
     by more than this (keeps ``exp`` in range far from the optimum).  On return the
     engine's dual table is exact for ``state.theta`` if any round moved it (else it
     is untouched) and ``state.log_z`` is exact.  The support never changes.
+    ``top``: where the engine scans in a re-derivation's last pass at no extra pass
+    (:attr:`fsll_ooc.engine.Engine.scan_in_resync`, out of core), every re-derivation
+    also scans (:meth:`~fsll_ooc.engine.Engine.resync_scan`, the ``top`` best appends) and
+    ``scan`` of the result is that of the final table, which the learner then needs
+    not scan again; else ``scan`` is None.
     """
     out = RefineResult()
+    fuse = top is not None and engine.scan_in_resync
+    last = [None]  # the scan of the table's current contents (fused re-derivations only)
+
+    def rederive(sup, th, lz):
+        last[0] = None
+        if not fuse:
+            return engine.resync(sup, th, lz)
+        lz, last[0] = engine.resync_scan(sup, th, lz, top)
+        return lz
+
     m = len(state.theta)
     if m == 0 or m > MAX_SUPPORT:
         out.decrement = 0.0 if m == 0 else math.inf
@@ -272,7 +288,7 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
         for _h in range(max_halvings):
             trial = theta + alpha * step
             try:
-                lz = engine.resync(support, trial, log_z)
+                lz = rederive(support, trial, log_z)
             except (FloatingPointError, OverflowError, ValueError):
                 lz = math.nan
             out.trials += 1
@@ -290,15 +306,16 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
         out.rounds += 1
     if out.rounds:
         if not table_is_current:
-            log_z = engine.resync(support, theta, log_z)
+            log_z = rederive(support, theta, log_z)
             out.trials += 1
             cur_cost = cost_of(theta, log_z)
         for y, v in zip(support, theta):
             state.theta[int(y)] = float(v)
         state.log_z = log_z
         out.delta = state.cost() - start_cost
+        out.scan = last[0]
     elif not table_is_current:  # every trial rejected: restore the duals of theta
-        state.log_z = engine.resync(support, theta, state.log_z)
+        state.log_z = rederive(support, theta, state.log_z)
     return out
 
 
@@ -351,7 +368,7 @@ def closure_candidates(cards, support: np.ndarray, limit: int) -> np.ndarray:
 
 def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int = 256, max_new: int = 32,
                  max_rounds: int = 8, products: _Products | None = None, n_closure: int = 0,
-                 cand_products: _Products | None = None) -> JointResult:
+                 cand_products: _Products | None = None, top: int | None = None) -> JointResult:
     """Append the candidates that pay for themselves *jointly*, then refine (in place).
 
     The greedy search scores a candidate ``y`` by its 1-D gain with every other
@@ -370,7 +387,8 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     gain exceeds ``r_y + epsilon``.  They are appended at ``theta_y = 0`` and the
     whole support is refined (:func:`refine`); the result is kept only if the exact
     cost fell by at least ``epsilon`` (else the best single pick is tried, else the
-    state is restored).  Gathers: ``|S|^2 + K |S| + K^2 / 2`` product cells.
+    state is restored).  Gathers: ``|S|^2 + K |S| + K^2 / 2`` product cells.  ``top``: as
+    for :func:`refine` (the accepted refinement's ``scan``).
     """
     out = JointResult(added=[])
     m = len(state.theta)
@@ -453,7 +471,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         for c in sel:
             state.theta[int(flat_c[c])] = 0.0
             state.dbar[int(flat_c[c])] = float(d_c[c])
-        rr = refine(engine, state, tol=tol, max_rounds=max_rounds, products=prod)
+        rr = refine(engine, state, tol=tol, max_rounds=max_rounds, products=prod, top=top)
         out.trials += 1
         after = state.cost()
         if rr.rounds and after < before - epsilon:

@@ -321,12 +321,12 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
             refined = True
             before = state.cost()
             rr = corrective.refine(engine, state, tol=refine_tol * eps, max_rounds=refine_rounds,
-                                   products=products)
+                                   products=products, top=None if batch is None else batch.top)
             if rr.rounds:
                 since_sync = 0
                 joint_tried = False
                 state.n_iter += 1
-                res = scan()
+                res = scan() if rr.scan is None else checked(rr.scan)
                 c = state.cost()
                 record({"iter": state.n_iter, "move": "refine", "y": None, "value": float(rr.rounds),
                         "delta": c - before, "cost": c, "n_bases": len(state.theta),
@@ -338,13 +338,13 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
             ja = corrective.joint_append(engine, state, epsilon=eps, tol=refine_tol * eps,
                                          n_candidates=joint_candidates, max_rounds=refine_rounds,
                                          products=products, n_closure=joint_closure, max_new=joint_max_new,
-                                         cand_products=cand_products)
+                                         cand_products=cand_products, top=None if batch is None else batch.top)
             if ja.added:
                 since_sync = 0
                 refined = True
                 joint_tried = False
                 state.n_iter += 1
-                res = scan()
+                res = scan() if ja.refine.scan is None else checked(ja.refine.scan)
                 c = state.cost()
                 record({"iter": state.n_iter, "move": "joint-append", "y": None, "value": float(len(ja.added)),
                         "delta": c - before, "cost": c, "n_bases": len(state.theta),
@@ -387,8 +387,12 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
             # a few support duals by the incremental identity, against the exact re-derivation
             probe = np.fromiter(state.theta, np.int64, len(state.theta))[-checks.PROBE_CELLS:]
             predicted = checks.predict_step(state.cards, engine, probe, step)
-            state.log_z = engine.resync(support(), values(), state.log_z)
-            res = scan()
+            if batch is None:
+                state.log_z = engine.resync(support(), values(), state.log_z)
+                res = scan()
+            else:  # the scan in the re-derivation's last pass (out of core; in core the same two passes)
+                state.log_z, res = engine.resync_scan(support(), values(), state.log_z, batch.top)
+                checked(res)
             checks.check_support(engine, res, probe, predicted, state.n_iter, "after a re-derivation")
             since_sync = 0
         elif batch is not None and engine.batch_pass(step.axes) is not None:
