@@ -44,6 +44,31 @@ def _flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
 
 #: Fewer samples than this get a warning from :meth:`FSLL.fit`.
 FEW_SAMPLES = 10
+#: the key under which a store keeps the model a new fit starts from (``penalty_scale="auto"``)
+WARM_START = "warm_start"
+
+
+def _start_of(state: FitState) -> dict:
+    """The model of ``state`` as a start for another fit (plain JSON; see :func:`_warm_start`)."""
+    return {"theta": [[int(y), float(v)] for y, v in state.theta.items()], "log_z": float(state.log_z)}
+
+
+def _warm_start(engine: Engine, state: FitState, start: dict | None) -> None:
+    """Start the new fit ``state`` (targets and uniform duals in ``engine``) from ``start``
+    (:func:`_start_of` of a fit of the same variables on other rows, e.g. the held-out choice
+    of the penalty scale): its terms and parameters become the state's, the duals are
+    re-derived exactly from them, the targets of the terms read from the target table; the
+    learner then continues from there (``docs/design.md``, "Choosing the penalty scale").
+    Nothing happens for ``start`` None or without terms."""
+    if not start or not start["theta"]:
+        return
+    support = np.array([y for y, _ in start["theta"]], np.int64)
+    values = np.array([v for _, v in start["theta"]], np.float64)
+    state.theta = dict(zip(support.tolist(), values.tolist()))
+    state.log_z = engine.resync(support, values, float(start["log_z"]))
+    state.dbar = dict(zip(support.tolist(), engine.gather(support, Table.DBAR).tolist()))
+    state.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0, "cost": state.cost(),
+                          "n_bases": len(state.theta), "time": 0.0, "start": "held-out choice"})
 
 
 class FSLL:
@@ -295,6 +320,7 @@ class FSLL:
             engine = self._make_engine(plan, [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape)
                                          for nm in TABLE_NAMES], N, sample_flat=flat,
                                        penalty_scale=state.penalty_scale)
+            _warm_start(engine, state, choice.start)
             self._learn(engine, state, fresh=True, checkpoint=None)
             self._set_fitted(state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
                              categories=categories)
@@ -304,9 +330,9 @@ class FSLL:
         # "starting"; tables and targets; "running" after every iteration; "complete".
         with fs.writing("fit", "fitting", plan):
             fs.begin(plan, self._stored_params(), (names, _json_or_none(jsonable_categories(categories))),
-                     uniq, counts, state)
+                     uniq, counts, state, extra=None if choice.start is None else {WARM_START: choice.start})
             self._fit_in_store(fs, plan, state, uniq, counts, flat=flat, fresh=True, names=names,
-                               categories=categories)
+                               categories=categories, start=choice.start)
         return self
 
     def _choose_penalty_scale(self, codes: np.ndarray, cards):
@@ -333,7 +359,7 @@ class FSLL:
         def fit_path(train, scales):  # a fit under the first scale, continued under each further one
             sub = FSLL(cardinalities=tuple(cards), progress=False, learn_options=opts, penalty_scale=scales[0], **own)
             sub.fit(train)
-            yield lambda c: sub._log_potential(c) - sub.log_z_
+            yield (lambda c: sub._log_potential(c) - sub.log_z_), _start_of(sub._state)
             state, specs = sub._state, sub._engine.ctx.specs
             for s in scales[1:]:
                 state.set_penalty_scale(s)
@@ -341,7 +367,7 @@ class FSLL:
                 engine = sub._make_engine(sub.plan_, specs, state.n_samples, penalty_scale=s)
                 learn(engine, state, sub._options(), fresh=False)
                 sub._set_fitted(state, plan=sub.plan_, engine=engine)
-                yield lambda c: sub._log_potential(c) - sub.log_z_
+                yield (lambda c: sub._log_potential(c) - sub.log_z_), _start_of(state)
 
         return choose_scale(fit_path, codes)
 
@@ -365,15 +391,17 @@ class FSLL:
         return {k: _plain(v) for k, v in self.get_params().items() if k in self._STORED_PARAMS}
 
     def _fit_in_store(self, fs: FitStore, plan, state: FitState, uniq, counts, *, flat=None, fresh: bool,
-                      names=None, categories=None) -> None:
+                      names=None, categories=None, start=None) -> None:
         """Learn with the store's checkpoint: from new tables (``fresh``; ``flat`` is the data, by
-        default the stored counts) or from the store's tables and ``state``; then complete it."""
+        default the stored counts; ``start`` the model the search starts from, see
+        :func:`_warm_start`) or from the store's tables and ``state``; then complete it."""
         cards, N = tuple(state.cards), state.n_samples
         if fresh:
             specs = fs.create_tables(cards, plan.layout.chunk_shape)
             with fs.damage_hint():
                 engine = self._make_engine(plan, specs, N, sample_flat=np.repeat(uniq, counts) if flat is None else flat,
                                            penalty_scale=state.penalty_scale)
+                _warm_start(engine, state, start)
                 fs.tables_ready(specs, state)
                 self._learn(engine, state, fresh=True, checkpoint=fs.checkpoint)
         else:
@@ -480,7 +508,7 @@ class FSLL:
                                  penalty_scale=state.penalty_scale)  # the scale chosen when the fit began
                 fs.restart(state)
             m._fit_in_store(fs, plan, state, uniq, counts, fresh=fresh, names=stored.feature_names,
-                            categories=stored.categories)
+                            categories=stored.categories, start=fs.extra(WARM_START) if fresh else None)
         return m
 
     @classmethod

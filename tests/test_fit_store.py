@@ -25,8 +25,8 @@ def X():
 
 
 @pytest.fixture(scope="module")
-def ref(X):
-    return FSLL(progress=False).fit(X)
+def ref(X):  # the full code's weight: a fit long enough to stop at every status (no warm start)
+    return FSLL(progress=False, penalty_scale=1.0).fit(X)
 
 
 def _plan(fs):
@@ -77,7 +77,7 @@ def test_a_new_fit_forgets_the_old_state_and_labels(tmp_path):
 def test_resume_from_each_status(X, ref, tmp_path, monkeypatch, stop_after):
     interrupts.stop_after(monkeypatch, stop_after)
     with pytest.raises(interrupts.Crash):
-        FSLL(progress=False, store=tmp_path / "s", layout=LAYOUT, scheduler="serial").fit(
+        FSLL(progress=False, penalty_scale=1.0, store=tmp_path / "s", layout=LAYOUT, scheduler="serial").fit(
             X, feature_names=["a", "b", "c"])
     monkeypatch.undo()
     assert FitStore(tmp_path / "s").read().status == ("starting" if stop_after == 1 else "running")

@@ -141,7 +141,8 @@ def test_infeasible_plan_refused_before_allocation(tmp_path):
 
 
 def test_resume_after_kill_gives_the_same_model(data, tmp_path, monkeypatch):
-    X, ref = data
+    X = data[0]
+    ref = FSLL(progress=False, penalty_scale=1.0).fit(X)  # a fit from scratch, long enough to kill late
     np.save(tmp_path / "X.npy", X)
     script = textwrap.dedent(f"""
         import os, numpy as np
@@ -155,7 +156,7 @@ def test_resume_after_kill_gives_the_same_model(data, tmp_path, monkeypatch):
             if calls[0] == 9:
                 os.kill(os.getpid(), 9)
         FitStore.write_state = persist
-        FSLL(progress=False, store={str(tmp_path / 's')!r}, layout=(1, 3)).fit(np.load({str(tmp_path / 'X.npy')!r}))
+        FSLL(progress=False, penalty_scale=1.0, store={str(tmp_path / 's')!r}, layout=(1, 3)).fit(np.load({str(tmp_path / 'X.npy')!r}))
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert r.returncode == -9, r.stderr

@@ -112,11 +112,11 @@ def test_family_code_survives_resume_save_and_load(tmp_path, monkeypatch):
     import interrupts
 
     X, _ = _data((3, 4, 2, 5), 3000, 4)
-    ref = FSLL(progress=False).fit(X)
+    ref = FSLL(progress=False, penalty_scale=1.0).fit(X)  # a fit from scratch, long enough to stop in
     assert any(h["move"] == "append" for h in ref.history_) and ref._state.penalty_code == "family"
     interrupts.stop_after(monkeypatch, 6)
     with pytest.raises(interrupts.Crash):
-        FSLL(progress=False, store=tmp_path / "s", layout=(1, 2), scheduler="serial").fit(X)
+        FSLL(progress=False, penalty_scale=1.0, store=tmp_path / "s", layout=(1, 2), scheduler="serial").fit(X)
     monkeypatch.undo()
     m = FSLL.resume(tmp_path / "s", progress=False)
     assert m._state.penalty_code == "family"

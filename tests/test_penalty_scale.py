@@ -67,37 +67,41 @@ def test_holdout_split_and_choice_rule():
         def fit_path(train_codes, scales):
             for s in scales:
                 seen.append((len(train_codes), s))
-                yield lambda c, s=s: np.full(len(c), score_of[s])
+                yield (lambda c, s=s: np.full(len(c), score_of[s])), {"model of": s}
         return fit_path
 
-    assert select.choose_scale(fake({1.0: -2.0, 0.5: -1.5}), codes).scale == 0.5
-    assert select.choose_scale(fake({1.0: -2.0, 0.5: -2.5}), codes).scale == 1.0
+    half = select.choose_scale(fake({1.0: -2.0, 0.5: -1.5}), codes)
+    assert half.scale == 0.5 and half.start == {"model of": 0.5}  # the final fit starts from the winner
+    full = select.choose_scale(fake({1.0: -2.0, 0.5: -2.5}), codes)
+    assert full.scale == 1.0 and full.start == {"model of": 1.0}
     tie = select.choose_scale(fake({1.0: -2.0, 0.5: -2.0}), codes)
     assert tie.scale == 1.0 and tie.scores == {1.0: -2.0, 0.5: -2.0}  # ties keep the full code
     assert all(n == 400 for n, _ in seen)
     few = select.choose_scale(fake({1.0: -9.0, 0.5: 0.0}), codes[: select.MIN_ROWS - 1])
-    assert few.scale == 1.0 and few.scores == {} and "rows" in few.reason
+    assert few.scale == 1.0 and few.scores == {} and "rows" in few.reason and few.start is None
 
 
 def test_auto_scale_is_the_held_out_argmax_and_the_final_fit_uses_it(tmp_path, monkeypatch):
     """The default fit's scale is the one whose fit on four fifths of the rows scores the held-out
     fifth best: scale 1 recomputed here by an explicit fit; scale 1/2 by the search continued
     from it, an axis minimum of the half-weight cost on those rows (brute force); the final
-    model is the fit under the chosen scale."""
+    fit starts from the chosen scale's model (its first recorded cost is that model's cost on
+    every row, brute force) and ends on an axis minimum of the chosen scaled cost on every row."""
     cards = (3, 4, 2, 3)
     X, _ = _data(cards, 600, 5)
     m = FSLL(cardinalities=cards, progress=False).fit(X)
     train, held = select.holdout_split(len(X))
     full = FSLL(cardinalities=cards, penalty_scale=1.0, progress=False).fit(X[train])
     assert m.penalty_scale_scores_[1.0] == pytest.approx(float(np.mean(full.log_prob(X[held]))), abs=1e-12)
-    seen = []
+    seen, models = [], {}
     real_path = select.choose_scale
 
     def spy(fit_path, codes, scales=C.PENALTY_SCALES):
         def recording(train_codes, scales):
-            for s, lp in zip(scales, fit_path(train_codes, scales)):
+            for s, (lp, model) in zip(scales, fit_path(train_codes, scales)):
                 seen.append(lp(np.array(list(itertools.product(*[range(k) for k in cards])))))
-                yield lp
+                models[s] = model
+                yield lp, model
         return real_path(recording, codes, scales)
 
     monkeypatch.setattr(select, "choose_scale", spy)
@@ -115,8 +119,19 @@ def test_auto_scale_is_the_held_out_argmax_and_the_final_fit_uses_it(tmp_path, m
                                cost_fn=lambda th: brute_cost(th, q, Phi, cards, n, "family", 0.5))
     scores = m.penalty_scale_scores_
     assert m.penalty_scale_ == max(scores, key=lambda s: (scores[s], s == 1.0))
-    fixed = FSLL(cardinalities=cards, penalty_scale=m.penalty_scale_, progress=False).fit(X)
-    assert fixed.theta_ == m.theta_ and fixed.cost_ == m.cost_
+    alpha = m.penalty_scale_
+    Phi, q, n = oracle.phi_matrix(cards), oracle.target(X, cards), len(X)
+    start = np.zeros(len(q))
+    for y, v in models[alpha]["theta"]:
+        start[y] = v
+    assert models[alpha]["theta"] and m.history_[0]["n_bases"] == len(models[alpha]["theta"])
+    assert m.history_[0]["cost"] == pytest.approx(brute_cost(start, q, Phi, cards, n, "family", alpha), abs=1e-10)
+    theta = np.zeros(len(q))
+    for y, v in m.theta_.items():
+        theta[np.ravel_multi_index(y, cards)] = v
+    final = oracle.assert_axis_minimum(theta, q, Phi, None, auto_epsilon(n),
+                                       cost_fn=lambda th: brute_cost(th, q, Phi, cards, n, "family", alpha))
+    assert m.cost_ == pytest.approx(final, abs=1e-10)
     m.save(tmp_path / "m.json")
     back = FSLL.load(tmp_path / "m.json")
     assert back.penalty_scale_ == m.penalty_scale_ and back.get_params()["penalty_scale"] is None
@@ -149,6 +164,31 @@ def test_half_scale_survives_an_interrupted_out_of_core_fit(tmp_path, monkeypatc
     assert set(m.theta_) == set(ref.theta_) and m.cost_ == pytest.approx(ref.cost_, abs=1e-10)
     again = FSLL.resume(tmp_path / "s", progress=False, restart=True)
     assert again.penalty_scale_ == 0.5 and set(again.theta_) == set(ref.theta_)
+
+
+@pytest.mark.parametrize("stop", [1, 2, 4])
+def test_warm_started_store_fit_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch, stop):
+    """A default (``penalty_scale="auto"``) fit in a store starts from the held-out choice's
+    model, which the store keeps: stopped while ``starting`` (1), right after the warm start
+    (2) or mid-search (4), its resume, and a restart, end on the uninterrupted fit's model."""
+    import interrupts
+
+    X, _ = _data((3, 4, 2), 800, 4)
+    kw = dict(progress=False, layout=(1, 2), scheduler="serial")
+    ref = FSLL(store=tmp_path / "ref", **kw).fit(X)
+    assert ref.penalty_scale_scores_ and ref.history_[0]["n_bases"] > 0  # a warm start happened
+    core = FSLL(progress=False).fit(X)
+    assert set(core.theta_) == set(ref.theta_) and core.cost_ == pytest.approx(ref.cost_, abs=1e-10)
+    interrupts.stop_after(monkeypatch, stop)
+    with pytest.raises(interrupts.Crash):
+        FSLL(store=tmp_path / "s", **kw).fit(X)
+    monkeypatch.undo()
+    m = FSLL.resume(tmp_path / "s", progress=False)
+    assert m.penalty_scale_ == ref.penalty_scale_ and m.history_[0] == ref.history_[0]
+    assert set(m.theta_) == set(ref.theta_) and m.cost_ == pytest.approx(ref.cost_, abs=1e-10)
+    again = FSLL.resume(tmp_path / "s", progress=False, restart=True)
+    assert again.history_[0] == ref.history_[0] and set(again.theta_) == set(ref.theta_)
+    assert again.cost_ == pytest.approx(ref.cost_, abs=1e-10)
 
 
 def test_unique_inverse_is_numpys():

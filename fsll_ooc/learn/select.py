@@ -9,8 +9,9 @@ seeded shuffle, so a fit is repeatable), fits the same learner on the rest under
 first scale of :data:`fsll_ooc.cost.PENALTY_SCALES` and continues that search under each
 further one (a lighter penalty mostly adds terms, so the search goes on from the model
 it has), and keeps the scale whose model gives the held-out rows the higher
-log-likelihood (ties to the full code).  The final model is then
-fitted on every row under that scale (``docs/design.md``, "Choosing the penalty scale").
+log-likelihood (ties to the full code).  The final fit on every row under that scale
+starts from that scale's model (its terms and parameters) and continues the same search
+to convergence on all rows (``docs/design.md``, "Choosing the penalty scale").
 """
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ class ScaleChoice:
     scores: dict = field(default_factory=dict)
     #: why no choice was made (``""`` when the scales were compared)
     reason: str = ""
+    #: the chosen scale's model on the training rows, where the final fit starts
+    #: (``{"theta": [[flat, value], ...], "log_z": float}``; None if no choice was made)
+    start: dict | None = None
 
 
 def holdout_split(n_rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -54,22 +58,25 @@ def choose_scale(fit_path, codes: np.ndarray, scales=C.PENALTY_SCALES) -> ScaleC
     """The scale of ``scales`` whose fit on the training part scores the held-out rows best.
 
     ``fit_path(train_codes, scales)`` fits the learner on those rows under each penalty
-    scale in turn and yields, per scale, a function giving the log-likelihood of each row
-    of a code array.  The first scale wins ties (the full MDL code comes first).  With
-    fewer than :data:`MIN_ROWS` rows the first scale is returned unscored.
+    scale in turn and yields, per scale, ``(log_prob, model)``: a function giving the
+    log-likelihood of each row of a code array, and the model (kept as
+    :attr:`ScaleChoice.start` of the chosen scale).  The first scale wins ties (the full
+    MDL code comes first).  With fewer than :data:`MIN_ROWS` rows the first scale is
+    returned unscored.
     """
     scales = tuple(float(s) for s in scales)
     n = int(codes.shape[0])
     if n < MIN_ROWS:
         return ScaleChoice(scales[0], reason=f"only {n} rows (fewer than {MIN_ROWS})")
     train, held = holdout_split(n)
-    scores = {}
+    scores, models = {}, {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the sub-fits' small-sample warnings
-        for s, log_prob in zip(scales, fit_path(codes[train], scales)):
+        for s, (log_prob, model) in zip(scales, fit_path(codes[train], scales)):
             scores[s] = float(np.mean(log_prob(codes[held])))
+            models[s] = model
     best = scales[0]
     for s in scales[1:]:
         if scores[s] > scores[best]:
             best = s
-    return ScaleChoice(best, scores)
+    return ScaleChoice(best, scores, start=models[best])
