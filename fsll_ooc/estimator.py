@@ -49,8 +49,14 @@ WARM_START = "warm_start"
 
 
 def _start_of(state: FitState) -> dict:
-    """The model of ``state`` as a start for another fit (plain JSON; see :func:`_warm_start`)."""
-    return {"theta": [[int(y), float(v)] for y, v in state.theta.items()], "log_z": float(state.log_z)}
+    """The model of ``state`` as a start for another fit (plain JSON; see :func:`_warm_start`):
+    its parameters, ``log Z`` and each term's share of its cost reduction (``gain``, from its
+    history as :meth:`FSLL.interactions` counts it)."""
+    from .queries import _contributions
+
+    contrib, _ = _contributions(state.history)
+    return {"theta": [[int(y), float(v)] for y, v in state.theta.items()], "log_z": float(state.log_z),
+            "gain": [float(contrib.get(state.digits(y), 0.0)) for y in state.theta]}
 
 
 def _warm_start(engine: Engine, state: FitState, start: dict | None) -> None:
@@ -59,16 +65,25 @@ def _warm_start(engine: Engine, state: FitState, start: dict | None) -> None:
     of the penalty scale): its terms and parameters become the state's, the duals are
     re-derived exactly from them, the targets of the terms read from the target table; the
     learner then continues from there (``docs/design.md``, "Choosing the penalty scale").
+    The history records the uniform start (``init``) and then the step to ``start`` as one
+    move on several terms (``warm-start``: its terms under ``added``, the gains they had in
+    ``start``'s own fit under ``added_gain``, which divide the move's gain among them).
     Nothing happens for ``start`` None or without terms."""
     if not start or not start["theta"]:
         return
     support = np.array([y for y, _ in start["theta"]], np.int64)
     values = np.array([v for _, v in start["theta"]], np.float64)
+    uniform = state.cost()
+    state.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0, "cost": uniform,
+                          "n_bases": 0, "time": 0.0})
     state.theta = dict(zip(support.tolist(), values.tolist()))
     state.log_z = engine.resync(support, values, float(start["log_z"]))
     state.dbar = dict(zip(support.tolist(), engine.gather(support, Table.DBAR).tolist()))
-    state.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0, "cost": state.cost(),
-                          "n_bases": len(state.theta), "time": 0.0, "start": "held-out choice"})
+    c = state.cost()
+    state.history.append({"iter": 0, "move": "warm-start", "y": None, "value": float(len(support)),
+                          "delta": c - uniform, "cost": c, "n_bases": len(support), "time": 0.0,
+                          "added": [list(state.digits(y)) for y in support.tolist()],
+                          "added_gain": list(start.get("gain") or ())})
 
 
 class FSLL:

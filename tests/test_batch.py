@@ -314,18 +314,20 @@ def test_batched_fit_through_the_estimator(cards, n, seed, tmp_path):
 def test_auto_batches_default_fits_of_large_tables_alike_in_and_out_of_core(monkeypatch, tmp_path):
     """``batch="auto"`` (the default) from the table size only: with the threshold lowered to
     this tiny table, a default fit batches, in core and out of core to the same model; a
-    fit at ``epsilon=1e-4`` stays one step per pass (the paper's search, brute force)."""
+    fit at ``epsilon=1e-4`` stays one step per pass (the paper's search, brute force).  The
+    scale is fixed (``penalty_scale=1.0``): a search from the uniform model, whose appends batch."""
     from fsll_ooc import FSLL
 
     cards, n = (2, 3, 4, 5), 2000
     p, _ = datasets.random_bayesnet(cards, 2, seed=5)
     X = datasets.sample_table(p, n, seed=105)
-    off = FSLL(cardinalities=cards, progress=False).fit(X)
+    off = FSLL(cardinalities=cards, progress=False, penalty_scale=1.0).fit(X)
     assert not any("batch" in h for h in off.history_)  # 120 cells: below the threshold
     monkeypatch.setattr(batch, "AUTO_MIN_CELLS", math.prod(cards))
-    m = FSLL(cardinalities=cards, progress=False).fit(X)
+    m = FSLL(cardinalities=cards, progress=False, penalty_scale=1.0).fit(X)
     assert any("batch" in h for h in m.history_)
-    o = FSLL(cardinalities=cards, progress=False, store=tmp_path / "s", backend="memmap", layout=(1, 2)).fit(X)
+    o = FSLL(cardinalities=cards, progress=False, penalty_scale=1.0, store=tmp_path / "s", backend="memmap",
+             layout=(1, 2)).fit(X)
     assert set(o.theta_) == set(m.theta_) and o.n_iter_ == m.n_iter_
     assert o.cost_ == pytest.approx(m.cost_, abs=1e-10)
     # out of core the corrective phases scan in their last re-derivation: the same phases, the same moves

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from fsll_ooc import FSLL, cost as C
+from fsll_ooc import FSLL, cost as C, queries
 from fsll_ooc.learn import auto_epsilon, select
 
 import oracle
@@ -124,8 +124,17 @@ def test_auto_scale_is_the_held_out_argmax_and_the_final_fit_uses_it(tmp_path, m
     start = np.zeros(len(q))
     for y, v in models[alpha]["theta"]:
         start[y] = v
-    assert models[alpha]["theta"] and m.history_[0]["n_bases"] == len(models[alpha]["theta"])
-    assert m.history_[0]["cost"] == pytest.approx(brute_cost(start, q, Phi, cards, n, "family", alpha), abs=1e-10)
+    init, warm = m.history_[:2]
+    assert init["move"] == "init" and warm["move"] == "warm-start"
+    assert models[alpha]["theta"] and warm["n_bases"] == len(models[alpha]["theta"])
+    assert init["cost"] == pytest.approx(brute_cost(np.zeros(len(q)), q, Phi, cards, n, "family", alpha), abs=1e-12)
+    assert warm["cost"] == pytest.approx(brute_cost(start, q, Phi, cards, n, "family", alpha), abs=1e-10)
+    assert warm["delta"] == pytest.approx(warm["cost"] - init["cost"], abs=1e-14)
+    # the start's terms share its gain (by their gains in the held-out fit): every term has a share
+    df = m.interactions()
+    assert len(df) == m.n_bases_ and df["share"].notna().all() and (df["share"] > 0).all()
+    _, total = queries._contributions(m.history_)
+    assert total == pytest.approx(init["cost"] - m.cost_, rel=1e-9)
     theta = np.zeros(len(q))
     for y, v in m.theta_.items():
         theta[np.ravel_multi_index(y, cards)] = v
@@ -176,7 +185,7 @@ def test_warm_started_store_fit_resumes_to_the_uninterrupted_model(tmp_path, mon
     X, _ = _data((3, 4, 2), 800, 4)
     kw = dict(progress=False, layout=(1, 2), scheduler="serial")
     ref = FSLL(store=tmp_path / "ref", **kw).fit(X)
-    assert ref.penalty_scale_scores_ and ref.history_[0]["n_bases"] > 0  # a warm start happened
+    assert ref.penalty_scale_scores_ and ref.history_[1]["move"] == "warm-start"
     core = FSLL(progress=False).fit(X)
     assert set(core.theta_) == set(ref.theta_) and core.cost_ == pytest.approx(ref.cost_, abs=1e-10)
     interrupts.stop_after(monkeypatch, stop)
@@ -184,10 +193,10 @@ def test_warm_started_store_fit_resumes_to_the_uninterrupted_model(tmp_path, mon
         FSLL(store=tmp_path / "s", **kw).fit(X)
     monkeypatch.undo()
     m = FSLL.resume(tmp_path / "s", progress=False)
-    assert m.penalty_scale_ == ref.penalty_scale_ and m.history_[0] == ref.history_[0]
+    assert m.penalty_scale_ == ref.penalty_scale_ and m.history_[:2] == ref.history_[:2]
     assert set(m.theta_) == set(ref.theta_) and m.cost_ == pytest.approx(ref.cost_, abs=1e-10)
     again = FSLL.resume(tmp_path / "s", progress=False, restart=True)
-    assert again.history_[0] == ref.history_[0] and set(again.theta_) == set(ref.theta_)
+    assert again.history_[:2] == ref.history_[:2] and set(again.theta_) == set(ref.theta_)
     assert again.cost_ == pytest.approx(ref.cost_, abs=1e-10)
 
 

@@ -311,13 +311,13 @@ def test_contributions_of_joint_moves():
 
 
 def test_shares_of_a_fit_with_joint_moves_account_for_every_gain():
-    """A default fit (corrective steps, joint selection): every term gets a share, joint
-    moves are credited to the terms they added, and the shares plus the gains of removed
-    terms add up to the whole cost reduction."""
+    """A fit from the uniform model (corrective steps, joint selection; the scale fixed, so
+    no warm start): every term gets a share, joint moves are credited to the terms they
+    added, and the shares plus the gains of removed terms add up to the whole cost reduction."""
     cards = (3, 3, 2, 4, 2)
     p, _ = datasets.random_bayesnet(cards, 3, seed=11)
     X = datasets.sample_table(p, 5000, seed=111)
-    m = FSLL(cardinalities=cards, progress=False).fit(X)
+    m = FSLL(cardinalities=cards, progress=False, penalty_scale=1.0).fit(X)
     joint = [h for h in m.history_ if h["move"] == "joint-append"]
     assert joint and all(h["y"] is None and len(h["added"]) == len(h["added_gain"]) for h in joint)
     df = m.interactions()

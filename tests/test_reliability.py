@@ -502,9 +502,9 @@ def test_disk_full_before_anything_started(X, ref, small_disk, monkeypatch):
     store = small_disk / "z"
     orig = FitStore.begin
 
-    def begin(self, *a):  # the disk fills up just before the data file is written
+    def begin(self, *a, **k):  # the disk fills up just before the data file is written
         fill(small_disk)
-        return orig(self, *a)
+        return orig(self, *a, **k)
 
     monkeypatch.setattr(FitStore, "begin", begin)
     with pytest.raises(DiskFullError, match="nothing was started"):
