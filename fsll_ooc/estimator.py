@@ -65,22 +65,28 @@ def _warm_start(engine: Engine, state: FitState, start: dict | None) -> None:
     of the penalty scale): its terms and parameters become the state's, the duals are
     re-derived exactly from them, the targets of the terms read from the target table; the
     learner then continues from there (``docs/design.md``, "Choosing the penalty scale").
-    The history records the uniform start (``init``) and then the step to ``start`` as one
-    move on several terms (``warm-start``: its terms under ``added``, the gains they had in
-    ``start``'s own fit under ``added_gain``, which divide the move's gain among them).
-    Nothing happens for ``start`` None or without terms."""
+    The history records the uniform start (``init``) and then the step to ``start`` as the
+    first iteration, one move on several terms (``warm-start``: its terms under ``added``,
+    the gains they had in ``start``'s own fit under ``added_gain``, which divide the move's
+    gain among them).  Nothing happens for ``start`` None, without terms, or no cheaper on
+    these rows than the uniform model (the search then starts from the uniform model)."""
     if not start or not start["theta"]:
         return
     support = np.array([y for y, _ in start["theta"]], np.int64)
     values = np.array([v for _, v in start["theta"]], np.float64)
-    uniform = state.cost()
-    state.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0, "cost": uniform,
-                          "n_bases": 0, "time": 0.0})
+    uniform, log_z = state.cost(), state.log_z
     state.theta = dict(zip(support.tolist(), values.tolist()))
     state.log_z = engine.resync(support, values, float(start["log_z"]))
     state.dbar = dict(zip(support.tolist(), engine.gather(support, Table.DBAR).tolist()))
     c = state.cost()
-    state.history.append({"iter": 0, "move": "warm-start", "y": None, "value": float(len(support)),
+    if not c < uniform:  # no better than the uniform model on these rows: the search starts there
+        state.theta, state.dbar, state.log_z = {}, {}, log_z
+        engine.init_duals()
+        return
+    state.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0, "cost": uniform,
+                          "n_bases": 0, "time": 0.0})
+    state.n_iter = 1
+    state.history.append({"iter": 1, "move": "warm-start", "y": None, "value": float(len(support)),
                           "delta": c - uniform, "cost": c, "n_bases": len(support), "time": 0.0,
                           "added": [list(state.digits(y)) for y in support.tolist()],
                           "added_gain": list(start.get("gain") or ())})
@@ -750,6 +756,9 @@ class FSLL:
     @classmethod
     def _with_params(cls, params: dict, what: str) -> "FSLL":
         """An estimator with the parameters ``params`` read from a file (unknown names: ``ValueError``)."""
+        unknown = [k for k in params if k not in cls._PARAMS]
+        if unknown:  # named by repr: a key may hold any character
+            raise ValueError(f"{what} (unknown parameter {unknown[0]!r})")
         try:
             return cls(**_params_from_json(params))
         except (TypeError, ValueError) as e:

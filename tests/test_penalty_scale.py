@@ -210,3 +210,17 @@ def test_unique_inverse_is_numpys():
         got_u, got_i = unique_inverse(flat, size)
         assert np.array_equal(got_u, want_u) and np.array_equal(got_i, want_i.reshape(-1))
         assert got_u.dtype == np.int64 and got_i.dtype == want_i.dtype
+
+
+def test_a_start_no_better_than_uniform_is_not_taken(monkeypatch):
+    """A start whose cost on every row is not below the uniform model's is dropped: the fit is
+    then the search from the uniform model under the chosen scale, bit for bit."""
+    X, _ = _data((3, 4, 2), 600, 2)
+    bad = select.ScaleChoice(1.0, {1.0: -1.0, 0.5: -2.0}, start={"theta": [[5, 40.0]], "log_z": 0.0, "gain": [1.0]})
+    monkeypatch.setattr(select, "choose_scale", lambda fit_path, codes: bad)
+    m = FSLL(progress=False).fit(X)
+    monkeypatch.undo()
+    ref = FSLL(penalty_scale=1.0, progress=False).fit(X)
+    assert m.theta_ == ref.theta_ and m.cost_ == ref.cost_ and m.n_iter_ == ref.n_iter_
+    assert [h["move"] for h in m.history_] == [h["move"] for h in ref.history_]
+    assert [h["cost"] for h in m.history_] == [h["cost"] for h in ref.history_]
