@@ -544,6 +544,7 @@ class MStep:
 
         st, eng = self.state, self.engine
         eng.compute_targets(cells, st.n_samples, weights=weights)
+        st.targets_changed()
         st.entropy_q = C.target_entropy(weights, st.n_samples, math.prod(st.cards))
         if self.fresh:
             eng.init_duals()
@@ -571,7 +572,8 @@ class MStep:
         return uniform_mean_log_p({st.digits(y): v for y, v in st.theta.items()}, st.cards, st.log_z)
 
     def penalty(self) -> float:
-        return float(sum(self.state.penalties(self.state.theta)))
+        """The support's code length (the fit's code of the terms, :meth:`FitState.total_penalty`)."""
+        return float(self.state.total_penalty())
 
 
 def restart_seeds(random_state, n_restarts: int) -> list[int]:
@@ -897,17 +899,20 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
 
     def make(state=None, fresh=True):
         specs = [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
-        return MStep(est._make_engine(plan, specs, N), state or _new_state(cards, N), run, fresh, state is None)
+        return MStep(est._make_engine(plan, specs, N), state or _new_state(est, cards, N), run, fresh, state is None)
 
     res = _run_restarts(est, make, rows, counts, tuple(cards), len(hidden), seeds)
     _set_fitted(est, res, plan, res.learner.engine, names, categories, len(hidden))
     return True
 
 
-def _new_state(cards, N: int):
+def _new_state(est, cards, N: int):
+    """A new fit state under ``est``'s code of the terms (``penalty``: the family code by default)."""
+    from . import cost as C
     from .learn import FitState
 
-    return FitState(tuple(cards), int(N), 0.0, log_z=math.log(math.prod(cards)))
+    return FitState(tuple(cards), int(N), 0.0, log_z=math.log(math.prod(cards)),
+                    penalty_code=C.resolve_penalty(est.penalty, est.epsilon))
 
 
 def _run_restarts(est, make, rows, counts, cards, n_hidden: int, seeds, keeper=None, resume=None) -> EMResult:
@@ -967,7 +972,7 @@ def _fit_in_store(est, backend, rows, counts, cards, n_hidden: int, seeds, names
     fs.check_new()  # never replace or delete a user's files
     plan = fs.account(plan)
     N = int(counts.sum())
-    state = _new_state(cards, N)
+    state = _new_state(est, cards, N)
     empty = np.zeros(0, np.int64)
     with fs.writing("fit", "fitting", plan):
         fs.begin(plan, est._stored_params(), (names, _json_or_none(jsonable_categories(categories))), empty, empty,
@@ -999,7 +1004,7 @@ def _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, 
         learn(eng, st, options, fresh=fresh_, progress=None, callback=fs.checkpoint)
 
     def make(state=None, fresh=True):
-        return MStep(engine, state or _new_state(cards, N), run, fresh, state is None)
+        return MStep(engine, state or _new_state(est, cards, N), run, fresh, state is None)
 
     with fs.damage_hint():
         res = _run_restarts(est, make, rows, counts, cards, n_hidden, seeds, keeper=keeper, resume=resume)
@@ -1028,7 +1033,7 @@ def resume_in_store(est, fs, stored, restart: bool) -> None:
     seeds = fs.extra("em")["seeds"]
     fresh = stored.status == "starting" or restart
     if fresh:
-        state = _new_state(cards, N)
+        state = _new_state(est, cards, N)
         fs.set_extra("em", {"seeds": seeds, "restart": 0, "phase": "start", "best": None})
         fs.restart(state)
     _learn_in_store(est, fs, plan, rows, counts, cards, len(est.hidden or ()), seeds, stored.feature_names,

@@ -209,12 +209,17 @@ def test_posterior_is_the_conditional(data, model):
 import oracle  # noqa: E402  (tests/oracle.py: the brute-force model)
 
 
-def _brute_objective(m, Xm):
-    """J = -(LL_obs + E_u[log p]) / (N + 1) + sum r_y, every part from the dense table."""
+def _brute_objective(m, Xm, kind="family"):
+    """J = -(LL_obs + E_u[log p]) / (N + 1) + L(S) / N, every part from the dense table; the
+    code length ``L(S)`` of the support from its definition (``oracle.brute_code``: the family
+    code of the default fit, or the paper's ``sum r_y``)."""
     P = m.probabilities()
     ll = sum(math.log(sum(P[c] for c in completions(row, P.shape))) for row in Xm)
-    r = oracle.r_vec(P.shape, len(Xm)).reshape(P.shape)
-    pen = sum(r[y] for y in m.theta_)
+    support = [int(np.ravel_multi_index(y, P.shape)) for y in m.theta_]
+    pen = oracle.brute_code(P.shape, len(Xm), support, kind)
+    if kind == "paper":  # the paper's code is the sum of the r_y of the oracle's vector
+        r = oracle.r_vec(P.shape, len(Xm)).reshape(P.shape)
+        assert pen == pytest.approx(sum(r[y] for y in m.theta_), rel=1e-12)
     return -(ll + float(np.mean(np.log(P)))) / (len(Xm) + 1) + pen
 
 
@@ -230,22 +235,28 @@ def test_em_objective_never_increases(data, em_model):
     assert len(objs) >= 3 and em_model.em_converged_
     assert all(b <= a + 1e-12 * abs(a) for a, b in zip(objs, objs[1:]))
     assert objs[-1] < objs[0]
+    assert em_model._state.penalty_code == "family"  # the code of an ordinary default fit
     assert math.isclose(em_model.em_objective_, _brute_objective(em_model, Xm), rel_tol=1e-10)
+    # the family code is shorter than the paper's for a support with several terms in a family
+    assert _brute_objective(em_model, Xm, "paper") > em_model.em_objective_
     P = em_model.probabilities()
     ll = np.mean([math.log(sum(P[c] for c in completions(row, CARDS))) for row in Xm])
     assert math.isclose(em_model.em_loglik_, ll, rel_tol=1e-10)
 
 
-def test_em_with_hidden_objective_never_increases():
+@pytest.mark.parametrize("penalty", [None, "paper"])
+def test_em_with_hidden_objective_never_increases(penalty):
     rng = np.random.default_rng(1)
     z = rng.integers(0, 2, 300)
     X = np.c_[(z + (rng.random(300) < 0.1)) % 2, (z + (rng.random(300) < 0.2)) % 2, rng.integers(0, 3, 300)]
     X[rng.random(X.shape) < 0.1] = M.MISSING
-    m = FSLL(progress=False, missing="em", hidden=[2], n_restarts=2, random_state=0).fit(X)
+    m = FSLL(progress=False, missing="em", hidden=[2], n_restarts=2, random_state=0, penalty=penalty).fit(X)
     objs = [h["objective"] for h in m.em_history_]
     assert all(b <= a + 1e-12 * abs(a) for a, b in zip(objs, objs[1:]))
     Xh = np.c_[X, np.full(len(X), M.MISSING)]
-    assert math.isclose(m.em_objective_, _brute_objective(m, Xh), rel_tol=1e-10)
+    kind = penalty or "family"
+    assert m._state.penalty_code == kind
+    assert math.isclose(m.em_objective_, _brute_objective(m, Xh, kind), rel_tol=1e-10)
 
 
 def test_soft_targets_equal_the_transform_of_the_weighted_cells(em_model):

@@ -71,6 +71,11 @@ class FitState:
         for key in ("_r_cache", "_r_weights", "_term_code"):
             self.__dict__.pop(key, None)
 
+    def targets_changed(self) -> None:
+        """The target table was recomputed (EM's M-step): targets memoised from it go (the
+        family candidates' ``dbar`` of :func:`fsll_ooc.learn.corrective.family_move`)."""
+        self.__dict__.pop("_family_memo", None)
+
     def term_code(self) -> C.TermCode:
         """The support's code (:class:`fsll_ooc.cost.TermCode` of :attr:`penalty_code`)."""
         code = self.__dict__.get("_term_code")
