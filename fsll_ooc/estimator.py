@@ -52,9 +52,9 @@ def _start_of(state: FitState) -> dict:
     """The model of ``state`` as a start for another fit (plain JSON; see :func:`_warm_start`):
     its parameters, ``log Z`` and each term's share of its cost reduction (``gain``, from its
     history as :meth:`FSLL.interactions` counts it)."""
-    from .queries import _contributions
+    from .queries import term_contributions
 
-    contrib, _ = _contributions(state.history)
+    contrib, _ = term_contributions(state.history)
     return {"theta": [[int(y), float(v)] for y, v in state.theta.items()], "log_z": float(state.log_z),
             "gain": [float(contrib.get(state.digits(y), 0.0)) for y in state.theta]}
 

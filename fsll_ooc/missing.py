@@ -19,7 +19,10 @@ variables"):
 
 The objective (:func:`objective`) is the cost's observed-data counterpart::
 
-    J(theta) = -(LL_obs(theta) + E_u[log p_theta]) / (N + 1) + sum_{y in support} r_y
+    J(theta) = -(LL_obs(theta) + E_u[log p_theta]) / (N + 1) + L(S) / N
+
+``L(S)`` is the support's code length under the fit's code of the terms (``penalty``: the
+family code by default, ``sum_{y in support} r_y`` under the paper's).
 
 ``LL_obs`` is the observed-data log-likelihood (each row's log-probability of its
 observed cells), ``E_u[log p_theta]`` the positivity rule's pseudo-sample.  With
@@ -309,7 +312,8 @@ def uniform_mean_log_p(theta: dict, cards: Sequence[int], log_z: float) -> float
 
 
 def objective(loglik: float, n_samples: int, mean_u_log_p: float, penalty: float) -> float:
-    """``J = -(LL_obs + E_u[log p]) / (N + 1) + sum r_y``: what EM lowers every round (nats per row)."""
+    """``J = -(LL_obs + E_u[log p]) / (N + 1) + L(S) / N``: what EM lowers every round (nats per
+    row; ``penalty`` is the support's code length per row, ``L(S) / N``)."""
     return -(loglik + mean_u_log_p) / (n_samples + 1.0) + penalty
 
 

@@ -133,7 +133,7 @@ def test_auto_scale_is_the_held_out_argmax_and_the_final_fit_uses_it(tmp_path, m
     # the start's terms share its gain (by their gains in the held-out fit): every term has a share
     df = m.interactions()
     assert len(df) == m.n_bases_ and df["share"].notna().all() and (df["share"] > 0).all()
-    _, total = queries._contributions(m.history_)
+    _, total = queries.term_contributions(m.history_)
     assert total == pytest.approx(init["cost"] - m.cost_, rel=1e-9)
     theta = np.zeros(len(q))
     for y, v in m.theta_.items():
