@@ -8,9 +8,9 @@ Compare two runs with ``diff``:
     python bench/fingerprint.py /tmp/after.json && diff docs/data/fingerprint/reference.json /tmp/after.json
 
 ``docs/data/fingerprint/reference.json`` holds the figures of the code before the package
-restructuring (commit 42d3508), with the default's rows (``/auto``) since the default
-chooses the penalty scale (``docs/design.md``, "Choosing the penalty scale"; the rows at
-``epsilon=1e-4`` and out of core are unchanged); every change since that did not mean to
+restructuring (commit 42d3508), with the default's rows (``/auto``) since the fit on all
+rows starts from the penalty scale's held-out model (``docs/design.md``, "Choosing the
+penalty scale"; the rows at ``epsilon=1e-4`` and out of core are unchanged); every change since that did not mean to
 change results reproduces it exactly. Takes 1-2 minutes on an idle 2-core machine.
 """
 import json
