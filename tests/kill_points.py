@@ -520,60 +520,6 @@ def report(res: dict) -> str:
     return "\n".join(lines)
 
 
-def overhead(workdir: Path, log2_cells: int = 24, log2_chunk: int = 20, repeats: int = 3) -> list[dict]:
-    """Band read/write throughput with and without the integrity checks (same process, same disk).
-
-    ``plain``: zarr without checksum codec / a bare ``np.memmap``; ``checked``: through
-    :mod:`fsll_ooc.storage` (CRC-32C per chunk, chunk-file checks; memmap side file).
-    Bands of 8 chunks, as a fit's tasks read and write them.
-    """
-    import numpy as np
-    import zarr
-
-    from fsll_ooc import storage
-
-    n_chunks = 2 ** (log2_cells - log2_chunk)
-    shape, chunks = (n_chunks, 2**log2_chunk), (1, 2**log2_chunk)
-    band = 8
-    rng = np.random.default_rng(0)
-    x = rng.random(shape)
-    out = []
-    for backend in ("zarr", "memmap"):
-        d = Path(tempfile.mkdtemp(prefix="fsll-ovh-", dir=workdir))
-        try:
-            checked = storage.create_table(backend, d, "checked", shape, chunks)
-            if backend == "zarr":
-                plain = zarr.create_array(store=str(d / "plain"), shape=shape, chunks=chunks, dtype="float64",
-                                          compressors=None, fill_value=0.0, zarr_format=3, overwrite=True)
-                pw = lambda i, v: plain.__setitem__(slice(i, i + band), v)  # noqa: E731
-                pr = lambda i: np.ascontiguousarray(plain[i:i + band])  # noqa: E731
-            else:
-                plain = np.memmap(d / "plain.f64", dtype="float64", mode="w+", shape=shape)
-                pw = lambda i, v: plain.__setitem__(slice(i, i + band), v)  # noqa: E731
-                pr = lambda i: np.array(plain[i:i + band], order="C")  # noqa: E731
-            cw = lambda i, v: storage.write(checked, (slice(i, i + band),), v)  # noqa: E731
-            cr = lambda i: storage.read(checked, (slice(i, i + band),))  # noqa: E731
-            for name, w, r in (("plain", pw, pr), ("checked", cw, cr)):
-                tw, tr = [], []
-                for _ in range(repeats):
-                    t = time.perf_counter()
-                    for i in range(0, n_chunks, band):
-                        w(i, x[i:i + band])
-                    if backend == "memmap":
-                        (plain if name == "plain" else storage.open_table(checked)).flush()
-                    tw.append(time.perf_counter() - t)
-                    t = time.perf_counter()
-                    s_ = 0.0
-                    for i in range(0, n_chunks, band):
-                        s_ += float(r(i)[0, 0])
-                    tr.append(time.perf_counter() - t)
-                out.append({"backend": backend, "path": name, "write_GBps": x.nbytes / min(tw) / 1e9,
-                            "read_GBps": x.nbytes / min(tr) / 1e9})
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
@@ -596,24 +542,10 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="points run at once")
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     ap.add_argument("--json", default=None, help="write all results here")
-    ap.add_argument("--overhead", action="store_true",
-                    help="instead: band read/write throughput with and without the integrity checks")
     args = ap.parse_args(argv)
     layout = tuple(int(v) for v in args.layout.split(","))
     if args.zygote:
         zygote_main(cold=args.cold, n_samples=args.n_samples, layout=layout)
-        return 0
-    if args.overhead:
-        work = Path(args.dir or tempfile.gettempdir())
-        work.mkdir(parents=True, exist_ok=True)
-        rows = overhead(work)
-        print(f"{'backend':<8} {'path':<8} {'write GB/s':>10} {'read GB/s':>10}   (2^24 cells, 2^20-cell chunks, "
-              f"bands of 8 chunks, dir {work})")
-        for r in rows:
-            print(f"{r['backend']:<8} {r['path']:<8} {r['write_GBps']:>10.2f} {r['read_GBps']:>10.2f}")
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(rows, fh, indent=1)
         return 0
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fsll-kill-"))
     backends = ("zarr", "memmap") if args.backend == "both" else (args.backend,)
