@@ -71,16 +71,44 @@ def pair_products(cards, dig_a: np.ndarray, dig_b: np.ndarray):
     dig_a = np.asarray(dig_a, dtype=np.int64)
     dig_b = np.asarray(dig_b, dtype=np.int64)
     P = dig_a.shape[0]
+    idx = np.arange(P, dtype=np.int64)
+    return _expand(cards, dig_a, dig_b, idx, idx)
+
+
+def _expand(cards, dig_a: np.ndarray, dig_b: np.ndarray, ia: np.ndarray, ib: np.ndarray):
+    """:func:`pair_products` of the pairs ``(dig_a[ia[j]], dig_b[ib[j]])``, gathering one axis at a time.
+
+    A Walsh-Hadamard axis never splits a pair into several terms, so its contribution
+    ``(a XOR b) * stride`` is summed per pair and added to the pair's terms at the end
+    (the same integers in the same term order as axis by axis).  When every axis is
+    Walsh-Hadamard the flat index of a product is the XOR of the two flat indices
+    (each digit owns its own bits).
+    """
+    cards = tuple(int(k) for k in cards)
     strides = _strides(cards)
-    pair = np.arange(P, dtype=np.int64)
+    P = len(ia)
+    walsh = [i for i, k in enumerate(cards) if basis.is_walsh(k)]
+    if len(walsh) == len(cards):
+        fa = dig_a @ strides if len(dig_a) else np.zeros(0, np.int64)
+        fb = dig_b @ strides if len(dig_b) else np.zeros(0, np.int64)
+        return np.arange(P, dtype=np.int64), fa[ia] ^ fb[ib], np.ones(P)
+    wflat = np.zeros(P, dtype=np.int64)
+    for i in walsh:
+        wflat += (dig_a[ia, i] ^ dig_b[ib, i]) * strides[i]
+    pair = None  # None: one term per pair so far (term j is pair j)
     flat = np.zeros(P, dtype=np.int64)
     coef = np.ones(P)
     for i, k in enumerate(cards):
-        a = dig_a[pair, i]
-        b = dig_b[pair, i]
         if basis.is_walsh(k):
-            flat += (a ^ b) * strides[i]
             continue
+        col_a = np.ascontiguousarray(dig_a[:, i])
+        col_b = np.ascontiguousarray(dig_b[:, i])
+        if pair is None:
+            a = col_a[ia]
+            b = col_b[ib]
+        else:
+            a = col_a[ia[pair]]
+            b = col_b[ib[pair]]
         same = a == b
         triple = ~same & (a != 0) & (b != 0)
         c = np.where(same, 0, a | b)  # one digit zero: the other one; equal: phi_0
@@ -91,14 +119,32 @@ def pair_products(cards, dig_a: np.ndarray, dig_b: np.ndarray):
         flat += c * strides[i]
         coef[triple] = -coef[triple]
         t = np.nonzero(triple)[0]  # ... and -phi_a, -phi_b are appended
+        if pair is None:
+            pair = np.arange(P, dtype=np.int64)
         pair = np.concatenate([pair, pair[t], pair[t]])
         flat = np.concatenate([flat, flat[t] + a[t] * strides[i], flat[t] + b[t] * strides[i]])
         coef = np.concatenate([coef, coef[t], coef[t]])
+    if pair is None:
+        pair = np.arange(P, dtype=np.int64)
+    flat += wflat[pair]
     return pair, flat, coef
 
 
 def _digits(cards, flat: np.ndarray) -> np.ndarray:
     return np.stack(np.unravel_index(np.asarray(flat, np.int64), tuple(cards)), axis=1).astype(np.int64)
+
+
+def _fresh_pairs(old: np.ndarray, fresh: np.ndarray):
+    """Pairs ``(i, j)`` for each ``j`` of ``fresh`` (ascending): every ``i`` of ``old``, then
+    every ``i`` of ``fresh`` up to ``j``; as index arrays ``(I, J)`` in that order."""
+    n_o, F = len(old), len(fresh)
+    lengths = n_o + np.arange(1, F + 1, dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    q = np.repeat(np.arange(F, dtype=np.int64), lengths)
+    r = np.arange(int(lengths.sum()), dtype=np.int64) - starts[q]
+    fresh = np.asarray(fresh, np.int64)
+    I = np.where(r < n_o, old[np.minimum(r, max(n_o - 1, 0))] if n_o else 0, fresh[np.maximum(r - n_o, 0)])
+    return I.astype(np.int64), fresh[q]
 
 
 class _Products:
@@ -139,10 +185,9 @@ class _Products:
             isnew = np.zeros(m, bool)
             isnew[fresh] = True
             # pairs (i, j) with j new and (i new and i <= j, or i old)
-            I = np.concatenate([np.concatenate([np.nonzero(~isnew)[0], fresh[fresh <= j]]) for j in fresh])
-            J = np.concatenate([np.full(int((~isnew).sum()) + int((fresh <= j).sum()), j) for j in fresh])
+            I, J = _fresh_pairs(np.nonzero(~isnew)[0], fresh)
             digits = _digits(self.cards, support)
-            pair, flat, coef = pair_products(self.cards, digits[I], digits[J])
+            pair, flat, coef = _expand(self.cards, digits, digits, I, J)
             self.pair = np.concatenate([self.pair, pair + len(self.I)])
             self.flat = np.concatenate([self.flat, flat])
             self.coef = np.concatenate([self.coef, coef])
@@ -167,7 +212,7 @@ def _cross_moments(cards, rows: np.ndarray, cols: np.ndarray):
     b = _digits(cards, cols)
     ia = np.repeat(np.arange(len(rows)), len(cols))
     ib = np.tile(np.arange(len(cols)), len(rows))
-    return pair_products(cards, a[ia], b[ib])
+    return _expand(cards, a, b, ia, ib)
 
 
 @dataclass
@@ -182,15 +227,23 @@ class RefineResult:
     scan: object = None      # with ``top``: the scan of the final dual table, run in its re-derivation
 
 
+_BLAS = []  # the thread-pool controller, made once (finding the loaded libraries takes milliseconds)
+
+
 def _one_blas_thread():
     """Small dense solves run far faster on one BLAS thread next to busy numba threads."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - optional
+    if not _BLAS:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # pragma: no cover - optional
+            _BLAS.append(None)
+        else:
+            _BLAS.append(ThreadpoolController())
+    if _BLAS[0] is None:  # pragma: no cover - optional
         import contextlib
 
         return contextlib.nullcontext()
-    return threadpool_limits(1, user_api="blas")
+    return _BLAS[0].limit(limits=1, user_api="blas")
 
 
 def _solve(H: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -426,6 +479,8 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     if family:  # each candidate's marginal code length, updated as picks fill its family
         counts = state.family_counts()
         fam_c = [state.family(int(y)) for y in flat_c.tolist()]
+        fam_id = {}
+        fam_ix = np.array([fam_id.setdefault(f, len(fam_id)) for f in fam_c], dtype=np.int64)
         r_c = np.array(state.marginal_penalties(flat_c.tolist(), counts))
     else:
         r_c = np.array([state.penalty(int(y)) for y in flat_c])
@@ -440,8 +495,13 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         sig, u = H_cc, g_c
     chosen, picked_gain = [], []
     floor = 1e-12
+    # ``sig`` conditioned on the picks so far, kept implicitly: its diagonal ``dg`` and the
+    # picks' columns ``cols`` (a column of the conditioned ``sig`` is the original column
+    # less one rank-one term per earlier pick, in pick order: the numbers of an in-place
+    # update of the whole matrix, at ``O(K)`` per pick and earlier pick instead of ``O(K^2)``)
+    dg = np.diag(sig).copy()
+    cols = []
     for _ in range(min(max_new, K)):
-        dg = np.diag(sig).copy()
         ok = dg > floor
         ok[chosen] = False
         if not ok.any():
@@ -455,12 +515,13 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         if family:
             a = fam_c[c]
             counts[a] = counts.get(a, 0) + 1
-            code = state.term_code()
-            for j, f in enumerate(fam_c):
-                if f == a:
-                    r_c[j] = code.add(a, counts[a])
+            r_c[fam_ix == fam_ix[c]] = state.term_code().add(a, counts[a])
         col = sig[:, c].copy()
-        sig -= np.outer(col, col) / col[c]
+        for prev, piv in cols:
+            col -= prev * prev[c] / piv
+        piv = col[c]
+        dg -= col * col / piv
+        cols.append((col, piv))
         u = u - col * (u[c] / col[c])
     if not chosen:
         return out
