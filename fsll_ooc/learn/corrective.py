@@ -167,8 +167,13 @@ class _Products:
         support = np.asarray(support, np.int64)
         if np.array_equal(support, self.support):
             return
-        pos = {int(y): i for i, y in enumerate(support)}
-        remap = np.array([pos.get(int(y), -1) for y in self.support], dtype=np.int64)
+        # remap[k]: the new position of old member k, -1 if it left (members are distinct)
+        remap = np.full(len(self.support), -1, dtype=np.int64)
+        if len(support) and len(self.support):
+            order = np.argsort(support, kind="stable")
+            k = np.minimum(np.searchsorted(support[order], self.support), len(support) - 1)
+            found = support[order][k] == self.support
+            remap[found] = order[k[found]]
         if len(self.I):
             keep_pair = (remap[self.I] >= 0) & (remap[self.J] >= 0)
             new_index = np.cumsum(keep_pair) - 1
@@ -178,8 +183,7 @@ class _Products:
             self.coef = self.coef[keep_term]
             self.I = remap[self.I[keep_pair]]
             self.J = remap[self.J[keep_pair]]
-        old = set(int(y) for y in self.support)
-        fresh = np.array([i for i, y in enumerate(support) if int(y) not in old], dtype=np.int64)
+        fresh = np.nonzero(~np.isin(support, self.support))[0].astype(np.int64)
         if len(fresh):
             m = len(support)
             isnew = np.zeros(m, bool)
@@ -481,7 +485,8 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         fam_c = [state.family(int(y)) for y in flat_c.tolist()]
         fam_id = {}
         fam_ix = np.array([fam_id.setdefault(f, len(fam_id)) for f in fam_c], dtype=np.int64)
-        r_c = np.array(state.marginal_penalties(flat_c.tolist(), counts))
+        code = state.term_code()  # (no candidate is in the support: one more member of its family)
+        r_c = np.array([code.add(f, counts.get(f, 0)) for f in fam_id])[fam_ix]
     else:
         r_c = np.array([state.penalty(int(y)) for y in flat_c])
     if m:
