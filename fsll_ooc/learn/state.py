@@ -112,11 +112,20 @@ class FitState:
         return out
 
     def total_penalty(self) -> float:
-        """The support's code length (the cost's penalty part)."""
+        """The support's code length (the cost's penalty part).  Memoised on the support (its
+        terms in order), the code and the scale: the learner asks for it at every cost
+        evaluation, mostly of the same support, and the same sum gives the same bits."""
+        key = (tuple(self.theta), self.penalty_code, self.penalty_scale)
+        memo = self.__dict__.get("_total_penalty")
+        if memo is not None and memo[0] == key:
+            return memo[1]
         if self.penalty_code == "paper":
-            return sum(self.penalties(self.theta))
-        code = self.term_code()
-        return sum(code.total(a, m) for a, m in self.family_counts().items())
+            total = sum(self.penalties(self.theta))
+        else:
+            code = self.term_code()
+            total = sum(code.total(a, m) for a, m in self.family_counts().items())
+        self.__dict__["_total_penalty"] = (key, total)
+        return total
 
     def cost(self) -> float:
         """``KL(q || p_theta)`` plus the support's code length (:meth:`total_penalty`; the paper's
