@@ -255,7 +255,10 @@ def _open_band(ctx: Context, kind: str, idx: int, source: tuple | None = None):
         t = storage.read(ctx.specs[THETABAR], key)
         in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata
     else:
-        t = np.array(storage.read(ctx.specs[source[0]], key), np.float64).reshape(geom.shape)
+        t = storage.read(ctx.specs[source[0]], key)
+        if not t.flags.owndata:  # a view of the source table: work on a copy, the source stays clean
+            t = t.copy()
+        t = t.reshape(geom.shape)
         _apply_ops(ctx, kind, t, source[1])
         in_place = False
     t = t.reshape(geom.P, geom.Q)
