@@ -903,20 +903,31 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
 
     def make(state=None, fresh=True):
         specs = [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
-        return MStep(est._make_engine(plan, specs, N), state or _new_state(est, cards, N), run, fresh, state is None)
+        return MStep(est._make_engine(plan, specs, N, penalty_scale=_em_penalty_scale(est)), state or _new_state(est, cards, N),
+                     run, fresh, state is None)
 
     res = _run_restarts(est, make, rows, counts, tuple(cards), len(hidden), seeds)
     _set_fitted(est, res, plan, res.learner.engine, names, categories, len(hidden))
     return True
 
 
+def _em_penalty_scale(est) -> float:
+    """The penalty scale of an EM fit: ``est.penalty_scale`` when it is a number, else 1
+    (``"auto"`` compares scales on held-out complete rows, which an EM fit does not have)."""
+    from . import cost as C
+
+    scale = C.resolve_penalty_scale(est.penalty_scale, est.epsilon)
+    return scale if isinstance(scale, float) else 1.0
+
+
 def _new_state(est, cards, N: int):
-    """A new fit state under ``est``'s code of the terms (``penalty``: the family code by default)."""
+    """A new fit state under ``est``'s code of the terms (``penalty``: the family code by
+    default) and its penalty scale (:func:`_em_penalty_scale`)."""
     from . import cost as C
     from .learn import FitState
 
     return FitState(tuple(cards), int(N), 0.0, log_z=math.log(math.prod(cards)),
-                    penalty_code=C.resolve_penalty(est.penalty, est.epsilon))
+                    penalty_code=C.resolve_penalty(est.penalty, est.epsilon), penalty_scale=_em_penalty_scale(est))
 
 
 def _run_restarts(est, make, rows, counts, cards, n_hidden: int, seeds, keeper=None, resume=None) -> EMResult:
@@ -1001,7 +1012,7 @@ def _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, 
     else:  # every table is rewritten before it is read: dbar's chunks are not looked at
         specs = fs.open_tables(cards, chunks, check_targets=False)
         resume = keeper.resume_run(state)
-    engine = est._make_engine(plan, specs, N)
+    engine = est._make_engine(plan, specs, N, penalty_scale=_em_penalty_scale(est))
     options = est._options()
 
     def run(eng, st, fresh_):

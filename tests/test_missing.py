@@ -209,7 +209,7 @@ def test_posterior_is_the_conditional(data, model):
 import oracle  # noqa: E402  (tests/oracle.py: the brute-force model)
 
 
-def _brute_objective(m, Xm, kind="family"):
+def _brute_objective(m, Xm, kind="family", scale=1.0):
     """J = -(LL_obs + E_u[log p]) / (N + 1) + L(S) / N, every part from the dense table; the
     code length ``L(S)`` of the support from its definition (``oracle.brute_code``: the family
     code of the default fit, or the paper's ``sum r_y``)."""
@@ -220,7 +220,7 @@ def _brute_objective(m, Xm, kind="family"):
     if kind == "paper":  # the paper's code is the sum of the r_y of the oracle's vector
         r = oracle.r_vec(P.shape, len(Xm)).reshape(P.shape)
         assert pen == pytest.approx(sum(r[y] for y in m.theta_), rel=1e-12)
-    return -(ll + float(np.mean(np.log(P)))) / (len(Xm) + 1) + pen
+    return -(ll + float(np.mean(np.log(P)))) / (len(Xm) + 1) + scale * pen
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +242,22 @@ def test_em_objective_never_increases(data, em_model):
     P = em_model.probabilities()
     ll = np.mean([math.log(sum(P[c] for c in completions(row, CARDS))) for row in Xm])
     assert math.isclose(em_model.em_loglik_, ll, rel_tol=1e-10)
+
+
+@pytest.mark.parametrize("scale", [0.5, 2.0])
+def test_em_uses_a_numeric_penalty_scale(data, em_model, scale):
+    _, Xm = data
+    m = FSLL(progress=False, missing="em", penalty_scale=scale).fit(Xm)
+    assert m._state.penalty_scale == scale and m.penalty_scale_ == scale
+    objs = [h["objective"] for h in m.em_history_]
+    assert all(b <= a + 1e-12 * abs(a) for a, b in zip(objs, objs[1:]))
+    assert math.isclose(m.em_objective_, _brute_objective(m, Xm, scale=scale), rel_tol=1e-10)
+    # a smaller price keeps more terms, a larger one fewer, than the code as it is
+    if scale < 1:
+        assert len(m.theta_) > len(em_model.theta_)
+    else:
+        assert len(m.theta_) < len(em_model.theta_)
+    assert em_model.penalty_scale_ == 1.0  # "auto" has no held-out complete rows to compare on
 
 
 @pytest.mark.parametrize("penalty", [None, "paper"])

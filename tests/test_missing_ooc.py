@@ -81,6 +81,16 @@ def test_out_of_core_em_is_the_in_core_em(Xm, ref, tmp_path, backend):
     assert np.array_equal(again.impute(Xm[:30]), ref.impute(Xm[:30]))
 
 
+def test_out_of_core_em_under_a_numeric_penalty_scale_is_the_in_core_em(Xm, tmp_path):
+    ref = FSLL(progress=False, missing="em", penalty_scale=0.5).fit(Xm)
+    m = _ooc(Xm, tmp_path / "s", "memmap", penalty_scale=0.5)
+    assert m.penalty_scale_ == 0.5 and ref.penalty_scale_ == 0.5
+    assert_same(m, ref)
+    assert math.isclose(m.em_objective_, _brute_objective(m, Xm, scale=0.5), rel_tol=1e-10)
+    again = FSLL.resume(tmp_path / "s", progress=False)  # the finished store keeps the scale
+    assert again.penalty_scale_ == 0.5 and again.theta_ == m.theta_
+
+
 def test_out_of_core_em_with_a_hidden_variable_is_the_in_core_em(Xh, ref_hidden, tmp_path):
     m = _ooc(Xh, tmp_path / "s", "memmap", **HIDDEN)
     assert m.cardinalities_ == (2, 3, 5, 4) and m.n_hidden_ == 1
