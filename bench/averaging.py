@@ -1,0 +1,222 @@
+#!/usr/bin/env python
+"""Averaging fitted distributions (bagging) against the single default fit.
+
+For each case (``bench/quality.py``'s synthetic data at a size and seed, or MSNBC's
+train/test split of ``bench/realdata.py``) the default ``FSLL()`` is fitted once, then
+the members of each averaged variant; every fit's wall-clock is recorded and a variant's
+time is the sum of the fits it needs.  The averaged model is the mean of the members'
+probability tables (an equal-weight mixture).  Variants:
+
+* ``default``: ``FSLL()`` on all rows;
+* ``choice2``: the mean of the default fit and the model the default's penalty-scale
+  choice fitted on four fifths of the rows under the chosen scale (no extra fit);
+* ``boot K``: ``FSLL()`` on K bootstrap resamples (N rows drawn with replacement);
+* ``bootS K``: the same resamples fitted under the scale the default chose on all rows
+  (no choice inside the members: a bootstrap copy of a row can land in both the
+  choice's training and held-out parts); time includes the default fit;
+* ``half K``: ``FSLL()`` on K half-samples (N/2 rows drawn without replacement);
+* ``sub80 K``: ``FSLL()`` on K subsamples of 4N/5 rows drawn without replacement (the
+  size of the penalty-scale choice's own training part);
+* ``sub80S K``: the same subsamples fitted under the scale the default chose (no choice
+  inside the members); time includes the default fit;
+* ``sub80W K``: as ``sub80S``, each member starting from the default's model (the warm
+  start of ``docs/design.md``, "Choosing the penalty scale"); time includes the default fit.
+
+K-member variants of K = 4 reuse the first 4 members of K = 8.  Quality: ``KL(p* || p)``
+(nats) on the synthetic data, mean held-out log-likelihood per test row on MSNBC (with
+its paired difference to the default over the test rows).
+
+Usage::
+
+    python bench/averaging.py run --cases BN-mix:10000:0 BN-mix:10000:1 msnbc --raw out.jsonl
+    python bench/averaging.py report out.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for p in (ROOT, HERE):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from fsll_ooc import FSLL, datasets  # noqa: E402
+from fsll_ooc.estimator import _start_of  # noqa: E402
+from fsll_ooc.learn import select  # noqa: E402
+from quality import synthetic  # noqa: E402
+
+KS = (4, 8)
+
+
+def table_of(theta: list, log_z: float, cards) -> np.ndarray:
+    """The normalised table of a model given as ``[[flat term, value], ...]``."""
+    from fsll_ooc.kernels.transform import transform_inplace
+
+    t = np.zeros(cards)
+    for y, v in theta:
+        t.reshape(-1)[int(y)] = v
+    transform_inplace(t, transpose=True, first_use="reference")
+    t -= t.max()
+    np.exp(t, out=t)
+    return t / t.sum()
+
+
+class Capture:
+    """Wraps :func:`fsll_ooc.learn.select.choose_scale` to keep the last choice made."""
+
+    def __init__(self):
+        self.last = None
+        self._orig = select.choose_scale
+
+    def __call__(self, *a, **k):
+        self.last = self._orig(*a, **k)
+        return self.last
+
+
+def timed_fit(X, cards, start=None, **kw):
+    """``FSLL(**kw).fit(X)`` and its seconds; ``start``: ``(scale, model)`` to fit under that
+    scale from that model (:func:`fsll_ooc.estimator._start_of`) instead of choosing."""
+    t0 = time.perf_counter()
+    m = FSLL(cardinalities=cards, progress=False, **kw)
+    if start is not None:
+        m._choose_penalty_scale = lambda codes, cards: select.ScaleChoice(start[0], start=start[1])
+    m = m.fit(X)
+    return m, time.perf_counter() - t0
+
+
+def load_case(case: str):
+    """(X_train, cards, quality function of a probability table, label)."""
+    if case == "msnbc":
+        from realdata import DEFAULT_DATA, load_msnbc
+
+        tr, te, cards, _ = load_msnbc(DEFAULT_DATA)
+        flat = np.ravel_multi_index(tuple(te.T), cards)
+        return tr, cards, (lambda p: np.log(p.reshape(-1)[flat])), "msnbc"
+    fam, n, seed = case.split(":")
+    X, p_true = synthetic(fam, int(n), int(seed))
+    return X, p_true.shape, (lambda p: datasets.kl_divergence(p_true, p)), case
+
+
+KINDS = ("boot", "bootS", "half", "sub80", "sub80S", "sub80W")
+
+
+def run_case(case: str, out, k_max: int = max(KS), kinds=KINDS):
+    X, cards, quality, label = load_case(case)
+    N = len(X)
+    cap = Capture()
+    select.choose_scale = cap
+    try:
+        m0, t0 = timed_fit(X, cards)
+    finally:
+        select.choose_scale = cap._orig
+    p0 = np.asarray(m0.probabilities()).reshape(cards)
+    s0 = float(m0.penalty_scale_)
+    choice = cap.last
+    rows = [("default", 1, [p0], t0)]
+    if choice is not None and choice.start is not None:
+        p_sub = table_of(choice.start["theta"], choice.start["log_z"], cards)
+        rows.append(("choice2", 2, [p0, p_sub], t0))
+    members = {kind: [] for kind in kinds}
+    times = {kind: [] for kind in kinds}
+    rng = np.random.default_rng([7, N])  # member k's rows do not depend on the kinds run
+    for k in range(k_max):
+        idx = rng.integers(0, N, size=N)
+        half = np.sort(rng.permutation(N)[: N // 2])
+        sub80 = np.sort(np.random.default_rng([8, N, k]).permutation(N)[: 4 * N // 5])
+        for kind, kw, rows_k in (("boot", {}, idx), ("bootS", {"penalty_scale": s0}, idx), ("half", {}, half),
+                                 ("sub80", {}, sub80), ("sub80S", {"penalty_scale": s0}, sub80),
+                                 ("sub80W", {"start": (s0, _start_of(m0._state))}, sub80)):
+            if kind not in kinds:
+                continue
+            m, t = timed_fit(X[rows_k], cards, **kw)
+            members[kind].append(np.asarray(m.probabilities()).reshape(cards))
+            times[kind].append(t)
+    for K in KS:
+        for kind in kinds:
+            extra = t0 if kind in ("bootS", "sub80S", "sub80W") else 0.0
+            rows.append((f"{kind}{K}", K, members[kind][:K], extra + sum(times[kind][:K])))
+    load = os.getloadavg()[0]
+    q0 = quality(p0)
+    for name, K, ps, secs in rows:
+        p = np.mean(ps, axis=0)
+        q = quality(p)
+        rec = {"case": label, "variant": name, "K": K, "seconds": secs, "default_seconds": t0, "scale": s0,
+               "load": load, "n_terms_default": int(m0.n_bases_)}
+        if isinstance(q, np.ndarray):  # held-out log-likelihood per test row
+            d = q - q0
+            rec.update(ll=float(q.mean()), ll_se=float(q.std(ddof=1) / np.sqrt(len(q))),
+                       diff=float(d.mean()), diff_se=float(d.std(ddof=1) / np.sqrt(len(d))))
+        else:
+            rec["kl"] = float(q)
+        print(json.dumps(rec), flush=True)
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+
+
+def report(path: str) -> None:
+    recs = [json.loads(line) for line in open(path) if line.strip()]
+    groups: dict = {}
+    seen = set()
+    for r in recs:  # the first record of a (case, variant) counts (runs of further kinds repeat the default)
+        case = r["case"]
+        if (case, r["variant"]) in seen:
+            continue
+        seen.add((case, r["variant"]))
+        key = case if case == "msnbc" else case.rsplit(":", 1)[0]
+        groups.setdefault(key, {}).setdefault(r["variant"], []).append(r)
+    for key, by_var in groups.items():
+        base = by_var["default"]
+        if key == "msnbc":
+            print(f"\n{key}: held-out log-likelihood [nats/row], paired difference to the default")
+            print("| variant | fits | held-out LL | vs default (paired) | seconds | / default |")
+            print("|---|---|---|---|---|---|")
+            for v, rs in by_var.items():
+                r = rs[0]
+                print(f"| {v} | {r['K']} | {r['ll']:.4f} | {r['diff']:+.4f} ± {r['diff_se']:.4f} | {r['seconds']:.1f} "
+                      f"| {r['seconds'] / r['default_seconds']:.1f} |")
+            continue
+        seeds = [r["case"].rsplit(":", 1)[1] for r in base]
+        print(f"\n{key}: KL(p*||p), seeds {' '.join(seeds)}")
+        print("| variant | fits | KL mean | per seed | seconds (mean) | / default |")
+        print("|---|---|---|---|---|---|")
+        for v, rs in by_var.items():
+            kl = [r["kl"] for r in rs]
+            secs = np.mean([r["seconds"] for r in rs])
+            ratio = np.mean([r["seconds"] / r["default_seconds"] for r in rs])
+            print(f"| {v} | {rs[0]['K']} | {np.mean(kl):.4f} | {' / '.join(f'{x:.4f}' for x in kl)} | {secs:.1f} "
+                  f"| {ratio:.1f} |")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--cases", nargs="+", required=True, help="FAMILY:N:SEED (BN-mix, Potts-mix) or msnbc")
+    r.add_argument("--raw", required=True, help="JSON lines appended to")
+    r.add_argument("--k-max", type=int, default=max(KS))
+    r.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    rp = sub.add_parser("report")
+    rp.add_argument("raw")
+    a = ap.parse_args(argv)
+    if a.cmd == "report":
+        report(a.raw)
+        return
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    print(f"commit {commit}, load {os.getloadavg()}", flush=True)
+    FSLL(progress=False).fit(np.random.default_rng(0).integers(0, 3, size=(200, 6)))  # compile kernels
+    with open(a.raw, "a") as out:
+        for case in a.cases:
+            run_case(case, out, a.k_max, a.kinds)
+
+
+if __name__ == "__main__":
+    main()
