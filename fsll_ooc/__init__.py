@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 
 from . import datasets  # noqa: E402
 from .estimator import FSLL  # noqa: E402
+from .average import FSLLAverage  # noqa: E402
 from .planner import PlanError, plan  # noqa: E402
 
-__all__ = ["FSLL", "datasets", "plan", "PlanError", "__version__"]
+__all__ = ["FSLL", "FSLLAverage", "datasets", "plan", "PlanError", "__version__"]

@@ -23,10 +23,14 @@ from .cost import checked_penalty_scale
 from ._validation import MAX_CATEGORIES, MAX_CELLS, MAX_MODEL_BYTES, DataError, check_input_file, check_labels
 from .learn import FitState
 
-__all__ = ["MODEL_FORMAT", "MODEL_VERSION", "ModelFile", "save", "load"]
+__all__ = ["MODEL_FORMAT", "MODEL_VERSION", "AVERAGE_FORMAT", "AVERAGE_VERSION", "ModelFile", "AverageFile",
+           "save", "load", "save_average", "load_average"]
 
 MODEL_FORMAT = "fsll-ooc-model"
 MODEL_VERSION = 1
+#: The file of an average of models (:class:`fsll_ooc.FSLLAverage`): its members' model documents.
+AVERAGE_FORMAT = "fsll-ooc-average"
+AVERAGE_VERSION = 1
 #: Largest joint table whose ``log_z`` :func:`load` recomputes from the parameters (a file
 #: whose ``log_z`` does not match is refused); larger ones are checked against its bounds.
 CHECK_LOG_Z_CELLS = 2**20
@@ -51,10 +55,26 @@ def jsonable_categories(categories) -> list | None:
     return [[c.item() if hasattr(c, "item") else c for c in cat] for cat in categories]
 
 
+@dataclass
+class AverageFile:
+    """What an average's file holds: the members' models and the average's own fields."""
+
+    members: list
+    params: dict
+    n_samples: int
+    feature_names: list | None = None
+    categories: list | None = None
+
+
 def save(path, model: ModelFile) -> None:
     """Write ``model`` to ``path`` atomically (a temporary file renamed into place)."""
+    storage.write_bytes_atomic(path, _text(_document(model)).encode())
+
+
+def _document(model: ModelFile) -> dict:
+    """The JSON object of one model."""
     st = model.state
-    obj = {
+    return {
         "format": MODEL_FORMAT, "version": MODEL_VERSION,
         "cardinalities": list(st.cards),
         "theta": [[list(map(int, st.digits(y))), float(v)] for y, v in sorted(st.theta.items())],
@@ -65,11 +85,21 @@ def save(path, model: ModelFile) -> None:
         "feature_names": model.feature_names,
         "categories": jsonable_categories(model.categories),
     }
-    storage.write_bytes_atomic(path, _text(obj).encode())
 
 
-def load(path) -> ModelFile:
-    """Read and check a model file; unknown formats, newer versions and damage raise ``ValueError``."""
+def save_average(path, members: list, params: dict, n_samples: int, feature_names=None, categories=None) -> None:
+    """Write an average of ``members`` (:class:`ModelFile` each, without labels: the
+    average keeps them once) to ``path`` atomically."""
+    docs = [_document(m) for m in members]
+    obj = {"format": AVERAGE_FORMAT, "version": AVERAGE_VERSION, "n_members": len(docs), "n_samples": int(n_samples),
+           "params": params, "feature_names": feature_names, "categories": jsonable_categories(categories)}
+    head = _text(obj)[:-3]  # without the closing "\n}\n"
+    inner = ",\n".join(_text(d).rstrip("\n") for d in docs)
+    storage.write_bytes_atomic(path, (head + ',\n "members": [\n' + inner + "\n ]\n}\n").encode())
+
+
+def _read_json(path):
+    """The JSON object of a model or average file (size and encoding checked)."""
     try:
         check_input_file(path, "model file", MAX_MODEL_BYTES,
                          f"the {MAX_MODEL_BYTES / 2**20:.0f} MiB limit of a model file "
@@ -83,16 +113,69 @@ def load(path) -> ModelFile:
         raise ValueError(f"{path}: not an fsll-ooc model file (invalid JSON: {e})") from None
     except RecursionError:
         raise ValueError(f"{path}: not an fsll-ooc model file (JSON nested too deeply; a model file "
-                         "nests four levels)") from None
+                         "nests four levels, an average's five)") from None
+    return obj
+
+
+def _check_version(path, obj, what: str, newest: int) -> None:
+    version = obj.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= newest:
+        if isinstance(version, int) and not isinstance(version, bool) and version > newest:
+            raise ValueError(f"{path}: {what} version {version!r} is newer than this fsll-ooc "
+                             f"understands (<= {newest}); upgrade fsll-ooc")
+        raise ValueError(f"{path}: {what} version {version!r} is not a version (an integer 1..{newest})")
+
+
+def load(path) -> ModelFile:
+    """Read and check a model file; unknown formats, newer versions and damage raise ``ValueError``."""
+    obj = _read_json(path)
+    if isinstance(obj, dict) and obj.get("format") == AVERAGE_FORMAT:
+        raise ValueError(f"{path}: holds an average of {obj.get('n_members')!r} models (format "
+                         f"{AVERAGE_FORMAT!r}); read it with fsll_ooc.FSLLAverage.load")
     if not isinstance(obj, dict) or obj.get("format") != MODEL_FORMAT:
         raise ValueError(f"{path}: not an fsll-ooc model file (format field is "
                          f"{obj.get('format') if isinstance(obj, dict) else None!r})")
-    version = obj.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MODEL_VERSION:
-        if isinstance(version, int) and not isinstance(version, bool) and version > MODEL_VERSION:
-            raise ValueError(f"{path}: model file version {version!r} is newer than this fsll-ooc "
-                             f"understands (<= {MODEL_VERSION}); upgrade fsll-ooc")
-        raise ValueError(f"{path}: model file version {version!r} is not a version (an integer 1..{MODEL_VERSION})")
+    _check_version(path, obj, "model file", MODEL_VERSION)
+    return _parse(path, obj)
+
+
+def load_average(path) -> AverageFile:
+    """Read and check an average's file (every member as :func:`load` checks a model)."""
+    obj = _read_json(path)
+    if isinstance(obj, dict) and obj.get("format") == MODEL_FORMAT:
+        raise ValueError(f"{path}: holds a single model (format {MODEL_FORMAT!r}); read it with fsll_ooc.FSLL.load")
+    if not isinstance(obj, dict) or obj.get("format") != AVERAGE_FORMAT:
+        raise ValueError(f"{path}: not an fsll-ooc average file (format field is "
+                         f"{obj.get('format') if isinstance(obj, dict) else None!r})")
+    _check_version(path, obj, "average file", AVERAGE_VERSION)
+    docs = obj.get("members")
+    if not isinstance(docs, list) or len(docs) < 2 or obj.get("n_members") != len(docs):
+        raise ValueError(f"{path}: malformed fsll-ooc average file (members must be a list of at least 2 models, "
+                         f"as many as n_members {obj.get('n_members')!r})")
+    members = []
+    for k, d in enumerate(docs):
+        if not isinstance(d, dict) or d.get("format") != MODEL_FORMAT:
+            raise ValueError(f"{path}: malformed fsll-ooc average file (member {k} is not a model)")
+        _check_version(f"{path} (member {k})", d, "model", MODEL_VERSION)
+        members.append(_parse(f"{path} (member {k})", d))
+    cards = {m.state.cards for m in members}
+    if len(cards) != 1:
+        raise ValueError(f"{path}: malformed fsll-ooc average file (members of different cardinalities)")
+    params = obj.get("params", {})
+    n = obj.get("n_samples")
+    if not isinstance(params, dict) or set(params) - {"n_members", "random_state"} \
+            or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{path}: malformed fsll-ooc average file (params must hold only n_members and "
+                         f"random_state, n_samples a positive int)")
+    try:
+        names, categories = check_labels(obj.get("feature_names"), obj.get("categories"), members[0].state.cards)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: malformed fsll-ooc average file (labels: {e})") from None
+    return AverageFile(members, params, n, names, categories)
+
+
+def _parse(path, obj: dict) -> ModelFile:
+    """The checked :class:`ModelFile` of one model's JSON object."""
     try:
         params = obj.get("params", {})
         if not isinstance(params, dict):

@@ -1,7 +1,8 @@
 """Questions a fitted model answers: marginals, conditionals, most probable states, its terms.
 
-Every function takes a fitted :class:`~fsll_ooc.FSLL` (``FSLL`` has thin methods of the
-same names that call these).  Variables are named by index or by name
+Every function takes a fitted :class:`~fsll_ooc.FSLL` or :class:`~fsll_ooc.FSLLAverage`
+(both have thin methods of the same names that call these; :func:`interactions` reads a
+single model's terms).  Variables are named by index or by name
 (``feature_names_in_``); values by label (``categories_``) or by code ``0 .. k-1``.
 
 In core the functions work on the dense table ``model.probabilities()``.  Out of core
@@ -63,8 +64,8 @@ def labels(model) -> tuple[list[str], list[list]]:
 
 
 def _check_fitted(model) -> None:
-    if not hasattr(model, "theta_"):
-        raise RuntimeError("this FSLL model is not fitted yet; call fit(X) first")
+    if not hasattr(model, "cardinalities_"):  # FSLL and FSLLAverage set it when fitted
+        raise RuntimeError(f"this {type(model).__name__} model is not fitted yet; call fit(X) first")
 
 
 def resolve_variable(model, var) -> int:

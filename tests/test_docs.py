@@ -110,6 +110,16 @@ def test_api_reference_covers_the_estimator():
     assert not params, f"docs/api.md does not describe the FSLL parameters {params}"
 
 
+def test_api_reference_covers_the_average():
+    from fsll_ooc import FSLLAverage
+
+    text = _api_text()
+    section = text[text.index("## `fsll_ooc.FSLLAverage`"):]
+    public = [n for n in dir(FSLLAverage) if not n.startswith("_")]
+    missing = [n for n in public if f"`{n}" not in section and f"{n}(" not in section]
+    assert not missing, f"docs/api.md does not describe FSLLAverage.{missing}"
+
+
 @pytest.mark.parametrize("module", ["queries", "plotting", "io", "planner", "datasets"])
 def test_api_reference_covers_module(module):
     import importlib

@@ -1,0 +1,306 @@
+"""The mean of several FSLL fits on subsamples of the rows (:class:`FSLLAverage`).
+
+One fit of :class:`~fsll_ooc.FSLL` is one model from one greedy search; a model fitted
+on other rows of the same source differs in some terms and values.  The average of
+several such fits is a mixture with equal weights,
+
+    p(x) = (1 / K) sum_k p_k(x),
+
+each ``p_k`` an ordinary FSLL fit (the same parameters, its own penalty-scale choice) on
+its own random four fifths of the rows, drawn without replacement.  Subsamples without
+replacement, not bootstrap resamples: a resample repeats rows, and the MDL cost reads a
+repeated row as evidence of structure, so each member overfits (``docs/design.md``,
+"Averaging fits on subsamples", and ``docs/benchmarks_quality.md``, "Averaging").
+
+Every question about the distribution is answered by the mixture: ``log_prob`` (the log
+of the members' mean probability, by log-sum-exp), ``probabilities`` (the mean of the
+members' tables, a lazy dask sum out of core), ``sample`` (a member per draw, then a
+draw from it), the queries of :mod:`fsll_ooc.queries` (on the mean table) and the model
+file (format ``fsll-ooc-average``, ``docs/model-format.md``).  What is lost: a mixture
+is not one log-linear model, so it has no single set of terms; :meth:`FSLLAverage.interactions`
+lists every member's terms with the member they belong to.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import model_file
+from .estimator import FSLL
+
+__all__ = ["FSLLAverage", "AUTO_MEMBERS", "SUBSAMPLE"]
+
+#: Members of ``n_members="auto"``.
+AUTO_MEMBERS = 4
+#: Each member is fitted on this fraction of the rows (rounded down, at least one row),
+#: drawn without replacement.
+SUBSAMPLE = 0.8
+#: Parameters of ``FSLL`` an average does not take (EM fits are not averaged).
+_REFUSED = ("missing", "hidden", "n_restarts", "em_max_rounds", "em_tol")
+
+
+class FSLLAverage:
+    """The mean of ``K`` :class:`~fsll_ooc.FSLL` distributions, each fitted on a random
+    four fifths of the rows (subsampling without replacement; see :mod:`fsll_ooc.average`).
+
+    Parameters
+    ----------
+    n_members : "auto" or int
+        ``K``, the number of fits averaged (at least 2).  ``"auto"`` (default): 4.
+    random_state : int, optional
+        Seed of the subsamples (default 0: a fit is repeatable).
+    **params
+        Parameters of every member's :class:`~fsll_ooc.FSLL` (``epsilon``, ``penalty``,
+        ``cardinalities``, ``store``, ...).  With ``store=DIR`` member ``k`` is fitted
+        out of core in ``DIR/member-k``.  EM parameters (``missing``, ``hidden``, ...)
+        are refused.
+
+    Attributes (after ``fit``)
+    --------------------------
+    members_ : list of fitted :class:`~fsll_ooc.FSLL`, the models averaged; n_members_ ;
+    cardinalities_, n_features_in_, n_samples_ (rows given to ``fit``), feature_names_in_,
+    categories_.
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> X = np.random.default_rng(0).integers(0, 3, size=(300, 4))
+    >>> avg = FSLLAverage(n_members=3, progress=False).fit(X)
+    >>> len(avg.members_), round(float(avg.probabilities().sum()), 12)
+    (3, 1.0)
+    >>> mean = np.mean([np.exp(m.log_prob(X[:2])) for m in avg.members_], axis=0)
+    >>> bool(np.allclose(avg.log_prob(X[:2]), np.log(mean)))
+    True
+    """
+
+    def __init__(self, n_members="auto", random_state=0, **params):
+        self.n_members = n_members
+        self.random_state = random_state
+        self.params = params
+
+    # ------------------------------------------------------------------ parameters
+    def get_params(self, deep: bool = True) -> dict:
+        """Constructor parameters (the members' ``FSLL`` parameters included), as in scikit-learn."""
+        return {"n_members": self.n_members, "random_state": self.random_state, **self.params}
+
+    def set_params(self, **params) -> "FSLLAverage":
+        """Set constructor parameters; names that are not ``FSLL``'s raise ``ValueError`` at ``fit``."""
+        for k, v in params.items():
+            if k in ("n_members", "random_state"):
+                setattr(self, k, v)
+            else:
+                self.params[k] = v
+        return self
+
+    def __repr__(self) -> str:
+        shown = {k: v for k, v in self.get_params().items() if k != "storage_options"}
+        return "FSLLAverage(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+    def _resolved_members(self) -> int:
+        k = self.n_members
+        if isinstance(k, str) and k == "auto":
+            return AUTO_MEMBERS
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 2:
+            raise ValueError(f"n_members must be 'auto' or an int of at least 2 (one fit is FSLL), got {k!r}")
+        return int(k)
+
+    def _prototype(self) -> FSLL:
+        """An ``FSLL`` with the members' parameters, checked (unknown or refused names: ``ValueError``)."""
+        unknown = [k for k in self.params if k not in FSLL._PARAMS]
+        if unknown:
+            raise ValueError(f"unknown parameter {unknown[0]!r}; FSLLAverage takes n_members, random_state and "
+                             f"the parameters of FSLL: {', '.join(FSLL._PARAMS)}")
+        refused = [k for k in _REFUSED if self.params.get(k) is not None and k in self.params]
+        if refused:
+            raise ValueError(f"FSLLAverage does not average EM fits (parameter {refused[0]!r}); "
+                             "fit FSLL(missing='em') or FSLL(hidden=...) instead")
+        rs = self.random_state
+        if rs is not None and (isinstance(rs, (bool, np.bool_)) or not isinstance(rs, (int, np.integer)) or rs < 0):
+            raise ValueError(f"random_state must be None or a non-negative int, got {rs!r}")
+        proto = FSLL(**self.params)
+        proto._check_params()
+        return proto
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, X, y=None, *, feature_names=None, categories=None) -> "FSLLAverage":
+        """Fit ``K`` members, each on its own random four fifths of the rows; returns ``self``.
+
+        ``X``, ``feature_names`` and ``categories`` as in :meth:`FSLL.fit`.  Bad
+        parameters and data are refused before the first member is fitted.
+        """
+        K = self._resolved_members()
+        proto = self._prototype()
+        from . import missing
+
+        missing.refuse(X)
+        codes, cards, names, cats = proto._encoded(X, feature_names, categories)
+        N = int(codes.shape[0])
+        m = max(1, int(N * SUBSAMPLE))
+        if m >= N:
+            raise ValueError(f"FSLLAverage needs at least 2 rows to fit members on subsamples, got {N}")
+        store = self.params.get("store")
+        rng = np.random.default_rng(self.random_state)
+        members = []
+        for k in range(K):
+            rows = np.sort(rng.permutation(N)[:m])
+            kw = dict(self.params, cardinalities=tuple(cards))
+            if store is not None:
+                kw["store"] = _member_store(store, k)
+            members.append(FSLL(**kw).fit(codes[rows], feature_names=names, categories=cats))
+        self._set_fitted(members, N)
+        return self
+
+    def _set_fitted(self, members, n_samples) -> None:
+        """The fitted attributes (after ``fit`` and ``load``); the labels are the members'."""
+        self.members_ = list(members)
+        self.n_members_ = len(members)
+        self.cardinalities_ = tuple(members[0].cardinalities_)
+        self.n_features_in_ = len(self.cardinalities_)
+        self.n_samples_ = int(n_samples)
+        self.feature_names_in_, self.categories_ = members[0].feature_names_in_, members[0].categories_
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "members_"):
+            raise RuntimeError("this FSLLAverage is not fitted yet; call fit(X) first")
+
+    # ------------------------------------------------------------------ the distribution
+    def log_prob(self, X) -> np.ndarray:
+        """Natural log of the mixture's probability of each row: ``log mean_k p_k(x)``
+        (missing cells marginalised out, as :meth:`FSLL.log_prob`)."""
+        self._check_fitted()
+        lp = np.stack([m.log_prob(X) for m in self.members_])
+        top = lp.max(axis=0)
+        safe = np.where(np.isfinite(top), top, 0.0)
+        return safe + np.log(np.mean(np.exp(lp - safe), axis=0))
+
+    def score_samples(self, X) -> np.ndarray:
+        """Alias of :meth:`log_prob` (scikit-learn density-model name)."""
+        return self.log_prob(X)
+
+    def score(self, X, y=None) -> float:
+        """Mean log-likelihood (nats per sample) of ``X`` under the mixture."""
+        return float(np.mean(self.log_prob(X)))
+
+    def probabilities(self):
+        """The mixture's table ``mean_k p_k`` of shape ``cardinalities_``: a numpy array in
+        core; out of core a dask array (the lazy sum over the members' stores)."""
+        self._check_fitted()
+        tables = [m.probabilities() for m in self.members_]
+        total = tables[0]
+        for t in tables[1:]:
+            total = total + t
+        return total / len(tables)
+
+    def sample(self, n_samples: int = 1, random_state=None, as_frame: bool | None = None):
+        """Draw ``n_samples`` rows from the mixture: how many come from each member is
+        multinomial with equal weights, each member draws its share (:meth:`FSLL.sample`),
+        and the rows are shuffled.  Codes or a ``DataFrame`` as :meth:`FSLL.sample`."""
+        self._check_fitted()
+        from ._validation import check_n_samples
+        from ._machine import total_memory
+
+        check_n_samples(n_samples, len(self.cardinalities_), total_memory())
+        rng = np.random.default_rng(random_state)
+        counts = rng.multinomial(int(n_samples), np.full(self.n_members_, 1.0 / self.n_members_))
+        parts = [m._sample_codes(int(c), rng) for m, c in zip(self.members_, counts) if c]
+        codes = np.concatenate(parts) if parts else np.empty((0, len(self.cardinalities_)), np.int64)
+        codes = codes[rng.permutation(len(codes))]
+        if as_frame is None:
+            as_frame = self.categories_ is not None
+        if not as_frame:
+            return codes
+        from .io import decode
+        from .queries import labels
+
+        names, cats = labels(self)
+        return decode(codes, cats, names)
+
+    # ------------------------------------------------------------------ queries (fsll_ooc.queries)
+    def marginal(self, variables, as_frame: bool = False):
+        """Marginal distribution of ``variables`` under the mixture (:func:`fsll_ooc.queries.marginal`)."""
+        from . import queries
+
+        self._check_fitted()
+        return queries.marginal(self, variables, as_frame=as_frame)
+
+    def conditional(self, target, given=None, as_frame: bool = False):
+        """Distribution of ``target`` given evidence under the mixture (:func:`fsll_ooc.queries.conditional`)."""
+        from . import queries
+
+        self._check_fitted()
+        return queries.conditional(self, target, given=given, as_frame=as_frame)
+
+    def mode(self, k: int = 1, given=None, as_frame: bool = False):
+        """The ``k`` most probable joint states of the mixture (:func:`fsll_ooc.queries.mode`)."""
+        from . import queries
+
+        self._check_fitted()
+        return queries.mode(self, k=k, given=given, as_frame=as_frame)
+
+    def interactions(self, as_frame: bool = True):
+        """Every member's terms (:meth:`FSLL.interactions`) with a column ``member``.
+
+        A mixture of log-linear models is not itself one: it has no single set of
+        terms, and a term's ``theta`` and ``share`` describe it within its member only.
+        ``as_frame=False``: the rows as dicts, each with its ``member``.
+        """
+        self._check_fitted()
+        rows = [dict(r, member=k) for k, m in enumerate(self.members_) for r in m.interactions(as_frame=False)]
+        if not as_frame:
+            return rows
+        import pandas as pd
+
+        cols = ["member", "term", "variables", "order", "theta", "share", "y"]
+        return pd.DataFrame([{c: r[c] for c in cols} for r in rows], columns=cols)
+
+    def set_labels(self, names, categories) -> "FSLLAverage":
+        """Attach column names and category labels (to the average and every member)."""
+        self._check_fitted()
+        for m in self.members_:
+            m.set_labels(names, categories)
+        self.feature_names_in_, self.categories_ = self.members_[0].feature_names_in_, self.members_[0].categories_
+        return self
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path) -> None:
+        """Write the average as one JSON file (format ``fsll-ooc-average``: its members' models), atomically."""
+        self._check_fitted()
+        params = {k: v for k, v in self.get_params().items() if k in ("n_members", "random_state")}
+        model_file.save_average(path, [_model_file(m) for m in self.members_], params, self.n_samples_,
+                                self.feature_names_in_, self.categories_)
+
+    @classmethod
+    def load(cls, path) -> "FSLLAverage":
+        """Read an average written by :meth:`save` (a single model's file: use :meth:`FSLL.load`)."""
+        from .estimator import _params_from_json
+
+        af = model_file.load_average(path)
+        members = []
+        for mf in af.members:
+            m = FSLL._with_params(mf.params, f"{path}: malformed fsll-ooc average file (member parameters)")
+            m._set_fitted(mf.state, cost=mf.cost, kl_data=mf.kl_data, feature_names=af.feature_names,
+                          categories=af.categories)
+            members.append(m)
+        own = {k: v for k, v in _params_from_json(af.members[0].params).items() if k not in ("random_state",)}
+        avg = cls(**af.params, **own)  # a refit uses the members' parameters (random_state is the average's)
+        avg._set_fitted(members, af.n_samples)
+        return avg
+
+
+def _member_store(store, k: int):
+    """Member ``k``'s store: the directory (or URL) ``store/member-k``."""
+    s = os.fspath(store) if isinstance(store, (str, os.PathLike)) else None
+    if s is None:
+        raise ValueError(f"FSLLAverage needs store to be a path or URL (its members' stores go under it), "
+                         f"got {type(store).__name__}")
+    if "://" in s:
+        return s.rstrip("/") + f"/member-{k}"
+    return os.path.join(s, f"member-{k}")
+
+
+def _model_file(m: FSLL) -> "model_file.ModelFile":
+    from .estimator import _plain
+
+    return model_file.ModelFile(m._state, {k: _plain(v) for k, v in m.get_params().items() if k in m._SAVED_PARAMS},
+                                m.cost_, m.kl_data_, None, None)
