@@ -23,13 +23,14 @@ probability tables (an equal-weight mixture).  Variants:
   start of ``docs/design.md``, "Choosing the penalty scale"); time includes the default fit.
 
 K-member variants of K = 4 reuse the first 4 members of K = 8.  Quality: ``KL(p* || p)``
-(nats) on the synthetic data, mean held-out log-likelihood per test row on MSNBC (with
-its paired difference to the default over the test rows).
+(nats) on the synthetic data, mean held-out log-likelihood per test row on MSNBC and
+adult (``bench/realdata.py``'s splits; with its paired difference to the default over
+the test rows).
 
 Usage::
 
     python bench/averaging.py run --cases BN-mix:10000:0 BN-mix:10000:1 msnbc --raw out.jsonl
-    python bench/averaging.py report out.jsonl
+    python bench/averaging.py report out.jsonl [more.jsonl ...]
 """
 from __future__ import annotations
 
@@ -94,12 +95,12 @@ def timed_fit(X, cards, start=None, **kw):
 
 def load_case(case: str):
     """(X_train, cards, quality function of a probability table, label)."""
-    if case == "msnbc":
-        from realdata import DEFAULT_DATA, load_msnbc
+    if case in ("msnbc", "adult"):
+        from realdata import DEFAULT_DATA, load_set
 
-        tr, te, cards, _ = load_msnbc(DEFAULT_DATA)
+        tr, te, cards, _ = load_set(case, DEFAULT_DATA)
         flat = np.ravel_multi_index(tuple(te.T), cards)
-        return tr, cards, (lambda p: np.log(p.reshape(-1)[flat])), "msnbc"
+        return tr, cards, (lambda p: np.log(p.reshape(-1)[flat])), case
     fam, n, seed = case.split(":")
     X, p_true = synthetic(fam, int(n), int(seed))
     return X, p_true.shape, (lambda p: datasets.kl_divergence(p_true, p)), case
@@ -139,7 +140,7 @@ def run_case(case: str, out, k_max: int = max(KS), kinds=KINDS):
             m, t = timed_fit(X[rows_k], cards, **kw)
             members[kind].append(np.asarray(m.probabilities()).reshape(cards))
             times[kind].append(t)
-    for K in KS:
+    for K in (k for k in KS if k <= k_max):
         for kind in kinds:
             extra = t0 if kind in ("bootS", "sub80S", "sub80W") else 0.0
             rows.append((f"{kind}{K}", K, members[kind][:K], extra + sum(times[kind][:K])))
@@ -161,50 +162,91 @@ def run_case(case: str, out, k_max: int = max(KS), kinds=KINDS):
         out.flush()
 
 
-def report(path: str) -> None:
-    recs = [json.loads(line) for line in open(path) if line.strip()]
+VARIANTS = ("default", "choice2", "boot4", "boot8", "bootS4", "bootS8", "half4", "half8", "sub804", "sub808",
+            "sub80S4", "sub80S8", "sub80W4", "sub80W8")
+
+
+def _label(v: str) -> str:
+    for K in KS:
+        if v.endswith(str(K)) and v[: -len(str(K))] in KINDS:
+            return f"{v[: -len(str(K))]} {K}"
+    return v
+
+
+def _data(key: str) -> str:
+    if ":" not in key:
+        return key
+    fam, n = key.split(":")
+    return f"{fam} N=1e{int(round(np.log10(int(n))))}"
+
+
+def report(paths) -> None:
+    """Two markdown tables over the raw files: quality per data set and variant (mean over
+    the seeds run; the real data's paired difference to the default), and seconds."""
     groups: dict = {}
     seen = set()
-    for r in recs:  # the first record of a (case, variant) counts (runs of further kinds repeat the default)
-        case = r["case"]
-        if (case, r["variant"]) in seen:
-            continue
-        seen.add((case, r["variant"]))
-        key = case if case == "msnbc" else case.rsplit(":", 1)[0]
-        groups.setdefault(key, {}).setdefault(r["variant"], []).append(r)
-    for key, by_var in groups.items():
-        base = by_var["default"]
-        if key == "msnbc":
-            print(f"\n{key}: held-out log-likelihood [nats/row], paired difference to the default")
-            print("| variant | fits | held-out LL | vs default (paired) | seconds | / default |")
-            print("|---|---|---|---|---|---|")
-            for v, rs in by_var.items():
-                r = rs[0]
-                print(f"| {v} | {r['K']} | {r['ll']:.4f} | {r['diff']:+.4f} ± {r['diff_se']:.4f} | {r['seconds']:.1f} "
-                      f"| {r['seconds'] / r['default_seconds']:.1f} |")
-            continue
-        seeds = [r["case"].rsplit(":", 1)[1] for r in base]
-        print(f"\n{key}: KL(p*||p), seeds {' '.join(seeds)}")
-        print("| variant | fits | KL mean | per seed | seconds (mean) | / default |")
-        print("|---|---|---|---|---|---|")
-        for v, rs in by_var.items():
-            kl = [r["kl"] for r in rs]
-            secs = np.mean([r["seconds"] for r in rs])
-            ratio = np.mean([r["seconds"] / r["default_seconds"] for r in rs])
-            print(f"| {v} | {rs[0]['K']} | {np.mean(kl):.4f} | {' / '.join(f'{x:.4f}' for x in kl)} | {secs:.1f} "
-                  f"| {ratio:.1f} |")
+    for path in paths:
+        for line in open(path):
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            if (r["case"], r["variant"]) in seen:  # runs of further kinds repeat the default: the first counts
+                continue
+            seen.add((r["case"], r["variant"]))
+            key = r["case"] if ":" not in r["case"] else r["case"].rsplit(":", 1)[0]
+            groups.setdefault(key, {}).setdefault(r["variant"], []).append(r)
+    cols = [v for v in VARIANTS if any(v in g for g in groups.values())]
+    head = "| data | seeds | " + " | ".join(_label(v) for v in cols) + " |"
+    rule = "|---|---|" + "---|" * len(cols)
+    print("Quality: KL(p*||p) (mean over the seeds), real data: held-out log-likelihood gain over the default "
+          "[nats/row] ± SE (paired)\n")
+    print(head + "\n" + rule)
+    for key, by in groups.items():
+        seeds = " ".join(r["case"].rsplit(":", 1)[1] for r in by["default"]) if ":" in by["default"][0]["case"] else "—"
+        cells = []
+        for v in cols:
+            rs = by.get(v)
+            if not rs:
+                cells.append("")
+            elif "kl" in rs[0]:
+                cells.append(f"{np.mean([r['kl'] for r in rs]):.4f}")
+            elif v == "default":
+                cells.append(f"{rs[0]['ll']:.4f}")
+            else:
+                cells.append(f"{rs[0]['diff']:+.4f} ± {rs[0]['diff_se']:.4f}")
+        print(f"| {_data(key)} | {seeds} | " + " | ".join(cells) + " |")
+    print("\nSeconds (mean over the seeds; the default's, then each variant's over the default's)\n")
+    print(head + "\n" + rule)
+    for key, by in groups.items():
+        seeds = " ".join(r["case"].rsplit(":", 1)[1] for r in by["default"]) if ":" in by["default"][0]["case"] else "—"
+        cells = []
+        for v in cols:
+            rs = by.get(v)
+            if not rs:
+                cells.append("")
+            elif v == "default":
+                cells.append(f"{np.mean([r['seconds'] for r in rs]):.1f}")
+            else:
+                cells.append(f"{np.mean([r['seconds'] / r['default_seconds'] for r in rs]):.1f}x")
+        print(f"| {_data(key)} | {seeds} | " + " | ".join(cells) + " |")
+    print("\nPer seed (KL): default / sub80 4 / sub80 8\n")
+    for key, by in groups.items():
+        if "kl" in by["default"][0] and "sub804" in by:
+            per = [" / ".join(f"{by[v][i]['kl']:.4f}" if v in by and i < len(by[v]) else "—"
+                              for v in ("default", "sub804", "sub808")) for i in range(len(by["default"]))]
+            print(f"* {_data(key)}: " + "; ".join(per))
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--cases", nargs="+", required=True, help="FAMILY:N:SEED (BN-mix, Potts-mix) or msnbc")
+    r.add_argument("--cases", nargs="+", required=True, help="FAMILY:N:SEED (BN-mix, Potts-mix), msnbc or adult")
     r.add_argument("--raw", required=True, help="JSON lines appended to")
     r.add_argument("--k-max", type=int, default=max(KS))
     r.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     rp = sub.add_parser("report")
-    rp.add_argument("raw")
+    rp.add_argument("raw", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "report":
         report(a.raw)
