@@ -196,40 +196,30 @@ def report(paths) -> None:
             key = r["case"] if ":" not in r["case"] else r["case"].rsplit(":", 1)[0]
             groups.setdefault(key, {}).setdefault(r["variant"], []).append(r)
     cols = [v for v in VARIANTS if any(v in g for g in groups.values())]
-    head = "| data | seeds | " + " | ".join(_label(v) for v in cols) + " |"
-    rule = "|---|---|" + "---|" * len(cols)
-    print("Quality: KL(p*||p) (mean over the seeds), real data: held-out log-likelihood gain over the default "
-          "[nats/row] ± SE (paired)\n")
-    print(head + "\n" + rule)
-    for key, by in groups.items():
-        seeds = " ".join(r["case"].rsplit(":", 1)[1] for r in by["default"]) if ":" in by["default"][0]["case"] else "—"
-        cells = []
-        for v in cols:
-            rs = by.get(v)
-            if not rs:
-                cells.append("")
-            elif "kl" in rs[0]:
-                cells.append(f"{np.mean([r['kl'] for r in rs]):.4f}")
-            elif v == "default":
-                cells.append(f"{rs[0]['ll']:.4f}")
-            else:
-                cells.append(f"{rs[0]['diff']:+.4f} ± {rs[0]['diff_se']:.4f}")
-        print(f"| {_data(key)} | {seeds} | " + " | ".join(cells) + " |")
-    print("\nSeconds (mean over the seeds; the default's, then each variant's over the default's)\n")
-    print(head + "\n" + rule)
-    for key, by in groups.items():
-        seeds = " ".join(r["case"].rsplit(":", 1)[1] for r in by["default"]) if ":" in by["default"][0]["case"] else "—"
-        cells = []
-        for v in cols:
-            rs = by.get(v)
-            if not rs:
-                cells.append("")
-            elif v == "default":
-                cells.append(f"{np.mean([r['seconds'] for r in rs]):.1f}")
-            else:
-                cells.append(f"{np.mean([r['seconds'] / r['default_seconds'] for r in rs]):.1f}x")
-        print(f"| {_data(key)} | {seeds} | " + " | ".join(cells) + " |")
-    print("\nPer seed (KL): default / sub80 4 / sub80 8\n")
+
+    def quality(v, rs):
+        if "kl" in rs[0]:
+            return f"{np.mean([r['kl'] for r in rs]):.4f}"
+        return f"{rs[0]['ll']:.4f}" if v == "default" else f"{rs[0]['diff']:+.4f} ± {rs[0]['diff_se']:.4f}"
+
+    def seconds(v, rs):
+        if v == "default":
+            return f"{np.mean([r['seconds'] for r in rs]):.1f}"
+        return f"{np.mean([r['seconds'] / r['default_seconds'] for r in rs]):.1f}x"
+
+    for title, cell in (("Quality: KL(p*||p) (mean over the seeds), real data: held-out log-likelihood gain over "
+                         "the default [nats/row] ± SE (paired)", quality),
+                        ("Seconds (mean over the seeds; the default's, then each variant's over the default's)",
+                         seconds)):
+        print(f"{title}\n\n| data | seeds | " + " | ".join(_label(v) for v in cols) + " |")
+        print("|---|---|" + "---|" * len(cols))
+        for key, by in groups.items():
+            first = by["default"][0]["case"]
+            seeds = " ".join(r["case"].rsplit(":", 1)[1] for r in by["default"]) if ":" in first else "—"
+            cells = [cell(v, by[v]) if by.get(v) else "" for v in cols]
+            print(f"| {_data(key)} | {seeds} | " + " | ".join(cells) + " |")
+        print()
+    print("Per seed (KL): default / sub80 4 / sub80 8\n")
     for key, by in groups.items():
         if "kl" in by["default"][0] and "sub804" in by:
             per = [" / ".join(f"{by[v][i]['kl']:.4f}" if v in by and i < len(by[v]) else "—"
