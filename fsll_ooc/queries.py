@@ -410,6 +410,9 @@ def interactions(model, as_frame: bool = True):
     dicts, each with its ``factors`` (see :func:`describe_factor`) too.
     """
     _check_fitted(model)
+    if not hasattr(model, "theta_"):
+        raise TypeError(f"a {type(model).__name__} is a mixture of models and has no single set of terms; "
+                        "ask a member: model.members_[k] (model.interactions() lists every member's)")
     names, cats = labels(model)
     ks = tuple(int(k) for k in model.cardinalities_)
     contrib, total = term_contributions(getattr(model, "history_", None) or [])

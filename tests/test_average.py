@@ -138,6 +138,10 @@ def test_labels_frames_and_interactions(codes):
     assert [int((inter["member"] == k).sum()) for k in range(2)] == [mm.n_bases_ for mm in a.members_]
     pd.testing.assert_frame_equal(inter[inter["member"] == 1].drop(columns="member").reset_index(drop=True),
                                   a.members_[1].interactions())
+    from fsll_ooc import queries
+
+    with pytest.raises(TypeError, match="mixture of models.*members_"):
+        queries.interactions(a)  # what the per-term plots call
 
 
 def test_out_of_core_members(codes, tmp_path, avg):
