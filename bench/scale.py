@@ -14,6 +14,7 @@ Usage::
         --max-iter 40 --out docs/benchmarks_scale.md
     python bench/scale.py --cases 26 --workers 1 2 --max-iter 20     # LocalCluster speed-up
     python bench/scale.py --cases 26 --resume --dir /work/scratch    # to convergence, resumable
+    python bench/scale.py --cases bn30:12 --layout 4,7 --penalty-scale 1 --epsilon auto --backend memmap
 
 ``--resume`` keeps the case's store and, when an earlier run was interrupted (killed,
 session ended), continues it with ``FSLL.resume``; the wall time of every session is
@@ -30,7 +31,8 @@ in 16 MiB blocks), and reports the fit's table passes (count, bytes read plus wr
 their wall time) next to it.  A default fit (``penalty_scale="auto"``) whose tables fit in
 memory first chooses its penalty scale by two sub-fits in memory on four fifths of the rows;
 their passes are counted apart (``passes`` is every pass, ``fit_passes`` those of the fit
-over the store's tables, which passes per term and pass MB/s in the table are about).
+over the store's tables, which passes per term and pass MB/s in the table are about;
+``fit_passes_by`` splits the latter by what the learner ran them for, ``Engine.passes_by``).
 
 Data: a random Bayesian network (each variable has up to 3 parents among earlier
 ones, conditional tables drawn from a flat Dirichlet), 10^5 training samples and
@@ -53,6 +55,17 @@ from pathlib import Path
 import numpy as np
 
 BN30_CARDS = (2, 3, 4, 5, 6, 2, 3, 4, 5, 6, 2, 3, 4, 5, 2, 3, 3)  # 1,119,744,000 cells = 2^30.06
+
+
+def case_cards(case: str) -> tuple:
+    """The cardinalities of a case: ``"26"`` is 26 binary variables, ``"bn30"`` the mixed
+    network, ``"bn30:12"`` its first 12 variables (the same network restricted: the generator
+    draws variable by variable, so the first ones' tables and samples are the same)."""
+    if case == "bn30":
+        return BN30_CARDS
+    if case.startswith("bn30:"):
+        return BN30_CARDS[:int(case[5:])]
+    return (2,) * int(case)
 
 
 def random_bn(cards, n_parents, seed):
@@ -193,6 +206,31 @@ class _Heartbeat:
         self._write()
 
 
+def _merged(counts) -> dict:
+    out: dict = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items()))
+
+
+def _batch_choice(args):
+    """The ``batch`` learner option of a run: off, on, the library's rule, or given options."""
+    if args.batch == "off":
+        return False
+    if args.batch_options:
+        from fsll_ooc.learn.batch import BatchOptions
+
+        fields = json.loads(args.batch_options)
+        if args.batch == "on":
+            return BatchOptions(**fields)
+        from fsll_ooc.learn import batch as B
+
+        return BatchOptions(**fields) if B.resolve_batch("auto", args.epsilon, math.prod(case_cards(args.case))) \
+            else False
+    return {"on": True, "auto": "auto"}[args.batch]
+
+
 def child(args) -> None:
     """Run one case (in the child process) and print one JSON line."""
     cgroup = enter_cgroup(args.cap)
@@ -211,7 +249,7 @@ def child(args) -> None:
 
     FSLL._make_engine = recording
 
-    cards = BN30_CARDS if args.case == "bn30" else (2,) * int(args.case)
+    cards = case_cards(args.case)
     parents, cpts = random_bn(cards, 3, seed=0)
     X = ancestral_sample(cards, parents, cpts, args.n, seed=1)
     H = ancestral_sample(cards, parents, cpts, 10_000, seed=2)
@@ -235,8 +273,9 @@ def child(args) -> None:
     else:
         m = FSLL(store=store, backend=args.backend, memory_limit=args.cap, max_iter=args.max_iter,
                  epsilon=args.epsilon, progress=args.progress, scheduler=client, penalty=args.penalty,
+                 penalty_scale=args.penalty_scale, layout=args.layout,
                  learn_options=LearnOptions(epsilon=args.epsilon,
-                                            batch={"off": False, "on": True, "auto": "auto"}[args.batch]))
+                                            batch=_batch_choice(args)))
         m.fit(X)
     total = time.perf_counter() - t0
     beat.stop()
@@ -261,7 +300,9 @@ def child(args) -> None:
         "sec_per_iter_median": float(np.median(iter_times)) if iter_times.size else float("nan"),
         "n_iter": m.n_iter_, "converged": m.converged_,
         "n_bases": m.n_bases_, "kl_data": m.kl_data_, "kl_heldout": kl_heldout,
-        "heldout_loglik": float(np.mean(logp)), "batch": args.batch, "appends": appends,
+        "heldout_loglik": float(np.mean(logp)), "batch": args.batch + (f" {args.batch_options}" if
+                                                                       args.batch_options else ""),
+        "appends": appends,
         "direct_io": args.direct if args.backend == "memmap" else None,
         "passes": sum(e.passes for _, e in engines), "bytes_moved": sum(e.bytes_moved for _, e in engines),
         "pass_seconds": sum(e.pass_seconds for _, e in engines),
@@ -270,6 +311,11 @@ def child(args) -> None:
         "fit_passes": sum(e.passes for o, e in engines if o is m),
         "fit_bytes_moved": sum(e.bytes_moved for o, e in engines if o is m),
         "fit_pass_seconds": sum(e.pass_seconds for o, e in engines if o is m),
+        # the fit's passes by what the learner ran them for (Engine.passes_by): "batch" one-pass
+        # batches, "batch-span" re-derivations of batches across both kinds of band, "refine" and
+        # "joint" Newton trials, "joint-top" the joint selections' top-k passes, "step" single steps,
+        # "periodic" periodic re-derivations, "other" setup and scans
+        "fit_passes_by": _merged([e.passes_by(1) for o, e in engines if o is m and hasattr(e, "passes_by")]),
         "penalty_scale": getattr(m, "penalty_scale_", None),
         "disk_write": args.disk[0], "disk_read": args.disk[1],
         "rss_peak": rss_peak(), "cgroup_peak": cgroup_peak(),
@@ -297,6 +343,14 @@ def main(argv=None):
     ap.add_argument("--direct", nargs="+", choices=("off", "on", "auto"), default=["auto"],
                     help="memmap backend: band I/O with O_DIRECT (on), through the page cache (off), or the "
                          "library's rule (auto, the default); each case runs every choice")
+    ap.add_argument("--batch-options", nargs="+", default=None,
+                    help="JSON fields of BatchOptions for the batched runs ('auto' and 'on'), e.g. "
+                         "'{\"max_cells\": 16384}'; each case runs every one given, interleaved")
+    ap.add_argument("--penalty-scale", type=lambda v: v if v == "auto" else float(v), default=None,
+                    help="the penalty scale (default: the library's; 1.0 fits out of core from the start, "
+                         "without the in-memory sub-fits that choose the scale)")
+    ap.add_argument("--layout", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
+                    help="explicit chunk layout cut points a,c (default: the planner's)")
     ap.add_argument("--penalty", choices=("paper", "family"), default=None,
                     help="the code of the terms (default: the library's, 'family' with epsilon 'auto')")
     ap.add_argument("--disk", default=None, help=argparse.SUPPRESS)
@@ -315,14 +369,16 @@ def main(argv=None):
         args.case = args.child
         args.workers = args.workers[0]
         args.batch = args.batch[0]
+        args.batch_options = args.batch_options[0] if args.batch_options else None
         args.direct = args.direct[0]
         args.disk = [float(x) for x in args.disk.split(",")] if args.disk else [math.nan, math.nan]
         return child(args)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     rows = []
-    runs = [(c, w, b, io) for c in args.cases for w in args.workers for b in args.batch for io in args.direct]
-    for case, workers, batch, direct in runs:
-        cells = math.prod(BN30_CARDS) if case == "bn30" else 2 ** int(case)
+    runs = [(c, w, b, io, bo) for c in args.cases for w in args.workers for b in args.batch for io in args.direct
+            for bo in (args.batch_options or [None])]
+    for case, workers, batch, direct, batch_options in runs:
+        cells = math.prod(case_cards(case))
         need = 3 * 8 * cells
         free = shutil.disk_usage(args.dir).free
         if need * 1.05 > free:
@@ -335,8 +391,14 @@ def main(argv=None):
         cmd = [sys.executable, __file__, "--child", case, "--cap", str(args.cap), "--dir", args.dir, "--n", str(args.n),
                "--workers", str(workers), "--backend", args.backend, "--epsilon", str(args.epsilon),
                "--batch", batch, "--direct", direct, "--disk", f"{dw},{dr}"]
+        if batch_options is not None:
+            cmd += ["--batch-options", batch_options]
         if args.penalty:
             cmd += ["--penalty", args.penalty]
+        if args.penalty_scale is not None:
+            cmd += ["--penalty-scale", str(args.penalty_scale)]
+        if args.layout is not None:
+            cmd += ["--layout", ",".join(map(str, args.layout))]
         if args.resume:
             cmd += ["--resume", "--keep"]
         if args.max_iter is not None:
@@ -370,7 +432,7 @@ def table(rows) -> str:
 
     head = ("| case | batch | direct I/O | cells | iterations | terms | passes (fit + scale choice) | passes/term (fit) | "
             "GB moved (fit) | fit s | pass MB/s (fit) | disk MB/s (read/write) | peak RSS | cgroup peak | held-out log-lik | "
-            "held-out KL(p*‖p) est. |")
+            "held-out KL(p*‖p) est. | fit passes by purpose |")
     out = [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if "failed" in r:
@@ -385,7 +447,8 @@ def table(rows) -> str:
                    f"{r['n_bases']} | {fp} + {r['passes'] - fp} | {fp / max(r['n_bases'], 1):.3f} | "
                    f"{r.get('fit_bytes_moved', r['bytes_moved']) / 1e9:.1f} | {r['fit_seconds']:.1f} | {mbs:.0f} | "
                    f"{r['disk_read'] / 1e6:.0f}/{r['disk_write'] / 1e6:.0f} | {format_bytes(r['rss_peak'])} | {cg} | "
-                   f"{r['heldout_loglik']:.4f} | {r['kl_heldout']:.4f} |")
+                   f"{r['heldout_loglik']:.4f} | {r['kl_heldout']:.4f} | "
+                   f"{', '.join(f'{k} {v}' for k, v in r.get('fit_passes_by', {}).items())} |")
     return "\n".join(out) + "\n"
 
 

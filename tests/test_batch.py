@@ -138,6 +138,66 @@ def test_choose_variables_follows_gains_and_cells():
     assert batch.choose_variables(cards, [], factor=4.0, max_cells=100) is None
 
 
+def test_support_gains_are_the_closed_forms():
+    rng = np.random.default_rng(0)
+    t, d = rng.uniform(-0.99, 0.99, 200), rng.uniform(-0.99, 0.99, 200)
+    theta, r = rng.normal(0.0, 1.5, 200), rng.uniform(0.0, 0.05, 200)
+    t[:3] = (1.0, -1.0, 0.5)  # saturated duals stay finite
+    got = batch.support_gains(t, d, theta, r)
+    want = [-min(C.delta_adjust(*dt), C.delta_remove(*dt, th, rr)) for dt, th, rr in zip(zip(d[3:], t[3:]), theta[3:], r[3:])]
+    np.testing.assert_allclose(got[3:], want, rtol=1e-12, atol=1e-15)
+    assert np.isfinite(got).all()
+    assert got[2] == pytest.approx(-min(C.delta_adjust(d[2], 0.5), C.delta_remove(d[2], 0.5, theta[2], r[2])))
+
+
+def test_support_moves_join_the_batch():
+    """The members whose adjust or remove gains join the batch's variables by gain, among the
+    append candidates; without ``support_moves`` only the best move and the appends do."""
+    from types import SimpleNamespace
+
+    from fsll_ooc.learn.greedy import _batch_moves
+    from fsll_ooc.learn.state import FitState
+
+    cards = (2, 3, 4, 5, 2)
+    flat = lambda *dg: int(np.ravel_multi_index(dg, cards))  # noqa: E731
+    st = FitState(cards, 1000, 0.0, log_z=0.0)
+    ya, yb, yc = flat(1, 1, 0, 0, 0), flat(0, 0, 2, 0, 1), flat(0, 0, 0, 1, 0)
+    st.theta.update({ya: 0.4, yb: -0.3, yc: 0.2})
+    # ya: its dual far from its target (an adjust gains); yb: at its target (nothing gains); yc: the best move
+    res = SimpleNamespace(top_pos=[flat(0, 0, 0, 0, 1)], top_delta=[-0.001], supp_pos=[ya, yb, yc],
+                          supp_t=[0.1, -0.2, 0.0], supp_d=[0.5, -0.2, 0.3])
+    moves = list(_batch_moves(st, res, -0.05, yc))
+    assert moves[0] == (0.05, yc)
+    gains = dict((y, g) for g, y in moves[1:])
+    assert set(gains) == {ya, flat(0, 0, 0, 0, 1)}
+    assert gains[ya] == pytest.approx(-C.delta_adjust(0.5, 0.1))
+    assert [g for g, _ in moves[1:]] == sorted((g for g, _ in moves[1:]), reverse=True)
+    assert batch.choose_variables(cards, moves, factor=100.0, max_cells=1000) == (0, 1, 3, 4)
+    only = list(_batch_moves(st, res, -0.05, yc, support_moves=False))
+    assert [y for _, y in only] == [yc, flat(0, 0, 0, 0, 1)]
+
+
+@pytest.mark.parametrize("layout", [(1, 2), (0, 0)])
+def test_passes_counted_by_purpose(layout):
+    """Every pass of a batched default-rule fit counted once, under what the learner ran it for."""
+    from fsll_ooc.learn import LearnOptions, learn
+
+    cards, n = (2, 3, 4, 5), 2000
+    p, _ = datasets.random_bayesnet(cards, 2, seed=5)
+    X = datasets.sample_table(p, n, seed=105)
+    eng, state = _engine(cards, X, layout)
+    state.penalty_code = "family"
+    learn(eng, state, LearnOptions(batch=batch.BatchOptions(max_cells=20)))
+    by = eng.passes_by()
+    assert sum(by.values()) == eng.passes and by["other"] >= 3  # the setup passes and the first scan
+    assert by.get("batch", 0) + by.get("batch-span", 0) >= 1 and by.get("refine", 0) >= 1
+    fine = eng.passes_by(3)
+    assert sum(fine.values()) == eng.passes
+    assert all(k.split("/")[1] in ("A", "B") for k in fine)
+    if layout == (0, 0):
+        assert "batch-span" not in by and all(k.split("/")[1] == "A" for k in fine)
+
+
 @pytest.mark.parametrize("cards,n,seed,layout", [((2, 3, 4, 5), 3000, 0, (0, 0)), ((2, 3, 4, 5), 3000, 0, (1, 2)),
                                                  ((3, 2, 5), 4000, 3, (1, 1)), ((4, 4, 3), 3000, 2, (0, 0))])
 def test_batched_search_under_the_family_code(cards, n, seed, layout):
@@ -230,8 +290,10 @@ def test_batch_options_validated_resolved_and_kept():
     assert batch.resolve_batch(None, "auto", cells=big) is None
     assert batch.resolve_batch(False, "auto", cells=big) is None
     assert batch.resolve_batch(True, 1e-4, cells=16) == batch.BatchOptions()
-    o = LearnOptions(batch=batch.BatchOptions(factor=3.0, max_cells=64))
+    o = LearnOptions(batch=batch.BatchOptions(factor=3.0, max_cells=64, support_moves=False))
     assert LearnOptions.from_json(o.to_json()) == o
+    with pytest.raises(ValueError, match="support_moves"):
+        batch.BatchOptions(support_moves=1)
 
 
 def _engine(cards, X, layout=(0, 0)):

@@ -11,9 +11,11 @@ In core is the same code with one band.  The tables are named by
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
+from collections import Counter
 from typing import Any, Sequence
 
 import numpy as np
@@ -65,6 +67,8 @@ class Engine:
         self.bytes_moved = 0  # table bytes those passes read and wrote
         self.pass_seconds = 0.0  # wall time spent in them
         self.progress = False  # per-pass bars (set by the estimator when bars are shown)
+        self.purpose = None  # what the learner runs passes for right now (:meth:`purpose_of`)
+        self.pass_counts = Counter()  # passes by ``purpose/band kind/task`` (:meth:`passes_by`)
 
     @classmethod
     def create(cls, layout: Any, specs: Sequence[storage.TableSpec], n_samples: int, scheduler: Any = None, *,
@@ -96,11 +100,31 @@ class Engine:
             engine.init_duals()
         return engine
 
+    @contextlib.contextmanager
+    def purpose_of(self, name: str):
+        """Count the passes run inside the ``with`` block under ``name`` (the innermost
+        name counts; :meth:`passes_by`)."""
+        outer, self.purpose = self.purpose, name
+        try:
+            yield
+        finally:
+            self.purpose = outer
+
+    def passes_by(self, level: int = 1) -> dict:
+        """Passes so far by purpose (``level=1``), purpose and band kind (2) or purpose, band
+        kind and task (3): ``{"batch": 12, ...}``; passes outside any :meth:`purpose_of` block
+        count under ``"other"``."""
+        out = Counter()
+        for key, n in self.pass_counts.items():
+            out["/".join(key.split("/")[:level])] += n
+        return dict(sorted(out.items()))
+
     # -- helpers
     def _run(self, kind: str, fn, argfn, reduce=True):
         nb = n_bands(self.layout, kind)
         args = [argfn(i) for i in range(nb)]
         self.passes += 1
+        self.pass_counts[f"{self.purpose or 'other'}/{kind}/{getattr(fn, '__name__', 'task')}"] += 1
         started = time.perf_counter()
         tables = _TABLES_MOVED.get(fn, 2)
         if fn in (task_update_scan, task_update_many) and args and not (

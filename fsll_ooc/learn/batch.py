@@ -15,9 +15,10 @@ merge into one), followed by the usual scan.  ``docs/design.md`` ("Several terms
 pass") has the derivation and the batch rule.
 
 The batch rule (:func:`choose_variables`): start from the best move of the last scan;
-add the variables of the next best append candidates, in order of predicted gain,
-while their gain is at least ``1 / factor`` of the best and the sub-table stays within
-``max_cells`` cells.  When the batch's variables are local to one kind of band (always
+add the variables of the next best moves (append candidates and the support's adjusts
+and removes, :func:`support_gains`), in order of predicted gain, while their gain is at
+least ``1 / factor`` of the best and the sub-table stays within ``max_cells`` cells
+(:func:`auto_max_cells` by default).  When the batch's variables are local to one kind of band (always
 in core) one band pass applies every step; otherwise an exact re-derivation does.  The sub-table search then continues while
 some move on ``V`` gains at least ``epsilon``: every step it takes is one the paper's
 search could take, with the same closed forms, but the order differs (candidates
@@ -34,7 +35,7 @@ import numpy as np
 
 from .. import basis, cost as C
 
-__all__ = ["BatchOptions", "AUTO_MIN_CELLS", "resolve_batch", "marginal_multiplier", "MULTIPLIER_MIN_FACTORS", "marginal_cells", "choose_variables", "SubStep", "search_marginal", "merge_steps"]
+__all__ = ["BatchOptions", "AUTO_MIN_CELLS", "resolve_batch", "marginal_multiplier", "MULTIPLIER_MIN_FACTORS", "marginal_cells", "auto_max_cells", "choose_variables", "support_gains", "SubStep", "search_marginal", "merge_steps"]
 
 
 @dataclass(frozen=True)
@@ -43,28 +44,56 @@ class BatchOptions:
 
     ``factor``: append candidates join the batch's variables while their predicted
     gain is at least ``1 / factor`` of the best move's; ``max_cells``: the marginal
-    sub-table (``prod k_i`` over the batch's variables) holds at most this many cells;
+    sub-table (``prod k_i`` over the batch's variables) holds at most this many cells
+    (None: :func:`auto_max_cells` of the table's size);
     ``top``: how many of the best append candidates each scan reports;
-    ``max_steps``: steps of one sub-table search at most.
+    ``max_steps``: steps of one sub-table search at most; ``support_moves``: the adjust and
+    remove moves of the support that gain join the batch like append candidates (else
+    only the best move and the append candidates do).
     """
 
     factor: float = 10.0
-    max_cells: int = 2**14
+    max_cells: int | None = None
     top: int = 64
     max_steps: int = 4096
+    support_moves: bool = True
 
     def to_json(self) -> dict:
         """The options as a JSON-ready dict (``BatchOptions(**d)`` reads it back)."""
-        return {"factor": float(self.factor), "max_cells": int(self.max_cells), "top": int(self.top),
-                "max_steps": int(self.max_steps)}
+        return {"factor": float(self.factor), "max_cells": None if self.max_cells is None else int(self.max_cells),
+                "top": int(self.top),
+                "max_steps": int(self.max_steps), "support_moves": bool(self.support_moves)}
 
     def __post_init__(self) -> None:
         if not (isinstance(self.factor, (int, float)) and self.factor >= 1.0 and math.isfinite(self.factor)):
             raise ValueError(f"batch factor must be a finite number >= 1, got {self.factor!r}")
         for name in ("max_cells", "top", "max_steps"):
             v = getattr(self, name)
+            if name == "max_cells" and v is None:
+                continue
             if not (isinstance(v, (int, np.integer)) and v >= 1):
                 raise ValueError(f"batch {name} must be a positive integer, got {v!r}")
+        if not isinstance(self.support_moves, (bool, np.bool_)):
+            raise ValueError(f"batch support_moves must be True or False, got {self.support_moves!r}")
+
+
+    def cells_for(self, table_cells: int) -> int:
+        """The sub-table size limit of a fit whose tables have ``table_cells`` cells."""
+        return auto_max_cells(table_cells) if self.max_cells is None else int(self.max_cells)
+
+
+def auto_max_cells(table_cells: int) -> int:
+    """``max_cells`` by default: ``|X| / 64`` between ``2^14`` and ``2^18`` cells.
+
+    A larger sub-table carries more steps per pass (a pass costs ``O(|X|)``, a sub-table
+    step ``O(max_cells)``); at a 64th of the table a sub-table step costs a few hundredths
+    of a pass, and beyond ``2^18`` cells the measured passes stopped falling
+    (``docs/benchmarks.md`` section 4) while each step kept getting dearer.
+
+    >>> auto_max_cells(2**20), auto_max_cells(2**22), auto_max_cells(2**30)
+    (16384, 65536, 262144)
+    """
+    return int(min(max(int(table_cells) // 64, 2**14), 2**18))
 
 
 #: ``batch="auto"`` (the default) batches a default-rule fit (``epsilon="auto"``) of at least
@@ -164,6 +193,21 @@ def choose_variables(cards: Sequence[int], moves: Iterable[tuple[float, int]], *
         if math.prod(cards[i] for i in W) <= max_cells:
             V = W
     return tuple(sorted(V))
+
+
+def support_gains(t: np.ndarray, d: np.ndarray, theta: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """The gain (minus the cost change) of the better of *adjust* and *remove* of each member of
+    the support: :func:`fsll_ooc.cost.delta_adjust` and :func:`fsll_ooc.cost.delta_remove`,
+    vectorised (``t``, ``d``: the members' duals and targets; ``theta``, ``r``: their values
+    and the code length a removal gives back)."""
+    lim = 1.0 - 2.0**-52
+    with np.errstate(divide="ignore", invalid="ignore"):
+        adj = 0.5 * ((1.0 + d) * (np.log1p(t) - np.log1p(d)) + (1.0 - d) * (np.log1p(-t) - np.log1p(-d)))
+        a = np.arctanh(np.clip(t, -lim, lim))
+        lncosh = lambda x: np.abs(x) + np.log1p(np.exp(-2.0 * np.abs(x))) - math.log(2.0)  # noqa: E731
+        rem = lncosh(a - theta) - lncosh(a) + d * theta - r
+    g = -np.fmin(adj, rem)
+    return np.where(np.isfinite(g), g, 0.0)
 
 
 @dataclass

@@ -454,7 +454,8 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     support = np.fromiter(state.theta.keys(), dtype=np.int64, count=m)
     prod = products if products is not None else _Products(state.cards)
     prod.update(support)
-    flat_c, _ = engine.top_candidates(n_candidates + m)
+    with engine.purpose_of("joint-top"):
+        flat_c, _ = engine.top_candidates(n_candidates + m)
     flat_c = flat_c[~np.isin(flat_c, support)][:n_candidates]
     if m:
         n_closure = min(n_closure, max(MAX_CROSS_PAIRS // m - len(flat_c), 0))

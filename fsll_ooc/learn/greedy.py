@@ -320,8 +320,9 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
         if mode != "off" and not refined and state.theta and (stop or (mode == "adjust" and move == "adjust")):
             refined = True
             before = state.cost()
-            rr = corrective.refine(engine, state, tol=refine_tol * eps, max_rounds=refine_rounds,
-                                   products=products, top=None if batch is None else batch.top)
+            with engine.purpose_of("refine"):
+                rr = corrective.refine(engine, state, tol=refine_tol * eps, max_rounds=refine_rounds,
+                                       products=products, top=None if batch is None else batch.top)
             if rr.rounds:
                 since_sync = 0
                 joint_tried = False
@@ -335,10 +336,11 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
         if stop and mode != "off" and joint and not joint_tried:
             joint_tried = True
             before = state.cost()
-            ja = corrective.joint_append(engine, state, epsilon=eps, tol=refine_tol * eps,
-                                         n_candidates=joint_candidates, max_rounds=refine_rounds,
-                                         products=products, n_closure=joint_closure, max_new=joint_max_new,
-                                         cand_products=cand_products, top=None if batch is None else batch.top)
+            with engine.purpose_of("joint"):
+                ja = corrective.joint_append(engine, state, epsilon=eps, tol=refine_tol * eps,
+                                             n_candidates=joint_candidates, max_rounds=refine_rounds,
+                                             products=products, n_closure=joint_closure, max_new=joint_max_new,
+                                             cand_products=cand_products, top=None if batch is None else batch.top)
             if ja.added:
                 since_sync = 0
                 refined = True
@@ -355,12 +357,13 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
             state.converged = True
             break
         if batch is not None:
-            V = B.choose_variables(state.cards, _batch_moves(state, res, delta, y), factor=batch.factor,
-                                   max_cells=batch.max_cells)
+            V = B.choose_variables(state.cards, _batch_moves(state, res, delta, y, batch.support_moves),
+                                   factor=batch.factor, max_cells=batch.cells_for(math.prod(state.cards)))
             if V is not None:
                 n_batches += 1
-                since_sync, res = _batch_step(engine, state, V, eps, batch, max_iter, since_sync, resync_every,
-                                              support, values, record, persist, t0, n_batches)
+                with engine.purpose_of("batch"):
+                    since_sync, res = _batch_step(engine, state, V, eps, batch, max_iter, since_sync, resync_every,
+                                                  support, values, record, persist, t0, n_batches)
                 checked(res)
                 refined = False
                 joint_tried = False
@@ -383,8 +386,10 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
         joint_tried = False
         state.n_iter += 1
         since_sync += 1
+        engine.purpose = "step"
         if since_sync >= resync_every:
             # a few support duals by the incremental identity, against the exact re-derivation
+            engine.purpose = "periodic"
             probe = np.fromiter(state.theta, np.int64, len(state.theta))[-checks.PROBE_CELLS:]
             predicted = checks.predict_step(state.cards, engine, probe, step)
             if batch is None:
@@ -399,6 +404,7 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
             res = checked(engine.update_scan_batch([step], support(), batch.top))
         else:
             res = checked(engine.update_scan(step, support()))
+        engine.purpose = None
         record({"iter": state.n_iter, "move": move, "y": list(step.digits), "value": new,
                 "delta": delta, "cost": state.cost(), "n_bases": len(state.theta),
                 "time": time.perf_counter() - t0})
@@ -407,9 +413,12 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     return state
 
 
-def _batch_moves(state: FitState, res, delta: float, y: int):
-    """``(gain, flat)`` of the best move, then of the scan's best append candidates (not in the
-    support), by decreasing gain: what :func:`fsll_ooc.learn.batch.choose_variables` reads.
+def _batch_moves(state: FitState, res, delta: float, y: int, support_moves: bool = True):
+    """``(gain, flat)`` of the best move, then of the other moves that gain, by decreasing
+    gain: what :func:`fsll_ooc.learn.batch.choose_variables` reads.  The other moves are the
+    scan's best append candidates (not in the support) and, with ``support_moves``, the
+    best adjust or remove of every member of the support (the scan returns the duals of
+    all of them; :func:`fsll_ooc.learn.batch.support_gains`).
 
     Under the family code the scan prices every cell as a family's first member; a
     candidate on a family the support names costs less, so its gain is re-priced to its
@@ -422,6 +431,14 @@ def _batch_moves(state: FitState, res, delta: float, y: int):
     if state.penalty_code != "paper" and len(pos):
         ys = pos.tolist()
         gain = gain - (np.array(state.marginal_penalties(ys)) - np.array([state.penalty(p) for p in ys]))
+    if support_moves and len(res.supp_pos):
+        sp = np.asarray(res.supp_pos, np.int64)
+        ys = sp.tolist()
+        th = np.fromiter(map(state.theta.__getitem__, ys), np.float64, len(ys))
+        g = B.support_gains(np.asarray(res.supp_t, np.float64), np.asarray(res.supp_d, np.float64), th,
+                            np.array(state.penalties(ys), np.float64))
+        keep = (g > 0.0) & (sp != y)
+        pos, gain = np.concatenate([pos, sp[keep]]), np.concatenate([gain, g[keep]])
     for i in np.lexsort((pos, -gain)).tolist():
         yield float(gain[i]), int(pos[i])
 
@@ -453,7 +470,8 @@ def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOpt
     factors, _ = B.merge_steps(state.cards, V, tb0, steps)
     since_sync += len(factors)
     if since_sync >= resync_every or engine.batch_pass(V) is None:
-        state.log_z, res = engine.resync_scan(support(), values(), state.log_z, opts.top)
+        with engine.purpose_of("batch-periodic" if engine.batch_pass(V) is not None else "batch-span"):
+            state.log_z, res = engine.resync_scan(support(), values(), state.log_z, opts.top)
         since_sync = 0
     elif len(factors) >= B.MULTIPLIER_MIN_FACTORS and all(basis.is_walsh(state.cards[v]) for v in V):
         m = B.marginal_multiplier(state.cards, V, tb0, factors)
