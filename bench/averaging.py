@@ -181,21 +181,22 @@ def _data(key: str) -> str:
 
 
 def report(paths) -> None:
-    """Two markdown tables over the raw files: quality per data set and variant (mean over
-    the seeds run; the real data's paired difference to the default), and seconds."""
-    groups: dict = {}
-    seen = set()
+    """Markdown tables over the raw files: quality per data set and variant (mean over the
+    seeds run; the real data's paired difference to the default), seconds, and KL per seed.
+    A data set whose variants ran on different seeds gets one row per set of seeds, each
+    with the variants run on all of them (means over the same seeds only)."""
+    groups: dict = {}  # data -> variant -> seed -> record; the first record counts
     for path in paths:
         for line in open(path):
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            if (r["case"], r["variant"]) in seen:  # runs of further kinds repeat the default: the first counts
-                continue
-            seen.add((r["case"], r["variant"]))
-            key = r["case"] if ":" not in r["case"] else r["case"].rsplit(":", 1)[0]
-            groups.setdefault(key, {}).setdefault(r["variant"], []).append(r)
+            if line.strip():
+                r = json.loads(line)
+                data, _, seed = r["case"].rpartition(":") if ":" in r["case"] else (r["case"], "", "—")
+                groups.setdefault(data, {}).setdefault(r["variant"], {}).setdefault(seed, r)
     cols = [v for v in VARIANTS if any(v in g for g in groups.values())]
+    rows = []  # (data, seeds, {variant: [records]})
+    for data, by in groups.items():
+        for seeds in sorted({tuple(sorted(s)) for s in by.values()}, key=len, reverse=True):
+            rows.append((data, seeds, {v: [by[v][s] for s in seeds] for v in by if set(seeds) <= set(by[v])}))
 
     def quality(v, rs):
         if "kl" in rs[0]:
@@ -213,18 +214,16 @@ def report(paths) -> None:
                          seconds)):
         print(f"{title}\n\n| data | seeds | " + " | ".join(_label(v) for v in cols) + " |")
         print("|---|---|" + "---|" * len(cols))
-        for key, by in groups.items():
-            first = by["default"][0]["case"]
-            seeds = " ".join(r["case"].rsplit(":", 1)[1] for r in by["default"]) if ":" in first else "—"
-            cells = [cell(v, by[v]) if by.get(v) else "" for v in cols]
-            print(f"| {_data(key)} | {seeds} | " + " | ".join(cells) + " |")
+        for data, seeds, by in rows:
+            cells = [cell(v, by[v]) if v in by else "" for v in cols]
+            print(f"| {_data(data)} | {' '.join(seeds)} | " + " | ".join(cells) + " |")
         print()
     print("Per seed (KL): default / sub80 4 / sub80 8\n")
-    for key, by in groups.items():
-        if "kl" in by["default"][0] and "sub804" in by:
-            per = [" / ".join(f"{by[v][i]['kl']:.4f}" if v in by and i < len(by[v]) else "—"
-                              for v in ("default", "sub804", "sub808")) for i in range(len(by["default"]))]
-            print(f"* {_data(key)}: " + "; ".join(per))
+    for data, by in groups.items():
+        if "sub804" in by and "kl" in next(iter(by["default"].values())):
+            per = [f"seed {s}: " + " / ".join(f"{by[v][s]['kl']:.4f}" if s in by.get(v, {}) else "—"
+                                               for v in ("default", "sub804", "sub808")) for s in sorted(by["default"])]
+            print(f"* {_data(data)}: " + "; ".join(per))
 
 
 def main(argv=None) -> None:
