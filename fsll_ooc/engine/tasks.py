@@ -244,32 +244,48 @@ def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple, taken: lis
     return total
 
 
+#: Band tasks read the targets of their band on a background thread while they read (and,
+#: for a re-derivation's last pass, transform) the duals (:func:`fsll_ooc.storage.read_ahead`):
+#: the disk keeps a read in flight while the task computes.  Same bands, same memory.
+READ_AHEAD = True
+
+
 def _open_band(ctx: Context, kind: str, idx: int, source: tuple | None = None):
     """``(key, r_const, geometry, t, d, in_place, skip)`` of band ``idx``: its duals ``t`` and
     targets ``d`` as ``(P, Q)`` arrays (``in_place``: ``t`` is a view of the table itself).
     ``source = (table, ops)``: the duals are ``table``'s band after ``ops`` (:func:`_apply_ops`),
-    a new array (the caller writes it to ``thetabar``)."""
+    a new array (the caller writes it to ``thetabar``).  The targets are read ahead
+    (:data:`READ_AHEAD`) while the duals are read; an error in either is raised here once
+    both reads have ended."""
     key, r_const = ctx.band(kind, idx)
     geom = ctx.geometry(kind)
-    if source is None:
-        t = storage.read(ctx.specs[THETABAR], key)
-        in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata
-    else:
-        t = storage.read(ctx.specs[source[0]], key)
-        if not t.flags.owndata:  # a view of the source table: work on a copy, the source stays clean
-            t = t.copy()
-        t = t.reshape(geom.shape)
-        _apply_ops(ctx, kind, t, source[1])
-        in_place = False
+    spec_d = ctx.specs[DBAR]
+    ahead = storage.read_ahead(spec_d, key) if READ_AHEAD and spec_d.backend_impl.persistent else None
+    try:
+        if source is None:
+            t = storage.read(ctx.specs[THETABAR], key)
+            in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata
+        else:
+            spec_s = ctx.specs[source[0]]
+            t = storage.read(spec_s, key)
+            if spec_s.backend_impl.supports_inplace_views and not t.flags.owndata:
+                t = t.copy()  # a view of the source table: work on a copy, the source stays clean
+            t = t.reshape(geom.shape)
+            _apply_ops(ctx, kind, t, source[1])
+            in_place = False
+    except BaseException:
+        storage.settle(ahead)
+        raise
     t = t.reshape(geom.P, geom.Q)
-    d = storage.read(ctx.specs[DBAR], key).reshape(geom.P, geom.Q)
+    d = (storage.read(spec_d, key) if ahead is None else ahead.result()).reshape(geom.P, geom.Q)
     skip = 0 if idx == 0 else -1  # y = 0 is the first cell of band 0 of either kind
     return key, r_const, geom, t, d, in_place, skip
 
 
 def _update_band(ctx: Context, kind: str, key, geom, t, d, r_const, step: Step, partner_src: Table,
-                 partner_vars: tuple, threshold: float, skip: int, parallel: bool):
-    """The fused update of band ``t`` by ``step`` and its scan against ``threshold``: ``(best, pos)``."""
+                 partner_vars: tuple, threshold: float, skip: int, parallel: bool, partner=None):
+    """The fused update of band ``t`` by ``step`` and its scan against ``threshold``: ``(best, pos)``.
+    ``partner``: the band of ``partner_src`` being read ahead (a future), if it is not ``thetabar``."""
     L = ctx.layout
     shape, j, P, Q, rP, rQ = geom
     ch, sh = math.cosh(step.delta), math.sinh(step.delta)
@@ -286,7 +302,10 @@ def _update_band(ctx: Context, kind: str, key, geom, t, d, r_const, step: Step, 
         return kernels.update_scan_perm(t, d, rP, rQ, r_const, xor_perm(shape[:j], flipsP),
                                         xor_perm(shape[j:], flipsQ), ch, sh, inv_den, threshold=threshold,
                                         skip=skip, parallel=parallel)
-    src = t if partner_src == THETABAR else storage.read(ctx.specs[partner_src], key)
+    if partner_src == THETABAR:
+        src = t
+    else:
+        src = partner.result() if partner is not None else storage.read(ctx.specs[partner_src], key)
     part = src.reshape(shape)
     for v in partner_vars:
         part = basis.apply_product(part, bv.index(v), step.digits[v])
@@ -298,14 +317,23 @@ def _update_band(ctx: Context, kind: str, key, geom, t, d, r_const, step: Step, 
 def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partner_src: Table,
                      partner_vars: tuple, supp_local: np.ndarray, supp_global: np.ndarray,
                      parallel: bool) -> ScanResult:
-    """Fused dual update (if ``step``) and candidate scan of one band."""
-    key, r_const, geom, t, d, in_place, skip = _open_band(ctx, kind, idx)
+    """Fused dual update (if ``step``) and candidate scan of one band (the partner band of a
+    two-pass update read ahead with the duals and targets)."""
+    spec_p = ctx.specs[partner_src]
+    partner = (storage.read_ahead(spec_p, ctx.band(kind, idx)[0])
+               if step is not None and partner_src != THETABAR and READ_AHEAD and spec_p.backend_impl.persistent
+               else None)
+    try:
+        key, r_const, geom, t, d, in_place, skip = _open_band(ctx, kind, idx)
+    except BaseException:
+        storage.settle(partner)
+        raise
     if step is None:
         best, pos = kernels.update_scan_explicit(t, None, d, geom.rP, geom.rQ, r_const, update=False, skip=skip,
                                                  parallel=parallel)
     else:
         best, pos = _update_band(ctx, kind, key, geom, t, d, r_const, step, partner_src, partner_vars, 0.0, skip,
-                                 parallel)
+                                 parallel, partner)
         if not in_place:
             storage.write(ctx.specs[THETABAR], key, t.reshape(geom.shape))
     tf, df = t.reshape(-1), d.reshape(-1)

@@ -45,6 +45,8 @@ from .tables import (  # noqa: F401
     overhead_bytes,
     quiesce,
     read,
+    read_ahead,
+    settle,
     sync_table,
     table_fingerprint,
     table_path,

@@ -18,13 +18,23 @@ written back by the kernel, and passes moved a fraction of the disk's throughput
 partial-chunk access, go through the page cache as before.  Point gathers and
 :func:`fsll_ooc.storage.open_table` use the memory map, which the kernel keeps coherent
 with direct transfers.
+
+Where a table's chunks are whole pages (:data:`OVERLAP`), a direct band transfer moves
+the bytes straight between the file and a page-aligned band array (:func:`aligned_empty`;
+no copy through a bounce buffer) on a transfer thread, while the calling thread computes
+the checksums: of each piece already read (a read), or of the band being written (a
+write, whose checksums are stored after all its data is in the file).  A transfer
+thread's error is raised in the calling thread, which first waits until that thread has
+stopped touching the band (``docs/reliability.md``).
 """
 from __future__ import annotations
 
 import errno
 import mmap
 import os
+import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -35,7 +45,8 @@ from . import binding, files
 from .binding import crc_path
 from .files import crc32c, fsync_path, refuse_link
 
-__all__ = ["MemmapBackend", "crc_path", "wants_direct", "DIRECT_IO", "DIRECT_ALIGN", "DIRECT_PIECE"]
+__all__ = ["MemmapBackend", "crc_path", "wants_direct", "aligned_empty", "DIRECT_IO", "DIRECT_ALIGN", "DIRECT_PIECE",
+           "OVERLAP", "IO_THREADS"]
 
 #: Whole-chunk band reads and writes use ``O_DIRECT`` (where the OS has it and the file
 #: system accepts it; a refusal falls back to buffered I/O for that file system):
@@ -49,7 +60,16 @@ DIRECT_ALIGN = 4096
 #: per thread (so it adds this much memory per running task, not a band's worth).
 DIRECT_PIECE = 16 * 2**20
 
+#: Direct band transfers of tables whose chunks are whole pages go straight between the file
+#: and the band array on a transfer thread while the caller computes the checksums (True);
+#: False: through the bounce buffer, one step after the other (the same bytes either way).
+OVERLAP = True
+#: Transfer threads of a process (each moves one band at a time and only waits on the disk).
+IO_THREADS = 8
+
 _local = threading.local()
+_pool: list = [None, None]  # (process id, executor): the transfer threads, made on first use
+_lock = threading.Lock()
 _direct_refused: set = set()  # devices (st_dev) whose file system refused O_DIRECT
 
 
@@ -109,6 +129,100 @@ def _buffer() -> memoryview:
     return memoryview(buf)
 
 
+def aligned_empty(shape, dtype="float64") -> np.ndarray:
+    """An uninitialised C-order array whose data starts on a :data:`DIRECT_ALIGN` boundary
+    (direct transfers read into it and write from it without a bounce buffer)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(n + DIRECT_ALIGN, np.uint8)
+    off = (-raw.ctypes.data) % DIRECT_ALIGN
+    return raw[off:off + n].view(dtype).reshape(shape)
+
+
+def _transfer_pool() -> ThreadPoolExecutor:
+    pid, pool = _pool
+    if pool is None or pid != os.getpid():  # none yet, or inherited through fork (its threads are gone)
+        with _lock:
+            if _pool[1] is None or _pool[0] != os.getpid():
+                _pool[:] = [os.getpid(), ThreadPoolExecutor(IO_THREADS, thread_name_prefix="fsll-io")]
+            pool = _pool[1]
+    return pool
+
+
+def _pieces(spec: TableSpec, ids: np.ndarray) -> list:
+    """``(file offset, byte offset in the band, length, first chunk, chunks)`` of the pieces of
+    a band: whole chunks of one run, at most :data:`DIRECT_PIECE` bytes (or one chunk)."""
+    cb = spec.chunk_nbytes
+    per = max(1, DIRECT_PIECE // cb)
+    out = []
+    for off, pos, length in _runs(spec, ids):
+        n = length // cb
+        for k in range(0, n, per):
+            m = min(per, n - k)
+            out.append((off + k * cb, pos + k * cb, m * cb, pos // cb + k, m))
+    return out
+
+
+def _move(fd: int, write: bool, band: memoryview, pieces: list, done: queue.SimpleQueue, stop: threading.Event,
+          path: str) -> None:
+    """A transfer thread's work: move ``pieces`` between the file ``fd`` and ``band`` in order,
+    reporting each piece's index (or the error that ended the transfer) on ``done``;
+    stops early when ``stop`` is set.  A band that is not page-aligned goes through this
+    thread's bounce buffer."""
+    try:
+        zero_copy = np.frombuffer(band, np.uint8).ctypes.data % DIRECT_ALIGN == 0 if len(band) else True
+        buf = None if zero_copy else _buffer()
+        for i, (off, pos, length, _, _) in enumerate(pieces):
+            if stop.is_set():
+                break
+            for lo in range(0, length, length if zero_copy else DIRECT_PIECE):
+                n = length - lo if zero_copy else min(DIRECT_PIECE, length - lo)
+                view = band[pos + lo:pos + lo + n] if zero_copy else buf[:n]
+                if write:
+                    if not zero_copy:
+                        view[:] = band[pos + lo:pos + lo + n]
+                    got = os.pwritev(fd, [view], off + lo)
+                else:
+                    got = os.preadv(fd, [view], off + lo)
+                    if not zero_copy:
+                        band[pos + lo:pos + lo + n] = view
+                if got != n:
+                    raise OSError(errno.EIO, f"short {'write' if write else 'read'} at byte {off + lo:,} of the "
+                                             "table", path)
+            done.put(i)
+    except BaseException as e:  # handed to the caller, which raises it
+        done.put(e)
+
+
+def _overlapped(spec: TableSpec, fd: int, write: bool, ids, band: np.ndarray) -> np.ndarray:
+    """Move the chunks ``ids`` between the file and ``band`` (C order, the chunks one after the
+    other) on a transfer thread; meanwhile compute the chunks' CRC-32C here (a read: each
+    piece once it has arrived).  Returns the CRCs; raises the transfer's error after the
+    thread has stopped."""
+    flat = band.reshape(-1)
+    rows = flat.reshape(len(ids), -1)
+    pieces = _pieces(spec, ids)
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    stop = threading.Event()
+    mv = memoryview(flat.view(np.uint8))
+    crcs = np.zeros(len(ids), np.uint64)
+    job = _transfer_pool().submit(_move, fd, write, mv, pieces, done, stop, spec.path)
+    try:
+        if write:  # the checksums of the band while its bytes go to the file
+            crcs[:] = [crc32c(r) for r in rows]
+        for _ in pieces:
+            item = done.get()
+            if isinstance(item, BaseException):
+                raise item
+            if not write:
+                _, _, _, c0, m = pieces[item]
+                crcs[c0:c0 + m] = [crc32c(rows[c]) for c in range(c0, c0 + m)]
+    finally:
+        stop.set()
+        job.result()  # the thread has let go of the band and the descriptor
+    return crcs
+
+
 def _runs(spec: TableSpec, ids: np.ndarray):
     """``(file offset, byte offset in the band, length)`` of each run of consecutive chunks."""
     cb = spec.chunk_nbytes
@@ -150,12 +264,26 @@ def _direct_fd(spec: TableSpec, write: bool) -> int | None:
         raise
 
 
-def _read_direct(spec: TableSpec, ids, out: np.ndarray) -> bool:
+def _overlaps(spec: TableSpec, band: np.ndarray | None = None) -> bool:
+    """Does a direct transfer of ``spec``'s chunks (into or out of ``band``) take the
+    overlapped path (:data:`OVERLAP`: chunks of whole pages, a read into an aligned band)?"""
+    return bool(OVERLAP) and spec.chunk_nbytes % DIRECT_ALIGN == 0 and (
+        band is None or band.ctypes.data % DIRECT_ALIGN == 0)
+
+
+def _read_direct(spec: TableSpec, ids, out: np.ndarray):
     """Fill ``out`` (C order, the chunks ``ids`` one after the other) from the file with
-    direct reads; False (nothing read) when direct I/O is not available."""
+    direct reads; False (nothing read) when direct I/O is not available.  On the
+    overlapped path (:func:`_overlaps`) returns the chunks' CRC-32C, computed while the
+    rest was read; else True."""
     fd = _direct_fd(spec, False)
     if fd is None:
         return False
+    if _overlaps(spec, out):
+        try:
+            return _overlapped(spec, fd, False, ids, out)
+        finally:
+            os.close(fd)
     dst = memoryview(out.reshape(-1).view(np.uint8))
     buf = _buffer()
     size = spec.nbytes
@@ -176,14 +304,21 @@ def _read_direct(spec: TableSpec, ids, out: np.ndarray) -> bool:
     return True
 
 
-def _write_direct(spec: TableSpec, ids, value: np.ndarray) -> bool:
+def _write_direct(spec: TableSpec, ids, value: np.ndarray):
     """Write ``value`` (C order, the chunks ``ids`` one after the other): the aligned part of
     each run with direct writes, its unaligned ends buffered; False (nothing written) when
-    direct I/O is not available."""
+    direct I/O is not available.  On the overlapped path (:func:`_overlaps`) returns the
+    chunks' CRC-32C, computed while the band was written; else True."""
     fd = _direct_fd(spec, True)
     if fd is None:
         return False
-    src = memoryview(np.ascontiguousarray(value, dtype=spec.dtype).reshape(-1).view(np.uint8))
+    value = np.ascontiguousarray(value, dtype=spec.dtype)
+    if _overlaps(spec):
+        try:
+            return _overlapped(spec, fd, True, ids, value)
+        finally:
+            os.close(fd)
+    src = memoryview(value.reshape(-1).view(np.uint8))
     buf = _buffer()
     plain = None  # a buffered descriptor for the unaligned ends, opened when one is needed
     try:
@@ -225,9 +360,13 @@ def _write_memmap(spec: TableSpec, arr: np.memmap, key, value) -> None:
     """Data first, then the checksums of the chunks written (a kill in between leaves a
     mismatch that the next read reports; a fit's resume rewrites such chunks first)."""
     ids = _whole_chunks(spec, key, np.size(value))
-    if ids is None or not _write_direct(spec, ids, value):
+    done = False if ids is None else _write_direct(spec, ids, value)
+    if done is False:
         arr[key] = value
     crcs = _crcs(spec)
+    if isinstance(done, np.ndarray):  # computed while the data was written
+        crcs[ids] = binding.bind_many(spec, done, ids)
+        return
     coords, aligned = key_chunks(spec, key)
     if not coords:
         return
@@ -241,12 +380,16 @@ def _write_memmap(spec: TableSpec, arr: np.memmap, key, value) -> None:
                                       ids)
 
 
-def _verify_memmap(spec: TableSpec, arr: np.memmap, key, out: np.ndarray) -> None:
+def _verify_memmap(spec: TableSpec, arr: np.memmap, key, out: np.ndarray, raw=None) -> None:
+    """Check the chunks ``out`` holds against the side file; ``raw``: their CRC-32C, already
+    computed (an overlapped direct read)."""
     coords, aligned = key_chunks(spec, key)
     if not coords:
         return
     ids = _chunk_ids(spec, coords)
-    if aligned and out.size == len(coords) * spec.chunk_size:
+    if raw is not None:
+        got = binding.bind_many(spec, raw, ids)
+    elif aligned and out.size == len(coords) * spec.chunk_size:
         got = binding.bind_many(spec, (crc32c(r) for r in _chunk_rows(spec, out, len(coords))), ids)
     else:
         got = binding.bind_many(spec, (crc32c(np.ascontiguousarray(arr[chunk_slices(spec, c)])) for c in coords), ids)
@@ -295,14 +438,17 @@ class MemmapBackend(TableBackend):
         arr = open_table(spec)
         view = arr[key]
         ids = _whole_chunks(spec, key, view.size)
-        out = None
+        out = raw = None
         if ids is not None:
-            out = np.empty(view.shape, dtype=spec.dtype)
-            if not _read_direct(spec, ids, out):
+            out = aligned_empty(view.shape, spec.dtype) if _overlaps(spec) else np.empty(view.shape, spec.dtype)
+            done = _read_direct(spec, ids, out)
+            if done is False:
                 out = None
+            elif isinstance(done, np.ndarray):
+                raw = done
         if out is None:
             out = np.array(view, order="C")
-        _verify_memmap(spec, arr, key, out)
+        _verify_memmap(spec, arr, key, out, raw)
         return out
 
     def write(self, spec: TableSpec, key: tuple, value: np.ndarray) -> None:

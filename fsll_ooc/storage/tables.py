@@ -6,7 +6,9 @@ arrays, and the count of band writes in flight (:func:`quiesce`).  Integrity: se
 """
 from __future__ import annotations
 
+import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ from .errors import DiskFullError, IntegrityError  # noqa: F401 - also importabl
 
 __all__ = ["create_table", "open_table", "read", "write", "gather", "as_array", "flush", "sync_table",
            "check_table", "verify_table", "table_fingerprint", "check_fingerprint", "table_path",
-           "overhead_bytes", "quiesce"]
+           "overhead_bytes", "quiesce", "read_ahead", "settle", "READ_AHEAD_THREADS"]
 
 _ACTIVE = threading.Condition()  # band writes in flight in this process (see quiesce)
 _N_ACTIVE = [0]
@@ -63,6 +65,44 @@ def read(spec: TableSpec, key: tuple) -> np.ndarray:
     naming its file.
     """
     return spec.backend_impl.read(spec, key)
+
+
+#: Threads of a process that read bands ahead (:func:`read_ahead`).
+READ_AHEAD_THREADS = 4
+_AHEAD: list = [None, None]  # (process id, executor), made on first use
+_AHEAD_LOCK = threading.Lock()
+
+
+def read_ahead(spec: TableSpec, key: tuple) -> Future:
+    """Start :func:`read` of ``table[key]`` on a background thread (a persistent backend: a
+    trip to the disk that can overlap other work); its ``result()`` is the band, verified,
+    or raises the read's error.  Wait for it (``result()`` or :func:`settle`) before the
+    task that started it ends, also on error.  A table kept in memory is read at once."""
+    if not spec.backend_impl.persistent:
+        fut: Future = Future()
+        try:
+            fut.set_result(read(spec, key))
+        except Exception as e:
+            fut.set_exception(e)
+        return fut
+    pid, pool = _AHEAD
+    if pool is None or pid != os.getpid():  # none yet, or inherited through fork (its threads are gone)
+        with _AHEAD_LOCK:
+            if _AHEAD[1] is None or _AHEAD[0] != os.getpid():
+                _AHEAD[:] = [os.getpid(), ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="fsll-ahead")]
+            pool = _AHEAD[1]
+    return pool.submit(read, spec, key)
+
+
+def settle(*futures) -> None:
+    """Wait until the reads ``futures`` (:func:`read_ahead`; None is skipped) have ended,
+    dropping their results and errors (the caller is already raising one of its own)."""
+    for fut in futures:
+        if fut is not None:
+            try:
+                fut.result()
+            except BaseException:
+                pass
 
 
 def write(spec: TableSpec, key: tuple, value: np.ndarray) -> None:
