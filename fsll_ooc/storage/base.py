@@ -13,7 +13,9 @@ The module also holds what every backend shares: the per-process cache of open a
 from __future__ import annotations
 
 import itertools
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,7 @@ from typing import Any, Callable, ClassVar, Iterable
 import numpy as np
 
 __all__ = ["TableBackend", "TableSpec", "register_backend", "get_backend", "backend_names",
-           "open_table", "cached", "forget", "normalize_key", "key_chunks", "chunk_slices", "CHECKSUM_BYTES"]
+           "open_table", "cached", "forget", "thread_pool", "normalize_key", "key_chunks", "chunk_slices", "CHECKSUM_BYTES"]
 
 #: Bytes of checksum per chunk of the checksummed built-in backends (a CRC-32C).
 CHECKSUM_BYTES = 4
@@ -263,6 +265,22 @@ def cached(key: tuple, opener: Callable[[], Any]) -> Any:
         if obj is None:
             obj = _CACHE[key] = opener()
     return obj
+
+
+_POOLS: dict[tuple, ThreadPoolExecutor] = {}
+
+
+def thread_pool(name: str, size: int) -> ThreadPoolExecutor:
+    """This process's pool of ``size`` background threads called ``name`` (made on first use,
+    and again in a child process made by fork, which inherits no threads)."""
+    key = (name, os.getpid())
+    pool = _POOLS.get(key)
+    if pool is None:
+        with _CACHE_LOCK:
+            pool = _POOLS.get(key)
+            if pool is None:
+                pool = _POOLS[key] = ThreadPoolExecutor(size, thread_name_prefix=name)
+    return pool
 
 
 def open_table(spec: TableSpec):

@@ -34,12 +34,11 @@ import mmap
 import os
 import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, cached, chunk_slices, forget, key_chunks, open_table,
-                   register_backend)
+                   register_backend, thread_pool)
 from .errors import IntegrityError
 from . import binding, files
 from .binding import crc_path
@@ -68,8 +67,6 @@ OVERLAP = True
 IO_THREADS = 8
 
 _local = threading.local()
-_pool: list = [None, None]  # (process id, executor): the transfer threads, made on first use
-_lock = threading.Lock()
 _direct_refused: set = set()  # devices (st_dev) whose file system refused O_DIRECT
 
 
@@ -124,7 +121,7 @@ def _chunk_ids(spec: TableSpec, coords) -> np.ndarray:
 def _buffer() -> memoryview:
     """This thread's page-aligned transfer buffer of :data:`DIRECT_PIECE` bytes."""
     buf = getattr(_local, "buf", None)
-    if buf is None:
+    if buf is None or len(buf) != DIRECT_PIECE:  # none yet in this thread, or the piece size was changed
         buf = _local.buf = mmap.mmap(-1, DIRECT_PIECE)
     return memoryview(buf)
 
@@ -137,16 +134,6 @@ def aligned_empty(shape, dtype="float64") -> np.ndarray:
     raw = np.empty(n + DIRECT_ALIGN, np.uint8)
     off = (-raw.ctypes.data) % DIRECT_ALIGN
     return raw[off:off + n].view(dtype).reshape(shape)
-
-
-def _transfer_pool() -> ThreadPoolExecutor:
-    pid, pool = _pool
-    if pool is None or pid != os.getpid():  # none yet, or inherited through fork (its threads are gone)
-        with _lock:
-            if _pool[1] is None or _pool[0] != os.getpid():
-                _pool[:] = [os.getpid(), ThreadPoolExecutor(IO_THREADS, thread_name_prefix="fsll-io")]
-            pool = _pool[1]
-    return pool
 
 
 def _pieces(spec: TableSpec, ids: np.ndarray) -> list:
@@ -206,7 +193,7 @@ def _overlapped(spec: TableSpec, fd: int, write: bool, ids, band: np.ndarray) ->
     stop = threading.Event()
     mv = memoryview(flat.view(np.uint8))
     crcs = np.zeros(len(ids), np.uint64)
-    job = _transfer_pool().submit(_move, fd, write, mv, pieces, done, stop, spec.path)
+    job = thread_pool("fsll-io", IO_THREADS).submit(_move, fd, write, mv, pieces, done, stop, spec.path)
     try:
         if write:  # the checksums of the band while its bytes go to the file
             crcs[:] = [crc32c(r) for r in rows]

@@ -6,14 +6,13 @@ arrays, and the count of band writes in flight (:func:`quiesce`).  Integrity: se
 """
 from __future__ import annotations
 
-import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 
-from .base import TableSpec, forget, get_backend, open_table
+from .base import TableSpec, forget, get_backend, open_table, thread_pool
 from .errors import DiskFullError, IntegrityError  # noqa: F401 - also importable from here
 
 __all__ = ["create_table", "open_table", "read", "write", "gather", "as_array", "flush", "sync_table",
@@ -69,8 +68,6 @@ def read(spec: TableSpec, key: tuple) -> np.ndarray:
 
 #: Threads of a process that read bands ahead (:func:`read_ahead`).
 READ_AHEAD_THREADS = 4
-_AHEAD: list = [None, None]  # (process id, executor), made on first use
-_AHEAD_LOCK = threading.Lock()
 
 
 def read_ahead(spec: TableSpec, key: tuple) -> Future:
@@ -85,13 +82,7 @@ def read_ahead(spec: TableSpec, key: tuple) -> Future:
         except Exception as e:
             fut.set_exception(e)
         return fut
-    pid, pool = _AHEAD
-    if pool is None or pid != os.getpid():  # none yet, or inherited through fork (its threads are gone)
-        with _AHEAD_LOCK:
-            if _AHEAD[1] is None or _AHEAD[0] != os.getpid():
-                _AHEAD[:] = [os.getpid(), ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="fsll-ahead")]
-            pool = _AHEAD[1]
-    return pool.submit(read, spec, key)
+    return thread_pool("fsll-ahead", READ_AHEAD_THREADS).submit(read, spec, key)
 
 
 def settle(*futures) -> None:
