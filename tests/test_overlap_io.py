@@ -47,6 +47,30 @@ def test_overlapped_path_is_taken_and_reads_what_was_written(table, monkeypatch)
     memmap.MemmapBackend().verify(spec)
 
 
+def test_chunks_of_part_pages_overlap_where_a_bands_runs_are_whole_pages(tmp_path, monkeypatch):
+    monkeypatch.setattr(memmap, "DIRECT_IO", True)
+    monkeypatch.setattr(memmap, "DIRECT_PIECE", 3 * 4096)
+    shape = (3, 64, 1000)  # 8,000-byte chunks; an A-band (64 chunks) is 125 pages, a B-band's runs are not
+    spec = storage.create_table("memmap", tmp_path, "t", shape, (1, 1, 1000), fit_id="test")
+    seen = []
+    orig = memmap._overlapped
+    monkeypatch.setattr(memmap, "_overlapped", lambda *a: seen.append(a[2]) or orig(*a))
+    want = np.random.default_rng(1).normal(size=shape)
+    for i in range(shape[0]):
+        storage.write(spec, (i,), want[i])
+    assert seen == [True] * 3
+    b_key = (slice(None), slice(5, 6), slice(None))
+    storage.write(spec, b_key, want[b_key] * 2)  # runs of one chunk: through the bounce buffer
+    want[b_key] *= 2
+    assert seen == [True] * 3
+    for i in range(shape[0]):
+        np.testing.assert_array_equal(storage.read(spec, (i,)), want[i])
+    np.testing.assert_array_equal(storage.read(spec, b_key), want[b_key])
+    assert seen == [True] * 3 + [False] * 3
+    np.testing.assert_array_equal(np.fromfile(spec.path, dtype=np.float64).reshape(shape), want)
+    memmap.MemmapBackend().verify(spec)
+
+
 def test_a_write_error_on_the_transfer_thread_is_raised_and_the_band_is_not_taken_as_written(table, monkeypatch):
     spec, want = table
     calls = []

@@ -19,9 +19,10 @@ partial-chunk access, go through the page cache as before.  Point gathers and
 :func:`fsll_ooc.storage.open_table` use the memory map, which the kernel keeps coherent
 with direct transfers.
 
-Where a table's chunks are whole pages (:data:`OVERLAP`), a direct band transfer moves
-the bytes straight between the file and a page-aligned band array (:func:`aligned_empty`;
-no copy through a bounce buffer) on a transfer thread, while the calling thread computes
+Where a band's runs of chunks are whole pages of the file (:data:`OVERLAP`; every band of
+a table whose chunks are), a direct band transfer moves the bytes straight between the
+file and a page-aligned band array (:func:`aligned_empty`; no copy through a bounce
+buffer) on a transfer thread, while the calling thread computes
 the checksums: of each piece already read (a read), or of the band being written (a
 write, whose checksums are stored after all its data is in the file).  A transfer
 thread's error is raised in the calling thread, which first waits until that thread has
@@ -30,6 +31,7 @@ stopped touching the band (``docs/reliability.md``).
 from __future__ import annotations
 
 import errno
+import math
 import mmap
 import os
 import queue
@@ -138,9 +140,11 @@ def aligned_empty(shape, dtype="float64") -> np.ndarray:
 
 def _pieces(spec: TableSpec, ids: np.ndarray) -> list:
     """``(file offset, byte offset in the band, length, first chunk, chunks)`` of the pieces of
-    a band: whole chunks of one run, at most :data:`DIRECT_PIECE` bytes (or one chunk)."""
+    a band: whole chunks of one run, about :data:`DIRECT_PIECE` bytes, each a whole number of
+    pages when the runs are (:func:`_overlaps`)."""
     cb = spec.chunk_nbytes
-    per = max(1, DIRECT_PIECE // cb)
+    step = DIRECT_ALIGN // math.gcd(cb, DIRECT_ALIGN)  # chunks that make whole pages
+    per = max(step, DIRECT_PIECE // cb // step * step)
     out = []
     for off, pos, length in _runs(spec, ids):
         n = length // cb
@@ -251,11 +255,15 @@ def _direct_fd(spec: TableSpec, write: bool) -> int | None:
         raise
 
 
-def _overlaps(spec: TableSpec, band: np.ndarray | None = None) -> bool:
-    """Does a direct transfer of ``spec``'s chunks (into or out of ``band``) take the
-    overlapped path (:data:`OVERLAP`: chunks of whole pages, a read into an aligned band)?"""
-    return bool(OVERLAP) and spec.chunk_nbytes % DIRECT_ALIGN == 0 and (
-        band is None or band.ctypes.data % DIRECT_ALIGN == 0)
+def _overlaps(spec: TableSpec, ids, band: np.ndarray | None = None) -> bool:
+    """Does a direct transfer of the chunks ``ids`` (into or out of ``band``) take the
+    overlapped path: :data:`OVERLAP`, every run of consecutive chunks starts and ends on a
+    page boundary of the file (always, when chunks are whole pages), and a band read into
+    starts on one?"""
+    if not OVERLAP or (band is not None and band.ctypes.data % DIRECT_ALIGN):
+        return False
+    return spec.chunk_nbytes % DIRECT_ALIGN == 0 or all(
+        off % DIRECT_ALIGN == 0 and length % DIRECT_ALIGN == 0 for off, _, length in _runs(spec, ids))
 
 
 def _read_direct(spec: TableSpec, ids, out: np.ndarray):
@@ -266,7 +274,7 @@ def _read_direct(spec: TableSpec, ids, out: np.ndarray):
     fd = _direct_fd(spec, False)
     if fd is None:
         return False
-    if _overlaps(spec, out):
+    if _overlaps(spec, ids, out):
         try:
             return _overlapped(spec, fd, False, ids, out)
         finally:
@@ -300,7 +308,7 @@ def _write_direct(spec: TableSpec, ids, value: np.ndarray):
     if fd is None:
         return False
     value = np.ascontiguousarray(value, dtype=spec.dtype)
-    if _overlaps(spec):
+    if _overlaps(spec, ids):
         try:
             return _overlapped(spec, fd, True, ids, value)
         finally:
@@ -427,7 +435,7 @@ class MemmapBackend(TableBackend):
         ids = _whole_chunks(spec, key, view.size)
         out = raw = None
         if ids is not None:
-            out = aligned_empty(view.shape, spec.dtype) if _overlaps(spec) else np.empty(view.shape, spec.dtype)
+            out = aligned_empty(view.shape, spec.dtype) if _overlaps(spec, ids) else np.empty(view.shape, spec.dtype)
             done = _read_direct(spec, ids, out)
             if done is False:
                 out = None
