@@ -138,6 +138,53 @@ def test_choose_variables_follows_gains_and_cells():
     assert batch.choose_variables(cards, [], factor=4.0, max_cells=100) is None
 
 
+@pytest.mark.parametrize("cards,V,U", [((2, 3, 4, 5), (0, 1, 3), (1, 3)), ((2, 2, 2, 2, 2), (0, 2, 4), (0, 4)),
+                                      ((3, 2, 5), (0, 1, 2), ()), ((4, 2, 2, 3), (1, 3), (1, 3))])
+def test_sub_table_of_fewer_variables_and_changed_variables(cards, V, U):
+    rng = np.random.default_rng(1)
+    full = rng.normal(size=math.prod(cards))
+    got = batch.sub_table(cards, V, full[batch.marginal_cells(cards, V).reshape(-1)], U)
+    assert got.tolist() == full[batch.marginal_cells(cards, U).reshape(-1)].tolist()
+    digits = [tuple(int(x) for x in np.unravel_index(int(y), cards)) for y in batch.marginal_cells(cards, U).reshape(-1)]
+    assert batch.changed_variables([(d, 0.1, 0.0) for d in digits]) == tuple(U)
+    with pytest.raises(ValueError, match="not all among"):
+        batch.sub_table(cards, V[:1], full[batch.marginal_cells(cards, V[:1]).reshape(-1)], V)
+
+
+@pytest.mark.parametrize("cards,layout,seed,cells", [((2, 3, 4, 5), (1, 2), 0, 40), ((2, 2, 2, 2, 2, 2), (1, 3), 2, 24)])
+def test_a_batch_whose_changes_keep_to_one_band_kind_is_one_pass(cards, layout, seed, cells, monkeypatch):
+    """A batch over variables on both sides of the cut whose changed terms keep to one side is
+    applied in one pass (the duals exact, brute force), not by a re-derivation."""
+    from fsll_ooc.learn import LearnOptions, greedy, learn
+
+    p, _ = datasets.random_bayesnet(cards, 2, seed=seed)
+    X = datasets.sample_table(p, 3000, seed=100 + seed)
+    Phi = oracle.phi_matrix(cards)
+    size = math.prod(cards)
+    eng, state = _engine(cards, X, layout)
+    L = eng.layout
+    spans, kept = [], []
+    real = greedy._batch_step
+
+    def spy(engine, st, V, *a, **k):  # a batch over V: did it span, and how many passes did it take?
+        before, n0 = engine.passes, len(st.history)
+        out = real(engine, st, V, *a, **k)
+        changed = {i for h in st.history[n0:] for i, x in enumerate(h["y"]) if x}
+        if engine.batch_pass(V) is None and engine.batch_pass(tuple(changed)) is not None:
+            spans.append(engine.passes - before)
+        theta = np.zeros(size)
+        for y, v in st.theta.items():
+            theta[y] = v
+        np.testing.assert_allclose(engine.gather(np.arange(size)), Phi @ oracle.model(theta, Phi), atol=1e-10)
+        kept.append(V)
+        return out
+
+    monkeypatch.setattr(greedy, "_batch_step", spy)
+    learn(eng, state, LearnOptions(epsilon=1e-5, batch=batch.BatchOptions(max_cells=cells, factor=50.0)))
+    assert kept and L.a > 0
+    assert spans and all(n == 1 for n in spans), spans
+
+
 def test_support_gains_are_the_closed_forms():
     rng = np.random.default_rng(0)
     t, d = rng.uniform(-0.99, 0.99, 200), rng.uniform(-0.99, 0.99, 200)

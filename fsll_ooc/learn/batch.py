@@ -18,8 +18,9 @@ The batch rule (:func:`choose_variables`): start from the best move of the last 
 add the variables of the next best moves (append candidates and the support's adjusts
 and removes, :func:`support_gains`), in order of predicted gain, while their gain is at
 least ``1 / factor`` of the best and the sub-table stays within ``max_cells`` cells
-(:func:`auto_max_cells` by default).  When the batch's variables are local to one kind of band (always
-in core) one band pass applies every step; otherwise an exact re-derivation does.  The sub-table search then continues while
+(:func:`auto_max_cells` by default).  When the variables of the terms that changed are local to one kind
+of band (always in core) one band pass applies every step; otherwise an exact
+re-derivation does.  The sub-table search then continues while
 some move on ``V`` gains at least ``epsilon``: every step it takes is one the paper's
 search could take, with the same closed forms, but the order differs (candidates
 outside ``V`` wait for the next scan).  The search still ends on a scan of the whole
@@ -35,7 +36,7 @@ import numpy as np
 
 from .. import basis, cost as C
 
-__all__ = ["BatchOptions", "AUTO_MIN_CELLS", "resolve_batch", "marginal_multiplier", "MULTIPLIER_MIN_FACTORS", "marginal_cells", "auto_max_cells", "choose_variables", "support_gains", "SubStep", "search_marginal", "merge_steps"]
+__all__ = ["BatchOptions", "AUTO_MIN_CELLS", "resolve_batch", "marginal_multiplier", "MULTIPLIER_MIN_FACTORS", "marginal_cells", "auto_max_cells", "choose_variables", "support_gains", "SubStep", "search_marginal", "merge_steps", "changed_variables", "sub_table"]
 
 
 @dataclass(frozen=True)
@@ -429,6 +430,26 @@ def merge_steps(cards: Sequence[int], V: Sequence[int], tb0: np.ndarray, steps: 
             digits[v] = int(x)
         out.append((tuple(digits), delta, t))
     return out, dlogz
+
+
+def changed_variables(factors: Sequence[tuple]) -> tuple[int, ...]:
+    """The variables on which the terms of :func:`merge_steps`' ``factors`` are non-zero
+    (sorted): what the pass that applies them must hold."""
+    return tuple(sorted({v for digits, _, _ in factors for v, x in enumerate(digits) if x}))
+
+
+def sub_table(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, U: Sequence[int]) -> np.ndarray:
+    """The values at :func:`marginal_cells` ``(cards, U)`` taken from ``tb``, the values at
+    :func:`marginal_cells` ``(cards, V)``, for variables ``U`` among ``V`` (flattened, C order).
+
+    >>> sub_table((2, 3), (0, 1), np.arange(6.0), (1,)).tolist()
+    [0.0, 1.0, 2.0]
+    """
+    V, U = tuple(V), set(U)
+    if not U <= set(V):
+        raise ValueError(f"variables {sorted(U)} are not all among {V}")
+    t = np.asarray(tb).reshape(tuple(cards[v] for v in V))
+    return t[tuple(slice(None) if v in U else 0 for v in V)].reshape(-1)
 
 
 #: From this many changed terms on, a batch on Walsh-Hadamard variables only is applied as

@@ -468,14 +468,18 @@ def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOpt
                 "delta": s.delta, "cost": state.cost(), "n_bases": len(state.theta),
                 "time": time.perf_counter() - t0, "batch": n_batch}, persist_now=False)
     factors, _ = B.merge_steps(state.cards, V, tb0, steps)
+    # the variables of the terms that changed: a batch over variables on both sides of the
+    # layout's cut whose changes keep to one side is still one pass
+    U = B.changed_variables(factors)
+    one_pass = engine.batch_pass(U) is not None
     since_sync += len(factors)
-    if since_sync >= resync_every or engine.batch_pass(V) is None:
-        with engine.purpose_of("batch-periodic" if engine.batch_pass(V) is not None else "batch-span"):
+    if since_sync >= resync_every or not one_pass:
+        with engine.purpose_of("batch-periodic" if one_pass else "batch-span"):
             state.log_z, res = engine.resync_scan(support(), values(), state.log_z, opts.top)
         since_sync = 0
-    elif len(factors) >= B.MULTIPLIER_MIN_FACTORS and all(basis.is_walsh(state.cards[v]) for v in V):
-        m = B.marginal_multiplier(state.cards, V, tb0, factors)
-        res = engine.update_scan_batch([], support(), opts.top, multiplier=(tuple(V), m))
+    elif len(factors) >= B.MULTIPLIER_MIN_FACTORS and all(basis.is_walsh(state.cards[v]) for v in U):
+        m = B.marginal_multiplier(state.cards, U, B.sub_table(state.cards, V, tb0, U), factors)
+        res = engine.update_scan_batch([], support(), opts.top, multiplier=(U, m))
     else:
         res = engine.update_scan_batch([Step(dg, dl, t) for dg, dl, t in factors], support(), opts.top)
     # the table after its pass (or re-derivation) against the sub-table's incremental duals
