@@ -147,7 +147,10 @@ class FSLLAverage:
             kw = dict(self.params, cardinalities=tuple(cards))
             if store is not None:
                 kw["store"] = _member_store(store, k)
-            members.append(FSLL(**kw).fit(codes[rows], feature_names=names, categories=cats))
+            member = FSLL(**kw).fit(codes[rows], feature_names=names, categories=cats)
+            if store is None:  # in core: drop its working tables, so the average needs one fit's memory
+                member._engine = None  # (its table is rebuilt from theta when asked, as for a loaded model)
+            members.append(member)
         self._set_fitted(members, N)
         return self
 
@@ -186,11 +189,11 @@ class FSLLAverage:
         """The mixture's table ``mean_k p_k`` of shape ``cardinalities_``: a numpy array in
         core; out of core a dask array (the lazy sum over the members' stores)."""
         self._check_fitted()
-        tables = [m.probabilities() for m in self.members_]
-        total = tables[0]
-        for t in tables[1:]:
-            total = total + t
-        return total / len(tables)
+        total = None
+        for m in self.members_:  # one member's table at a time
+            t = m.probabilities()
+            total = t if total is None else total + t
+        return total / self.n_members_
 
     def sample(self, n_samples: int = 1, random_state=None, as_frame: bool | None = None):
         """Draw ``n_samples`` rows from the mixture: how many come from each member is
