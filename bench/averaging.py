@@ -21,6 +21,8 @@ probability tables (an equal-weight mixture).  Variants:
   inside the members); time includes the default fit;
 * ``sub80W K``: as ``sub80S``, each member starting from the default's model (the warm
   start of ``docs/design.md``, "Choosing the penalty scale"); time includes the default fit.
+* ``FSLLAverage``: :class:`fsll_ooc.FSLLAverage` as a user fits it (``n_members="auto"``,
+  its own seeded subsamples of four fifths), timed as one ``fit``.
 
 K-member variants of K = 4 reuse the first 4 members of K = 8.  Quality: ``KL(p* || p)``
 (nats) on the synthetic data, mean held-out log-likelihood per test row on MSNBC and
@@ -49,7 +51,7 @@ for p in (ROOT, HERE):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from fsll_ooc import FSLL, datasets  # noqa: E402
+from fsll_ooc import FSLL, FSLLAverage, datasets  # noqa: E402
 from fsll_ooc.estimator import _start_of  # noqa: E402
 from fsll_ooc.learn import select  # noqa: E402
 from quality import synthetic  # noqa: E402
@@ -106,7 +108,7 @@ def load_case(case: str):
     return X, p_true.shape, (lambda p: datasets.kl_divergence(p_true, p)), case
 
 
-KINDS = ("boot", "bootS", "half", "sub80", "sub80S", "sub80W")
+KINDS = ("boot", "bootS", "half", "sub80", "sub80S", "sub80W", "FSLLAverage")
 
 
 def run_case(case: str, out, k_max: int = max(KS), kinds=KINDS):
@@ -125,6 +127,12 @@ def run_case(case: str, out, k_max: int = max(KS), kinds=KINDS):
     if choice is not None and choice.start is not None:
         p_sub = table_of(choice.start["theta"], choice.start["log_z"], cards)
         rows.append(("choice2", 2, [p0, p_sub], t0))
+    if "FSLLAverage" in kinds:
+        t = time.perf_counter()
+        avg = FSLLAverage(cardinalities=cards, progress=False).fit(X)
+        rows.append(("FSLLAverage", avg.n_members_, [np.asarray(avg.probabilities()).reshape(cards)],
+                     time.perf_counter() - t))
+        kinds = [k for k in kinds if k != "FSLLAverage"]
     members = {kind: [] for kind in kinds}
     times = {kind: [] for kind in kinds}
     rng = np.random.default_rng([7, N])  # member k's rows do not depend on the kinds run
@@ -163,7 +171,7 @@ def run_case(case: str, out, k_max: int = max(KS), kinds=KINDS):
 
 
 VARIANTS = ("default", "choice2", "boot4", "boot8", "bootS4", "bootS8", "half4", "half8", "sub804", "sub808",
-            "sub80S4", "sub80S8", "sub80W4", "sub80W8")
+            "sub80S4", "sub80S8", "sub80W4", "sub80W8", "FSLLAverage")
 
 
 def _label(v: str) -> str:
