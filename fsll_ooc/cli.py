@@ -140,8 +140,9 @@ def _float(x) -> float | None:
         return None
 
 
-def _load_model(path: str):
-    """A model file, or the store directory of a completed out-of-core fit."""
+def _load_model(path: str, averages: bool = False):
+    """A model file, or the store directory of a completed out-of-core fit; with
+    ``averages``, also an average's file (an :class:`~fsll_ooc.FSLLAverage`)."""
     if not os.path.lexists(path):
         raise FileNotFoundError(f"no such model file: '{path}'")
     if os.path.isdir(path):
@@ -156,7 +157,16 @@ def _load_model(path: str):
                 raise DataError(f"the fit in store '{path}' is not complete (status {status!r}); "
                                 f"finish it with: {PROG} resume {path}")
             return _model_class().resume(path, progress=False)
+    from . import model_file
+
     with _user_input():
+        if model_file.is_average(path):
+            if not averages:
+                raise DataError(f"'{path}' holds an average of several models (FSLLAverage); this command "
+                                f"needs one model's file (info, sample and score take an average)")
+            from .average import FSLLAverage
+
+            return FSLLAverage.load(path)
         return _model_class().load(path)
 
 
@@ -720,14 +730,59 @@ def _nan_to_none(x):
 
 
 def _cmd_info(args) -> int:
+    model = _load_model(args.model, averages=True)
+    if hasattr(model, "members_"):
+        return _info_average(args, model)
+    return _info_model(args, model)
+
+
+def _term_rows(model) -> list[dict]:
+    """The rows of ``info``: a model's terms (:func:`fsll_ooc.queries.interactions`), most important first."""
     from .queries import interactions
 
-    model = _load_model(args.model)
+    return [{"term": t["term"], "variables": list(t["variables"]), "order": t["order"], "theta": t["theta"],
+             "share": _nan_to_none(t["share"]), "y": list(t["y"]), "factors": t["factors"]}
+            for t in interactions(model, as_frame=False)]
+
+
+def _info_average(args, avg) -> int:
+    """``info`` of an average: its members' summaries, and each member's most important terms."""
+    names, cats = _labels_of(avg)
+    ks = tuple(int(k) for k in avg.cardinalities_)
+    members = []
+    for k, m in enumerate(avg.members_):
+        terms = _term_rows(m)
+        members.append({"member": k, "n_bases": int(m.n_bases_), "n_iter": m.n_iter_, "converged": m.converged_,
+                        "cost": _float(m.cost_), "kl_data": _float(m.kl_data_), "n_samples": m.n_samples_,
+                        "n_terms": len(terms), "terms": terms if args.top == 0 else terms[:args.top]})
+    summary = {"model": args.model, "average_of": len(members), "n_vars": len(ks), "names": names,
+               "cardinalities": list(ks), "categories": cats, "cells": math.prod(ks), "n_samples": avg.n_samples_,
+               "members": members}
+    if args.json:
+        _print_json(summary)
+        return 0
+    print(f"FSLL average of {len(members)} models {args.model}")
+    print(f"  variables   {len(ks)}: " + ", ".join(f"{nm} ({k})" for nm, k in zip(names, ks)))
+    print(f"  joint table {summary['cells']:,} cells")
+    print(f"  fitted on   {summary['n_samples']:,} samples (each member on a random four fifths of them)")
+    print("  the model is the mean of the members' distributions; it has no single set of terms, so each")
+    print("  member's terms are listed with their share of that member's cost reduction")
+    for mem in members:
+        more = "" if len(mem["terms"]) == mem["n_terms"] else f" (top {len(mem['terms'])} of {mem['n_terms']})"
+        print(f"\nmember {mem['member']}: bases {mem['n_bases']}   iterations {mem['n_iter']}   "
+              f"cost {_fmt_num(mem['cost'])}" + ("" if mem["converged"] else "   (stopped before convergence)"))
+        if mem["terms"]:
+            print(f"  {'#':>4}  {'share':>6}  {'theta':>9}  {'order':>5}  term{more}")
+        for r, t in enumerate(mem["terms"], 1):
+            share = "n/a" if t["share"] is None else f"{100 * t['share']:.1f}%"
+            print(f"  {r:>4}  {share:>6}  {t['theta']:>+9.4f}  {t['order']:>5}  {t['term']}")
+    return 0
+
+
+def _info_model(args, model) -> int:
     names, cats = _labels_of(model)
     ks = tuple(int(k) for k in model.cardinalities_)
-    terms = [{"term": t["term"], "variables": list(t["variables"]), "order": t["order"], "theta": t["theta"],
-              "share": _nan_to_none(t["share"]), "y": list(t["y"]), "factors": t["factors"]}
-             for t in interactions(model, as_frame=False)]
+    terms = _term_rows(model)
     shown = terms if args.top == 0 else terms[:args.top]
     by_order: dict[int, int] = {}
     for t in terms:
@@ -860,7 +915,7 @@ def _register_sample(sub) -> None:
 
 
 def _cmd_sample(args) -> int:
-    model = _load_model(args.model)
+    model = _load_model(args.model, averages=True)
     if args.json and args.out is not None:
         raise UsageError("--json writes to stdout; it cannot be combined with --out")
     if args.out is not None and not args.out.lower().endswith(".csv"):
@@ -896,7 +951,7 @@ def _register_score(sub) -> None:
 
 
 def _cmd_score(args) -> int:
-    model = _load_model(args.model)
+    model = _load_model(args.model, averages=True)
     names, cats = _labels_of(model)
     has_names = model.feature_names_in_ is not None
     with _user_input():

@@ -24,7 +24,7 @@ from ._validation import MAX_CATEGORIES, MAX_CELLS, MAX_MODEL_BYTES, DataError, 
 from .learn import FitState
 
 __all__ = ["MODEL_FORMAT", "MODEL_VERSION", "AVERAGE_FORMAT", "AVERAGE_VERSION", "ModelFile", "AverageFile",
-           "save", "load", "save_average", "load_average"]
+           "save", "load", "save_average", "load_average", "is_average"]
 
 MODEL_FORMAT = "fsll-ooc-model"
 MODEL_VERSION = 1
@@ -124,6 +124,13 @@ def _check_version(path, obj, what: str, newest: int) -> None:
             raise ValueError(f"{path}: {what} version {version!r} is newer than this fsll-ooc "
                              f"understands (<= {newest}); upgrade fsll-ooc")
         raise ValueError(f"{path}: {what} version {version!r} is not a version (an integer 1..{newest})")
+
+
+def is_average(path) -> bool:
+    """Whether the file at ``path`` is an average's file (format ``fsll-ooc-average``) rather
+    than a single model's; the file is checked as :func:`load` checks it (``ValueError``)."""
+    obj = _read_json(path)
+    return isinstance(obj, dict) and obj.get("format") == AVERAGE_FORMAT
 
 
 def load(path) -> ModelFile:

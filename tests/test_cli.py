@@ -108,6 +108,37 @@ def test_info_text_and_json(capsys, model_path):
     assert len(json.loads(out)["terms"]) == 1
 
 
+def test_info_sample_and_score_take_an_average(capsys, data_csv, tmp_path):
+    from fsll_ooc import FSLLAverage
+
+    df = pd.read_csv(data_csv)
+    avg = FSLLAverage(n_members=3, progress=False).fit(df)
+    path = tmp_path / "avg.json"
+    avg.save(path)
+    rc, out, _ = run(capsys, "info", path, "--json", "--top", "0")
+    assert rc == 0
+    info = json.loads(out)
+    assert info["average_of"] == 3 and info["names"] == ["colour", "size", "ok"] and info["n_samples"] == len(df)
+    for k, (mem, m) in enumerate(zip(info["members"], avg.members_)):
+        assert mem["member"] == k and mem["n_bases"] == m.n_bases_ == mem["n_terms"] == len(mem["terms"])
+        assert sorted(tuple(t["y"]) for t in mem["terms"]) == sorted(m.theta_)
+    rc, out, _ = run(capsys, "info", path, "--top", "1")
+    assert rc == 0 and "FSLL average of 3 models" in out and out.count("\nmember ") == 3
+    # score: the mixture's log-likelihood, the mean of the members' probabilities
+    rc, out, _ = run(capsys, "score", path, data_csv, "--json")
+    assert rc == 0
+    mean = np.mean([np.exp(m.log_prob(df)) for m in avg.members_], axis=0)
+    assert json.loads(out)["mean_log_likelihood"] == pytest.approx(float(np.mean(np.log(mean))), rel=1e-12)
+    rc, out, _ = run(capsys, "sample", path, "-n", 40, "--seed", 1)
+    assert rc == 0
+    drawn = pd.read_csv(io.StringIO(out))
+    assert list(drawn.columns) == ["colour", "size", "ok"] and len(drawn) == 40
+    assert set(drawn["colour"]) <= {"red", "green", "blue"}
+    # a command that needs one model says so
+    rc, out, err = run(capsys, "plot", path, "--out-dir", tmp_path)
+    assert_usage_error(rc, out, err, "holds an average of several models", "info, sample and score")
+
+
 def test_info_term_labels():
     # colour: k=3 (indicator basis), size: k=4 (Walsh), ok: k=2 (Walsh)
     cats = [["blue", "green", "red"], [0, 1, 2, 3], [False, True]]
