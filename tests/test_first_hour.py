@@ -266,11 +266,14 @@ def test_fit_on_an_interrupted_store_never_wipes_it_and_resume_finishes_it(df, c
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_and_sigterm_stop_cleanly_with_the_resume_command(tmp_path, sig):
+    # a fit that runs for seconds after its state says "running" (about 120 iterations), so that
+    # the signal lands inside it and not in the interpreter's exit
     rng = np.random.default_rng(1)
-    X = (rng.random((3000, 16)) < 0.3).astype(int)
-    X[:, 1] ^= X[:, 0]
+    X = (rng.random((20_000, 18)) < 0.3).astype(int)
+    for i in range(1, 18):
+        X[:, i] ^= X[:, i - 1] & (rng.random(len(X)) < 0.5)
     data = tmp_path / "d.csv"
-    pd.DataFrame(X, columns=[f"v{i}" for i in range(16)]).to_csv(data, index=False)
+    pd.DataFrame(X, columns=[f"v{i}" for i in range(18)]).to_csv(data, index=False)
     store = tmp_path / "s"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.Popen([sys.executable, "-m", "fsll_ooc.cli", "fit", str(data), "-o", str(tmp_path / "m.json"),
