@@ -745,6 +745,21 @@ def _term_rows(model) -> list[dict]:
             for t in interactions(model, as_frame=False)]
 
 
+def _print_table_head(what: str, path, names, ks) -> None:
+    """The first lines of ``info``: what the file holds, its variables and table size."""
+    print(f"{what} {path}")
+    print(f"  variables   {len(ks)}: " + ", ".join(f"{nm} ({k})" for nm, k in zip(names, ks)))
+    print(f"  joint table {math.prod(ks):,} cells")
+
+
+def _print_terms(terms: list[dict], more: str = "") -> None:
+    """``info``'s table of terms (rank, share, theta, order, the term in words)."""
+    print(f"  {'#':>4}  {'share':>6}  {'theta':>9}  {'order':>5}  term{more}")
+    for r, t in enumerate(terms, 1):
+        share = "n/a" if t["share"] is None else f"{100 * t['share']:.1f}%"
+        print(f"  {r:>4}  {share:>6}  {t['theta']:>+9.4f}  {t['order']:>5}  {t['term']}")
+
+
 def _info_average(args, avg) -> int:
     """``info`` of an average: its members' summaries, and each member's most important terms."""
     names, cats = _labels_of(avg)
@@ -761,9 +776,7 @@ def _info_average(args, avg) -> int:
     if args.json:
         _print_json(summary)
         return 0
-    print(f"FSLL average of {len(members)} models {args.model}")
-    print(f"  variables   {len(ks)}: " + ", ".join(f"{nm} ({k})" for nm, k in zip(names, ks)))
-    print(f"  joint table {summary['cells']:,} cells")
+    _print_table_head(f"FSLL average of {len(members)} models", args.model, names, ks)
     print(f"  fitted on   {summary['n_samples']:,} samples (each member on a random four fifths of them)")
     print("  the model is the mean of the members' distributions; it has no single set of terms, so each")
     print("  member's terms are listed with their share of that member's cost reduction")
@@ -772,10 +785,7 @@ def _info_average(args, avg) -> int:
         print(f"\nmember {mem['member']}: bases {mem['n_bases']}   iterations {mem['n_iter']}   "
               f"cost {_fmt_num(mem['cost'])}" + ("" if mem["converged"] else "   (stopped before convergence)"))
         if mem["terms"]:
-            print(f"  {'#':>4}  {'share':>6}  {'theta':>9}  {'order':>5}  term{more}")
-        for r, t in enumerate(mem["terms"], 1):
-            share = "n/a" if t["share"] is None else f"{100 * t['share']:.1f}%"
-            print(f"  {r:>4}  {share:>6}  {t['theta']:>+9.4f}  {t['order']:>5}  {t['term']}")
+            _print_terms(mem["terms"], more)
     return 0
 
 
@@ -807,9 +817,7 @@ def _info_model(args, model) -> int:
     if args.json:
         _print_json(summary)
         return 0
-    print(f"FSLL model {args.model}")
-    print(f"  variables   {len(ks)}: " + ", ".join(f"{nm} ({k})" for nm, k in zip(names, ks)))
-    print(f"  joint table {summary['cells']:,} cells")
+    _print_table_head("FSLL model", args.model, names, ks)
     print(f"  fitted on   {summary['n_samples']:,} samples"
           + ("" if summary["converged"] else " (stopped before convergence)"))
     print(f"  bases       {summary['n_bases']}   iterations {summary['n_iter']}   "
@@ -823,10 +831,7 @@ def _info_model(args, model) -> int:
     print("  terms       " + ", ".join(f"{c} of order {o}" for o, c in sorted(by_order.items())))
     more = "" if len(shown) == len(terms) else f" (top {len(shown)} of {len(terms)}; --top 0 shows all)"
     print(f"\nterms by share of the cost reduction{more}:")
-    print(f"  {'#':>4}  {'share':>6}  {'theta':>9}  {'order':>5}  term")
-    for r, t in enumerate(shown, 1):
-        share = "n/a" if t["share"] is None else f"{100 * t['share']:.1f}%"
-        print(f"  {r:>4}  {share:>6}  {t['theta']:>+9.4f}  {t['order']:>5}  {t['term']}")
+    _print_terms(shown)
     return 0
 
 
