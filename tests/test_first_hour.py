@@ -264,6 +264,12 @@ def test_fit_on_an_interrupted_store_never_wipes_it_and_resume_finishes_it(df, c
     assert list(m.feature_names_in_) == ["E", "O", "T"]
 
 
+def _default_sigint():
+    """In the child: Ctrl-C as at a terminal.  A test run started in the background by a
+    shell without job control inherits an ignored SIGINT, and Python keeps ignoring it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_and_sigterm_stop_cleanly_with_the_resume_command(tmp_path, sig):
     # a fit that runs for seconds after its state says "running" (about 120 iterations), so that
@@ -278,7 +284,8 @@ def test_ctrl_c_and_sigterm_stop_cleanly_with_the_resume_command(tmp_path, sig):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.Popen([sys.executable, "-m", "fsll_ooc.cli", "fit", str(data), "-o", str(tmp_path / "m.json"),
                           "--store", str(store), "--memory-limit", "600MiB", "--quiet", "--epsilon", "1e-7"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path),
+                         preexec_fn=_default_sigint)
     state = store / "fsll_state.json"
     while p.poll() is None and not (state.exists() and "running" in state.read_text(errors="replace")):
         time.sleep(0.05)
