@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from fsll_ooc import FSLL, FSLLAverage, datasets
-from oracle import phi_matrix
+from oracle import model as brute_model, phi_matrix
 
 CARDS = (2, 3, 4, 5)
 NAMES = ["sex", "colour", "size", "grade"]
@@ -35,9 +35,7 @@ def brute_member(m) -> np.ndarray:
     theta = np.zeros(int(np.prod(CARDS)))
     for y, v in m.theta_.items():
         theta[np.ravel_multi_index(y, CARDS)] = v
-    l = phi_matrix(CARDS).T @ theta
-    p = np.exp(l - l.max())
-    return (p / p.sum()).reshape(CARDS)
+    return brute_model(theta, phi_matrix(CARDS)).reshape(CARDS)
 
 
 @pytest.fixture(scope="module")
