@@ -23,7 +23,11 @@ they move the same bytes and give the same model:
   (:data:`fsll_ooc.storage.memmap.OVERLAP`), the targets read after the duals;
 * ``ahead``: the library's default: ``overlap``, and the targets (and a two-pass update's
   partner band) read on a background thread while the duals are read
-  (:data:`fsll_ooc.engine.tasks.READ_AHEAD`).
+  (:data:`fsll_ooc.engine.tasks.READ_AHEAD`);
+* ``via-zarr`` (``--backend zarr``): ``ahead``, but the zarr tables' band chunks read and
+  written through zarr and the page cache (the code before); the other variants move a
+  zarr table's band chunks with the backend's own chunk-file I/O
+  (:data:`fsll_ooc.storage.zarr_tables.OWN_IO`, direct I/O as for memmap).
 
 An update is one pass (``task_update_scan``), or two (``task_partner`` then
 ``task_update_scan`` reading ``scratch``) when the step's variables span both kinds of
@@ -34,6 +38,7 @@ Runs the case in a child process under a memory cgroup of ``--cap`` bytes (as
 under ``--dir``.  Usage::
 
     python bench/pass_io.py --case 28 --dir /work/big --iters 13 --variants serial overlap ahead
+    python bench/pass_io.py --backend zarr --case 28 --dir /work/big --iters 13 --variants via-zarr ahead
 """
 from __future__ import annotations
 
@@ -65,10 +70,11 @@ def _scale():
 def set_variant(name: str) -> None:
     """Switch the band I/O of this process to variant ``name`` (see the module docstring)."""
     from fsll_ooc.engine import tasks
-    from fsll_ooc.storage import memmap
+    from fsll_ooc.storage import memmap, zarr_tables
 
-    memmap.OVERLAP = name in ("overlap", "ahead")
-    tasks.READ_AHEAD = name == "ahead"
+    memmap.OVERLAP = name in ("overlap", "ahead", "via-zarr")
+    tasks.READ_AHEAD = name in ("ahead", "via-zarr")
+    zarr_tables.OWN_IO = name != "via-zarr"
 
 
 def disk_mix(read: float, write: float) -> float:
@@ -127,7 +133,10 @@ def child(args) -> None:
             setattr(mod, name, g)
         for name in ("read", "write"):
             clock(storage, name)
+        from fsll_ooc.storage import zarr_tables
+
         clock(memmap, "crc32c")  # the checksums of band transfers (on the tasks' threads)
+        clock(zarr_tables, "crc32c")
         for name in ("update_scan_xor", "update_scan_perm", "update_scan_explicit"):
             clock(kernels, name)
     cards = (2,) * int(args.case)
@@ -188,11 +197,11 @@ def main(argv=None):
     ap.add_argument("--case", default="28", help="log2 of the number of cells (binary variables)")
     ap.add_argument("--cap", default="4GiB")
     ap.add_argument("--backend", choices=("memmap", "zarr"), default="memmap",
-                    help="zarr: its tables go through the page cache (the variants differ by the read ahead only)")
+                    help="zarr: compare --variants via-zarr ahead (through zarr, the backend's own chunk I/O)")
     ap.add_argument("--dir", default="scratch")
     ap.add_argument("--iters", type=int, default=8, help="iterations (update passes) of the fit")
     ap.add_argument("--variants", nargs="+", default=["serial", "overlap", "ahead"],
-                    choices=("serial", "overlap", "ahead"))
+                    choices=("serial", "overlap", "ahead", "via-zarr"))
     ap.add_argument("--probe-mib", type=int, default=512, help="MiB written and read by each disk probe between rounds")
     ap.add_argument("--profile", action="store_true",
                     help="sum the seconds of band reads, writes, checksums and kernels")

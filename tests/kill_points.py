@@ -3,10 +3,11 @@
 For each *kill point* a child process runs ``FSLL(store=...).fit(X)`` with fault
 injection and kills itself (``SIGKILL``, no clean-up of any kind) at one write:
 
-* ``chunk``  a zarr chunk or metadata write (``zarr.storage._local._put``), modes
-  ``torn-tmp`` (half of zarr's ``*.partial`` temporary file written), ``torn-final``
-  (half of the final chunk file written in place: what a store without atomic rename,
-  or a power cut, can leave), ``after`` (right after the write);
+* ``chunk``  a zarr chunk or metadata write (``zarr.storage._local._put``; a band's chunk
+  file: ``fsll_ooc.storage.zarr_tables._put_chunk``), modes ``torn-tmp`` (half of a
+  ``*.partial`` temporary file written), ``torn-final`` (half of the final chunk file
+  written in place: what a kill during an in-place rewrite, a store without atomic
+  rename, or a power cut, can leave), ``after`` (right after the write);
 * ``band``   a memmap band write (``fsll_ooc.storage.memmap._write_memmap``), modes ``torn``
   (half of the band's bytes written), ``data-no-crc`` (data written, checksums not),
   ``after``;
@@ -141,6 +142,27 @@ def install_faults(faults: Faults) -> None:
         return out
 
     zl._put = _put
+
+    from fsll_ooc.storage import zarr_tables
+
+    orig_pc = zarr_tables._put_chunk
+
+    def _put_chunk(spec, f, view, crc, direct):
+        mode = faults.event("chunk", f"{Path(spec.path).name}/chunk", MODES["chunk"])
+        if mode in ("torn-tmp", "torn-final"):
+            value = crc.get()
+            data = bytes(view) + int(value).to_bytes(4, "little")
+            target = f"{f}.{uuid.uuid4().hex}.partial" if mode == "torn-tmp" else f
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT)  # in place: the old bytes stay past the torn part
+            os.pwrite(fd, data[: len(data) // 2], 0)
+            os.close(fd)
+            faults.die()
+        orig_pc(spec, f, view, crc, direct)
+        if mode == "after":
+            faults.die()
+
+    zarr_tables._put_chunk = _put_chunk
 
     orig_wm = memmap._write_memmap
 

@@ -21,24 +21,56 @@ chunk's path (a link planted at a chunk's path is replaced, never written throug
 directories are another matter, so a table directory or chunk directory that is a
 symbolic link is refused before anything is written.  A killed writer's partial files
 are listed by :meth:`ZarrBackend.temporary_files`.
+
+Whole-chunk band reads and writes (what the engine's tasks do) do not go through zarr
+(:data:`OWN_IO`): this module reads and writes the chunk files itself, in zarr's own
+encoding (the chunk's little-endian bytes, then their CRC-32C), so the files stay
+byte-identical to zarr's and zarr still opens the table.  A transfer thread moves one
+chunk file after the other between the disk and the band array while the task's thread
+computes the CRC-32C of each chunk already read (a read: checked against the CRC stored
+in the file, then the place against the side file) or of each chunk to be written (a
+write: the transfer thread writes a chunk's bytes, then its CRC).  Tables the page cache
+cannot hold bypass it (``O_DIRECT`` for the page-aligned part of each chunk file, the
+rest, at least the CRC, buffered; the same rule and switch as the ``memmap`` backend:
+:func:`fsll_ooc.storage.memmap.wants_direct`).  A chunk file that exists whole is
+rewritten in place: its bytes, then its CRC, then its entry in the side file, so a
+kill in between leaves a chunk whose CRC or place check fails on the next read (a fit's
+resume rewrites the tables it cannot trust, ``docs/design.md``); one that is missing,
+of another size or hard-linked elsewhere is written to a ``*.partial`` file and renamed
+over its path, as zarr does.  A chunk file that is a symbolic link is refused, read or
+written, naming the file.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import queue
 import shutil
+import stat
+import sys
+import threading
+import uuid
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
-from . import binding
-from .base import CHECKSUM_BYTES, TableBackend, TableSpec, forget, key_chunks, open_table, register_backend
+from . import binding, files, memmap
+from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, cached, forget, key_chunks, normalize_key, open_table,
+                   register_backend, thread_pool)
 from .errors import IntegrityError
 from .files import crc32c, file_sha256, fsync_path, refuse_link, syncfs
 
-__all__ = ["ZarrBackend"]
+__all__ = ["ZarrBackend", "OWN_IO"]
 
 _METADATA = "zarr.json"
+
+#: Whole-chunk band reads and writes of a local table go straight to its chunk files
+#: (this module encodes and checks them as zarr's codecs do; see the module docstring);
+#: False: through zarr (the same files, slower under a memory limit: every byte passes
+#: through the page cache and zarr's buffers).
+OWN_IO = True
 
 
 def _chunk_file(spec: TableSpec, arr, coords) -> str:
@@ -56,6 +88,16 @@ def _check_chunk_files(spec: TableSpec, files) -> None:
             raise IntegrityError(f, "chunk file is missing (deleted, or the table was never completely written)") from None
         if size != want:
             raise IntegrityError(f, f"chunk file has {size:,} bytes, expected {want:,} (truncated or altered)")
+
+
+def _key_shape(spec: TableSpec, key) -> tuple[int, ...]:
+    """The shape of ``table[key]`` (integers drop their axis)."""
+    out = []
+    for k, s in zip(normalize_key(key, len(spec.shape)), spec.shape):
+        if isinstance(k, slice):
+            start, stop, _ = k.indices(s)
+            out.append(max(0, stop - start))
+    return tuple(out)
 
 
 def _chunk_id(spec: TableSpec, coords) -> int:
@@ -107,6 +149,235 @@ def _check_chunk_content(spec: TableSpec, f: str) -> None:
     stored = int.from_bytes(data[-4:], "little")
     if crc32c(memoryview(data)[:-4]) != stored:
         raise IntegrityError(f, "chunk checksum mismatch (the file was altered or damaged)")
+
+
+# ----------------------------------------------------------------------------- own chunk I/O
+
+def _own_ids(spec: TableSpec, key, n_cells: int | None = None):
+    """The chunk coordinates of ``key`` when this module moves them itself (:data:`OWN_IO`):
+    ``key`` covers whole chunks (``n_cells`` cells, when given), each chunk is a contiguous
+    run of the table (then a band is its chunks one after the other) and the values are
+    stored as they are in memory (little-endian); else None."""
+    if not OWN_IO or sys.byteorder != "little" or np.dtype(spec.dtype).byteorder == ">":
+        return None
+    if memmap._contiguous_split(spec.shape, spec.chunks) is None:
+        return None
+    coords, aligned = key_chunks(spec, key)
+    if not (aligned and coords) or (n_cells is not None and n_cells != len(coords) * spec.chunk_size):
+        return None
+    return coords
+
+
+def _direct(spec: TableSpec) -> bool:
+    """Do this table's chunk transfers try ``O_DIRECT`` (:func:`fsll_ooc.storage.memmap.wants_direct`,
+    and the file system has not refused it)?"""
+    if not memmap.wants_direct(spec):
+        return False
+    dev = cached(("dev", spec.path), lambda: os.stat(spec.path).st_dev)
+    return dev not in memmap._direct_refused
+
+
+def _open_chunk(spec: TableSpec, f: str, flags: int, direct: bool) -> tuple[int, bool]:
+    """``(descriptor, direct)`` of chunk file ``f`` (never through a link); a file system that
+    refuses ``O_DIRECT`` is remembered and the file opened buffered."""
+    if direct:
+        try:
+            return files.open_nofollow(f, flags | os.O_DIRECT), True
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            memmap._direct_refused.add(os.stat(spec.path).st_dev)
+    return files.open_nofollow(f, flags), False
+
+
+def _split(spec: TableSpec, direct: bool) -> int:
+    """Bytes at the start of a chunk file moved with ``O_DIRECT`` (whole pages); the rest of
+    the chunk's bytes and the 4 bytes of its CRC are moved buffered."""
+    return spec.chunk_nbytes - spec.chunk_nbytes % memmap.DIRECT_ALIGN if direct else 0
+
+
+def _set_direct(fd: int, on: bool) -> None:
+    fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, (fl | os.O_DIRECT) if on else (fl & ~os.O_DIRECT))
+
+
+def _transfer(fd: int, write: bool, view: memoryview, pos: int, n: int, f: str) -> None:
+    """Move ``n`` bytes at file offset ``pos`` between ``fd`` and ``view`` (the chunk's bytes,
+    from ``pos``); a direct descriptor needs ``view`` page-aligned or goes through this
+    thread's aligned bounce buffer (:func:`fsll_ooc.storage.memmap._buffer`)."""
+    if n <= 0:
+        return
+    direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+    aligned = not direct or np.frombuffer(view, np.uint8, count=1, offset=pos).ctypes.data % memmap.DIRECT_ALIGN == 0
+    step = n if aligned else memmap.DIRECT_PIECE
+    buf = None if aligned else memmap._buffer()
+    for lo in range(pos, pos + n, step):
+        m = min(step, pos + n - lo)
+        part = view[lo:lo + m] if aligned else buf[:m]
+        if write:
+            if not aligned:
+                part[:] = view[lo:lo + m]
+            got = os.pwritev(fd, [part], lo)
+        else:
+            got = os.preadv(fd, [part], lo)
+            if not aligned:
+                view[lo:lo + m] = part[:got]
+        if got != m:
+            raise IntegrityError(f, f"short {'write' if write else 'read'} at byte {lo:,} of the chunk file "
+                                    "(the file changed while it was in use)")
+
+
+def _read_chunk(spec: TableSpec, f: str, view: memoryview, direct: bool) -> int:
+    """Read chunk file ``f`` into ``view`` (the chunk's bytes); returns the CRC-32C stored after
+    them.  A missing file, a link, a file of another size raise :class:`IntegrityError`."""
+    want = spec.chunk_nbytes + CHECKSUM_BYTES
+    try:
+        fd, direct = _open_chunk(spec, f, os.O_RDONLY, direct)
+    except FileNotFoundError:
+        raise IntegrityError(f, "chunk file is missing (deleted, or the table was never completely written)") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IntegrityError(f, "chunk file is not a regular file")
+        if st.st_size != want:
+            raise IntegrityError(f, f"chunk file has {st.st_size:,} bytes, expected {want:,} (truncated or altered)")
+        a = _split(spec, direct)
+        _transfer(fd, False, view, 0, a, f)
+        if direct:
+            _set_direct(fd, False)
+        rest = bytearray(want - a)
+        if os.preadv(fd, [rest], a) != len(rest):
+            raise IntegrityError(f, "short read of the chunk file's end (the file changed while it was in use)")
+        view[a:] = rest[:-CHECKSUM_BYTES]
+        return int.from_bytes(rest[-CHECKSUM_BYTES:], "little")
+    finally:
+        os.close(fd)
+
+
+def _put_chunk(spec: TableSpec, f: str, view: memoryview, crc: queue.SimpleQueue, direct: bool) -> None:
+    """Write the chunk's bytes ``view`` to chunk file ``f``, then the CRC-32C taken from ``crc``
+    (computed meanwhile by the caller).  In place when ``f`` is a whole chunk file of this
+    table with no other link; else to a new ``*.partial`` file renamed over ``f``.  A link
+    at ``f`` is refused."""
+    want = spec.chunk_nbytes + CHECKSUM_BYTES
+    try:
+        fd, d = _open_chunk(spec, f, os.O_WRONLY, direct)
+    except FileNotFoundError:
+        fd = None
+    tmp = None
+    if fd is not None:
+        st = os.fstat(fd)
+        if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_size == want):
+            os.close(fd)
+            fd = None
+    try:
+        if fd is None:  # a new file, renamed over the old one when complete (what zarr does)
+            tmp = f"{f}.{uuid.uuid4().hex}.partial"
+            os.makedirs(os.path.dirname(f), exist_ok=True)
+            fd, d = _open_chunk(spec, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, direct)
+        a = _split(spec, d)
+        _transfer(fd, True, view, 0, a, f)
+        if d:
+            _set_direct(fd, False)
+        value = crc.get()
+        if isinstance(value, BaseException):
+            raise value
+        tail = bytes(view[a:]) + int(value).to_bytes(CHECKSUM_BYTES, "little")
+        if os.pwrite(fd, tail, a) != len(tail):
+            raise OSError(errno.EIO, "short write of the chunk file's end", f)
+        if tmp is not None:
+            os.close(fd)
+            fd = None
+            os.replace(tmp, f)
+            tmp = None
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _move_chunks(spec: TableSpec, write: bool, paths: list, band: memoryview, done: queue.SimpleQueue,
+                 crcs: list, stop: threading.Event, direct: bool) -> None:
+    """A transfer thread's work: the chunk files ``paths`` one after the other (a read reports
+    each chunk's stored CRC on ``done``, a write each chunk written); ends with None, or
+    with the error that stopped it.  ``crcs``: a write's queues of the chunks' CRC-32C."""
+    cb = spec.chunk_nbytes
+    try:
+        for i, f in enumerate(paths):
+            if stop.is_set():
+                break
+            view = band[i * cb:(i + 1) * cb]
+            if write:
+                _put_chunk(spec, f, view, crcs[i], direct)
+                done.put((i, None))
+            else:
+                done.put((i, _read_chunk(spec, f, view, direct)))
+        done.put(None)
+    except BaseException as e:  # handed to the caller, which raises it
+        done.put(e)
+
+
+def _own_transfer(spec: TableSpec, coords: list, band: np.ndarray, write: bool) -> np.ndarray:
+    """Move the chunks ``coords`` between their files and ``band`` (C order, the chunks one
+    after the other) on a transfer thread while this thread computes their CRC-32C; a read
+    checks each chunk's CRC against the one stored in its file.  Returns the CRC-32C of
+    the chunks' bytes; raises the first error once the thread has stopped."""
+    paths = [_chunk_file(spec, None, c) for c in coords]
+    flat = band.reshape(-1)
+    rows = flat.reshape(len(coords), -1)
+    mv = memoryview(flat.view(np.uint8))
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    stop = threading.Event()
+    queues = [queue.SimpleQueue() for _ in paths] if write else None
+    out = np.zeros(len(paths), np.uint64)
+    job = thread_pool("fsll-io", memmap.IO_THREADS).submit(_move_chunks, spec, write, paths, mv, done, queues, stop,
+                                                           _direct(spec))
+    try:
+        if write:
+            for i, r in enumerate(rows):
+                out[i] = crc32c(r)
+                queues[i].put(int(out[i]))
+        while True:
+            item = done.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            i, stored = item
+            if not write:
+                out[i] = crc32c(rows[i])
+                if int(out[i]) != stored:
+                    raise IntegrityError(paths[i], "chunk checksum mismatch (the file was altered or damaged)")
+    finally:
+        stop.set()
+        if queues is not None:
+            for q in queues:  # a thread waiting for a CRC that will not come stops
+                q.put(RuntimeError("the band write was abandoned"))
+        job.result()
+    return out
+
+
+def _own_read(spec: TableSpec, coords: list, shape) -> np.ndarray:
+    out = memmap.aligned_empty(shape, spec.dtype)
+    crcs = _own_transfer(spec, coords, out, False)
+    ids = [_chunk_id(spec, c) for c in coords]
+    got = binding.bind_many(spec, crcs, ids)
+    bad = np.nonzero(got != np.asarray(binding.side_file(spec)[ids]))[0]
+    if bad.size:
+        raise IntegrityError(_chunk_file(spec, None, coords[int(bad[0])]), binding.PLACE_PROBLEM)
+    return out
+
+
+def _own_write(spec: TableSpec, coords: list, value: np.ndarray) -> None:
+    """The chunks' files first, then their entries in the side file."""
+    value = np.ascontiguousarray(value, dtype=spec.dtype)
+    crcs = _own_transfer(spec, coords, value, True)
+    ids = [_chunk_id(spec, c) for c in coords]
+    binding.side_file(spec)[ids] = binding.bind_many(spec, crcs, ids)
 
 
 def open_checked(store, spec: TableSpec, meta: str):
@@ -175,6 +446,9 @@ class ZarrBackend(TableBackend):
 
     def read(self, spec: TableSpec, key: tuple) -> np.ndarray:
         arr = open_table(spec)
+        own = _own_ids(spec, key)
+        if own is not None:
+            return _own_read(spec, own, _key_shape(spec, key))
         coords, _ = key_chunks(spec, key)
         files = [_chunk_file(spec, arr, c) for c in coords]
         _check_chunk_files(spec, files)
@@ -191,6 +465,9 @@ class ZarrBackend(TableBackend):
         arr = open_table(spec)
         coords, _ = key_chunks(spec, key)
         _refuse_links(spec, coords)
+        if _own_ids(spec, key, np.size(value)) is not None:
+            _own_write(spec, coords, value)
+            return
         arr[key] = value
         files = [_chunk_file(spec, arr, c) for c in coords]
         ids = [_chunk_id(spec, c) for c in coords]
