@@ -16,11 +16,11 @@ directory binds each chunk to its table, position and fit
 chunk file, extended with the chunk's place), so a swapped, moved or foreign chunk
 file is refused by name as well.
 
-Zarr writes a chunk to a ``*.partial`` file with a random name and renames it over the
-chunk's path (a link planted at a chunk's path is replaced, never written through);
-directories are another matter, so a table directory or chunk directory that is a
-symbolic link is refused before anything is written.  A killed writer's partial files
-are listed by :meth:`ZarrBackend.temporary_files`.
+Zarr writes a chunk (a partial-chunk key) to a ``*.partial`` file with a random name and
+renames it over the chunk's path (a link planted at a chunk's path is replaced, never
+written through); directories are another matter, so a table directory or chunk
+directory that is a symbolic link is refused before anything is written.  A killed
+writer's partial files are listed by :meth:`ZarrBackend.temporary_files`.
 
 Whole-chunk band reads and writes (what the engine's tasks do) do not go through zarr
 (:data:`OWN_IO`): this module reads and writes the chunk files itself, in zarr's own
