@@ -27,7 +27,9 @@ they move the same bytes and give the same model:
 * ``via-zarr`` (``--backend zarr``): ``ahead``, but the zarr tables' band chunks read and
   written through zarr and the page cache (the code before); the other variants move a
   zarr table's band chunks with the backend's own chunk-file I/O
-  (:data:`fsll_ooc.storage.zarr_tables.OWN_IO`, direct I/O as for memmap).
+  (:data:`fsll_ooc.storage.zarr_tables.OWN_IO`, direct I/O as for memmap);
+* ``lane1`` (``--backend zarr``): ``ahead`` with one transfer thread per band
+  (:data:`fsll_ooc.storage.zarr_tables.LANES` = 1: one chunk file in flight) instead of two.
 
 An update is one pass (``task_update_scan``), or two (``task_partner`` then
 ``task_update_scan`` reading ``scratch``) when the step's variables span both kinds of
@@ -72,9 +74,10 @@ def set_variant(name: str) -> None:
     from fsll_ooc.engine import tasks
     from fsll_ooc.storage import memmap, zarr_tables
 
-    memmap.OVERLAP = name in ("overlap", "ahead", "via-zarr")
-    tasks.READ_AHEAD = name in ("ahead", "via-zarr")
+    memmap.OVERLAP = name in ("overlap", "ahead", "via-zarr", "lane1")
+    tasks.READ_AHEAD = name in ("ahead", "via-zarr", "lane1")
     zarr_tables.OWN_IO = name != "via-zarr"
+    zarr_tables.LANES = 1 if name == "lane1" else 2
 
 
 def disk_mix(read: float, write: float) -> float:
@@ -201,7 +204,7 @@ def main(argv=None):
     ap.add_argument("--dir", default="scratch")
     ap.add_argument("--iters", type=int, default=8, help="iterations (update passes) of the fit")
     ap.add_argument("--variants", nargs="+", default=["serial", "overlap", "ahead"],
-                    choices=("serial", "overlap", "ahead", "via-zarr"))
+                    choices=("serial", "overlap", "ahead", "via-zarr", "lane1"))
     ap.add_argument("--probe-mib", type=int, default=512, help="MiB written and read by each disk probe between rounds")
     ap.add_argument("--profile", action="store_true",
                     help="sum the seconds of band reads, writes, checksums and kernels")

@@ -25,11 +25,12 @@ writer's partial files are listed by :meth:`ZarrBackend.temporary_files`.
 Whole-chunk band reads and writes (what the engine's tasks do) do not go through zarr
 (:data:`OWN_IO`): this module reads and writes the chunk files itself, in zarr's own
 encoding (the chunk's little-endian bytes, then their CRC-32C), so the files stay
-byte-identical to zarr's and zarr still opens the table.  A transfer thread moves one
-chunk file after the other between the disk and the band array while the task's thread
+byte-identical to zarr's and zarr still opens the table.  A transfer thread moves
+chunk files one after the other between the disk and the band array while the task's thread
 computes the CRC-32C of each chunk already read (a read: checked against the CRC stored
 in the file, then the place against the side file) or of each chunk to be written (a
-write: the transfer thread writes a chunk's bytes, then its CRC).  Tables the page cache
+write: the transfer thread writes a chunk's bytes, then its CRC); :data:`LANES` such
+threads share a band's chunk files.  Tables the page cache
 cannot hold bypass it (``O_DIRECT`` for the page-aligned part of each chunk file, the
 rest, at least the CRC, buffered; the same rule and switch as the ``memmap`` backend:
 :func:`fsll_ooc.storage.memmap.wants_direct`).  A chunk file that exists whole is
@@ -62,7 +63,7 @@ from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, cached, forget, key_
 from .errors import IntegrityError
 from .files import crc32c, file_sha256, fsync_path, refuse_link, syncfs
 
-__all__ = ["ZarrBackend", "OWN_IO"]
+__all__ = ["ZarrBackend", "OWN_IO", "LANES"]
 
 _METADATA = "zarr.json"
 
@@ -71,6 +72,9 @@ _METADATA = "zarr.json"
 #: False: through zarr (the same files, slower under a memory limit: every byte passes
 #: through the page cache and zarr's buffers).
 OWN_IO = True
+#: Transfer threads of one band (each moves every ``LANES``-th chunk file): a band keeps this
+#: many chunk files in flight, as a ``memmap`` band keeps one piece of up to 16 MiB.
+LANES = 2
 
 
 def _chunk_file(spec: TableSpec, arr, coords) -> str:
@@ -300,16 +304,18 @@ def _put_chunk(spec: TableSpec, f: str, view: memoryview, crc: queue.SimpleQueue
                 pass
 
 
-def _move_chunks(spec: TableSpec, write: bool, paths: list, band: memoryview, done: queue.SimpleQueue,
+def _move_chunks(spec: TableSpec, write: bool, paths: list, lane: range, band: memoryview, done: queue.SimpleQueue,
                  crcs: list, stop: threading.Event, direct: bool) -> None:
-    """A transfer thread's work: the chunk files ``paths`` one after the other (a read reports
-    each chunk's stored CRC on ``done``, a write each chunk written); ends with None, or
-    with the error that stopped it.  ``crcs``: a write's queues of the chunks' CRC-32C."""
+    """A transfer thread's work: the chunk files ``paths[i]`` for ``i`` in ``lane``, one after
+    the other (a read reports each chunk's stored CRC on ``done``, a write each chunk
+    written); ends with None, or with the error that stopped it.  ``crcs``: a write's
+    queues of the chunks' CRC-32C."""
     cb = spec.chunk_nbytes
     try:
-        for i, f in enumerate(paths):
+        for i in lane:
             if stop.is_set():
                 break
+            f = paths[i]
             view = band[i * cb:(i + 1) * cb]
             if write:
                 _put_chunk(spec, f, view, crcs[i], direct)
@@ -323,9 +329,10 @@ def _move_chunks(spec: TableSpec, write: bool, paths: list, band: memoryview, do
 
 def _own_transfer(spec: TableSpec, coords: list, band: np.ndarray, write: bool) -> np.ndarray:
     """Move the chunks ``coords`` between their files and ``band`` (C order, the chunks one
-    after the other) on a transfer thread while this thread computes their CRC-32C; a read
-    checks each chunk's CRC against the one stored in its file.  Returns the CRC-32C of
-    the chunks' bytes; raises the first error once the thread has stopped."""
+    after the other) on :data:`LANES` transfer threads (chunk ``i`` on lane ``i % LANES``)
+    while this thread computes their CRC-32C; a read checks each chunk's CRC against the
+    one stored in its file.  Returns the CRC-32C of the chunks' bytes; raises the first
+    error once every transfer thread has stopped."""
     paths = [_chunk_file(spec, None, c) for c in coords]
     flat = band.reshape(-1)
     rows = flat.reshape(len(coords), -1)
@@ -334,17 +341,22 @@ def _own_transfer(spec: TableSpec, coords: list, band: np.ndarray, write: bool) 
     stop = threading.Event()
     queues = [queue.SimpleQueue() for _ in paths] if write else None
     out = np.zeros(len(paths), np.uint64)
-    job = thread_pool("fsll-io", memmap.IO_THREADS).submit(_move_chunks, spec, write, paths, mv, done, queues, stop,
-                                                           _direct(spec))
+    direct = _direct(spec)
+    lanes = max(1, min(LANES, len(paths)))
+    pool = thread_pool("fsll-io", memmap.IO_THREADS)
+    jobs = [pool.submit(_move_chunks, spec, write, paths, range(k, len(paths), lanes), mv, done, queues, stop, direct)
+            for k in range(lanes)]
     try:
         if write:
             for i, r in enumerate(rows):
                 out[i] = crc32c(r)
                 queues[i].put(int(out[i]))
-        while True:
+        running = lanes
+        while running:
             item = done.get()
             if item is None:
-                break
+                running -= 1
+                continue
             if isinstance(item, BaseException):
                 raise item
             i, stored = item
@@ -357,7 +369,8 @@ def _own_transfer(spec: TableSpec, coords: list, band: np.ndarray, write: bool) 
         if queues is not None:
             for q in queues:  # a thread waiting for a CRC that will not come stops
                 q.put(RuntimeError("the band write was abandoned"))
-        job.result()
+        for job in jobs:
+            job.result()
     return out
 
 
