@@ -214,6 +214,19 @@ def _merged(counts) -> dict:
     return dict(sorted(out.items()))
 
 
+def _trace(hist) -> list:
+    """``[move, steps, passes after, trials]`` per iteration, a batch's steps as one entry."""
+    out = []
+    for h in hist[1:]:
+        b = h.get("batch")
+        if b is not None and out and out[-1][0] == f"batch {b}":
+            out[-1][1] += 1
+            out[-1][2] = h.get("passes")
+            continue
+        out.append([f"batch {b}" if b is not None else h["move"], 1, h.get("passes"), h.get("trials")])
+    return out
+
+
 def _batch_choice(args):
     """The ``batch`` learner option of a run: off, on, the library's rule, or given options."""
     if args.batch == "off":
@@ -221,7 +234,7 @@ def _batch_choice(args):
     if args.batch_options:
         from fsll_ooc.learn.batch import BatchOptions
 
-        fields = json.loads(args.batch_options)
+        fields = {k: v for k, v in json.loads(args.batch_options).items() if not k.startswith("engine.")}
         if args.batch == "on":
             return BatchOptions(**fields)
         from fsll_ooc.learn import batch as B
@@ -243,8 +256,16 @@ def child(args) -> None:
     engines = []  # (estimator, engine): the fit's own, and those of the penalty scale's sub-fits
     make = FSLL._make_engine
 
+    # "engine.NAME" keys of --batch-options: attributes set on every engine (the same fit
+    # with an engine behaviour off and on, e.g. "engine.one_band_scan_in_resync")
+    engine_attrs = {k[7:]: v for k, v in json.loads(args.batch_options or "{}").items() if k.startswith("engine.")}
+
     def recording(self, *a, **k):
         engines.append((self, make(self, *a, **k)))
+        for name, value in engine_attrs.items():
+            if not hasattr(engines[-1][1], name):
+                raise SystemExit(f"--batch-options: the engine has no attribute {name!r}")
+            setattr(engines[-1][1], name, value)
         return engines[-1][1]
 
     FSLL._make_engine = recording
@@ -289,6 +310,9 @@ def child(args) -> None:
     appends = sum(1 for h in hist if h["move"] == "append") + sum(int(h.get("value", 0)) for h in hist
                                                                    if h["move"] == "joint-append")
     out = {
+        # the search's course: one entry per iteration outside a batch, one per batch (its steps
+        # summed), with the pass count after it
+        "trace": _trace(hist),
         "case": args.case + (f" ({args.workers} workers)" if args.workers else ""), "cells": math.prod(cards),
         "cards": list(cards), "n_samples": args.n, "backend": args.backend, "epsilon": args.epsilon,
         "layout": [m.plan_.layout.a, m.plan_.layout.c], "chunk": list(m.plan_.layout.chunk_shape),

@@ -450,8 +450,9 @@ def test_auto_batches_default_fits_of_large_tables_alike_in_and_out_of_core(monk
 
 
 def test_refine_scans_in_its_last_re_derivation_out_of_core(tmp_path):
-    """``refine(top=...)`` on a banded store: the same parameters as without, and its ``scan`` is
-    the scan of the final dual table (so the learner need not scan again); in core no scan."""
+    """``refine(top=...)`` on a banded store and in core (one band): the same parameters as
+    without, and its ``scan`` is the scan of the final dual table (so the learner need not scan
+    again)."""
     from fsll_ooc import storage
     from fsll_ooc.engine import Engine, Table
     from fsll_ooc.learn import corrective
@@ -478,12 +479,14 @@ def test_refine_scans_in_its_last_re_derivation_out_of_core(tmp_path):
         rr = corrective.refine(eng, state, tol=1e-12, top=top)
         results.append((eng, (state, rr)))
     (ea, (sa, ra)), (eb, (sb, rb)), (ec, (sc, rc)) = results
-    assert ra.rounds >= 2 and ra.scan is None and rc.scan is None
+    assert ra.rounds >= 2 and ra.scan is None
     assert sb.theta == sa.theta and sb.log_z == sa.log_z and rb.rounds == ra.rounds
-    plain = eb.update_scan_batch([], np.fromiter(sb.theta, np.int64), 8)
-    assert (rb.scan.pos, rb.scan.t, rb.scan.d) == (plain.pos, plain.t, plain.d)
-    assert rb.scan.best == pytest.approx(plain.best, abs=1e-15)
-    assert sorted(zip(rb.scan.supp_pos, rb.scan.supp_t)) == sorted(zip(plain.supp_pos, plain.supp_t))
+    assert rc.rounds == ra.rounds and sc.theta == pytest.approx(sa.theta, abs=1e-10)
+    for e, r, s in ((eb, rb, sb), (ec, rc, sc)):
+        plain = e.update_scan_batch([], np.fromiter(s.theta, np.int64), 8)
+        assert (r.scan.pos, r.scan.t, r.scan.d) == (plain.pos, plain.t, plain.d)
+        assert r.scan.best == pytest.approx(plain.best, abs=1e-15)
+        assert sorted(zip(r.scan.supp_pos, r.scan.supp_t)) == sorted(zip(plain.supp_pos, plain.supp_t))
     # and the duals are the model's (brute force)
     theta = np.zeros(size)
     for y, v in sb.theta.items():
@@ -491,3 +494,29 @@ def test_refine_scans_in_its_last_re_derivation_out_of_core(tmp_path):
     tb = Phi @ oracle.model(theta, Phi)
     np.testing.assert_allclose(rb.scan.supp_t[np.argsort(rb.scan.supp_pos)], tb[np.sort(rb.scan.supp_pos)],
                                atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", [(0, 0), (1, 2)])
+def test_scans_in_re_derivations_and_joint_candidates_from_the_scan_save_passes_alone(layout):
+    """A corrective phase's last re-derivation scans in its own pass with one band kind too, and
+    a joint selection takes its candidates from that scan: the same model, fewer passes (no
+    scan pass after a corrective phase, no top-k pass of a joint selection right after one)."""
+    from fsll_ooc.learn import LearnOptions, learn
+
+    cards, n = (2, 3, 4, 5), 2000
+    p, _ = datasets.random_bayesnet(cards, 2, seed=5)
+    X = datasets.sample_table(p, n, seed=105)
+    runs = []
+    for new in (False, True):
+        eng, state = _engine(cards, X, layout)
+        eng.one_band_scan_in_resync = new
+        state.penalty_code = "family"
+        learn(eng, state, LearnOptions(batch=batch.BatchOptions(max_cells=20, joint_in_scan=new)))
+        runs.append((eng, state))
+    (e0, s0), (e1, s1) = runs
+    assert s1.theta == s0.theta and s1.log_z == s0.log_z and s0.converged and s1.converged
+    by0, by1 = e0.passes_by(), e1.passes_by()
+    assert by0.get("joint-top", 0) >= 1 and by1.get("joint-top", 0) < by0["joint-top"]
+    if layout == (0, 0):
+        assert by1["other"] < by0["other"]
+    assert e1.passes < e0.passes

@@ -13,7 +13,8 @@ from fsll_ooc.planner import Layout
 import oracle
 
 # (cards, layout (a, c), backend): in core, and banded layouts where steps need an A, a B or both passes
-CASES = [((2, 3, 4, 5), (0, 0), "numpy"), ((2, 3, 4, 5), (1, 2), "memmap"), ((2, 3, 4, 5), (2, 3), "memmap"),
+CASES = [((2, 3, 4, 5), (0, 0), "numpy"), ((2, 3, 4, 5), (0, 0), "memmap"), ((2, 3, 4, 5), (1, 2), "memmap"),
+         ((2, 3, 4, 5), (2, 3), "memmap"),
          ((4, 2, 3), (0, 0), "numpy"), ((4, 2, 3), (1, 2), "memmap"), ((4, 2, 3), (1, 3), "memmap")]
 IDS = [f"{c}-{lo}-{b}" for c, lo, b in CASES]
 N = 200
@@ -89,15 +90,24 @@ def test_passes_match_brute_force(cards, layout, backend, tmp_path):
     assert exact_log_z == pytest.approx(math.log(np.exp(Phi.T @ theta).sum()), abs=1e-12)
     np.testing.assert_allclose(_table(eng, Table.THETABAR), incremental, atol=1e-12)
     # the re-derivation with its scan fused into the last pass: the same duals, the scan of the table
+    # (one pass with one kind of band, two with two); with a scan pass after it, the same
     exact = _table(eng, Table.THETABAR)
-    before = eng.passes
-    lz, sc = eng.resync_scan(support, theta[support], log_z, 4)
-    assert eng.passes - before == 2 and lz == exact_log_z
-    np.testing.assert_array_equal(_table(eng, Table.THETABAR), exact)
     plain = eng.update_scan_batch([], support, 4)
-    assert (sc.pos, sc.best, sc.t, sc.d) == (plain.pos, plain.best, plain.t, plain.d)
-    assert sorted(zip(sc.supp_pos, sc.supp_t, sc.supp_d)) == sorted(zip(plain.supp_pos, plain.supp_t, plain.supp_d))
-    assert sorted(sc.top_delta)[:4] == sorted(plain.top_delta)[:4]
+    for fused in (True, False):
+        eng.one_band_scan_in_resync = fused
+        before = eng.passes
+        lz, sc = eng.resync_scan(support, theta[support], log_z, 4)
+        assert eng.passes - before == (2 if layout[0] > 0 or not fused else 1) and lz == exact_log_z
+        np.testing.assert_array_equal(_table(eng, Table.THETABAR), exact)
+        assert (sc.pos, sc.best, sc.t, sc.d) == (plain.pos, plain.best, plain.t, plain.d)
+        assert sorted(zip(sc.supp_pos, sc.supp_t, sc.supp_d)) == sorted(zip(plain.supp_pos, plain.supp_t,
+                                                                            plain.supp_d))
+        assert sorted(sc.top_delta)[:4] == sorted(plain.top_delta)[:4]
+    # a scan that keeps a joint selection's candidates: the top-k without a pass of its own
+    _, sj = eng.resync_scan(support, theta[support], log_z, 4, joint=5)
+    before = eng.passes
+    flat_j, got_j = eng.top_candidates(5, scan=sj)
+    assert eng.passes == before
     # density, gather and the top-k candidate pass
     total = eng.density(support, theta[support], exact_log_z)
     assert total == pytest.approx(1.0, abs=1e-12)
@@ -110,6 +120,11 @@ def test_passes_match_brute_force(cards, layout, backend, tmp_path):
     flat, got = eng.top_candidates(5)
     np.testing.assert_array_equal(flat, np.lexsort((np.arange(size), score))[:5])
     np.testing.assert_allclose(got, score[flat], rtol=1e-10)
+    np.testing.assert_array_equal(flat_j, flat)
+    np.testing.assert_allclose(got_j, got, rtol=1e-12)
+    before = eng.passes
+    eng.top_candidates(6, scan=sj)  # more than the scan kept: a pass
+    assert eng.passes == before + 1
 
 
 def test_layouts_and_schedulers_give_the_same_bits(tmp_path):

@@ -132,6 +132,8 @@ class Engine:
             tables = 2  # a scan only: the duals are not written
         elif fn is task_update_scan and args and args[0][4] == SCRATCH:
             tables = 4  # the second pass of a two-pass update also reads the partner
+        elif fn is task_update_many and args and args[0][9] is not None and args[0][9][0] is None:
+            tables = 2  # duals built from sparse values and written, the targets read
         bar = None
         if self.progress and nb >= 8 and not self.executor.distributed:
             from tqdm.auto import tqdm
@@ -238,13 +240,14 @@ class Engine:
         return passes[0] if len(passes) == 1 else None
 
     def update_scan_batch(self, steps: Sequence[Step], support: np.ndarray, top: int,
-                          multiplier: tuple | None = None) -> ScanResult:
+                          multiplier: tuple | None = None, joint: int = 0) -> ScanResult:
         """Apply several updates (factors that commute; docs/design.md, "Several terms per
         pass") to ``thetabar`` in one pass and scan: the best append candidate, the duals
         and targets at ``support``, and the ``top`` best append candidates
         (``top_pos``/``top_delta``, exact cost changes).  Every step's variables must be local
         to one kind of band (:meth:`batch_pass`); without steps, a scan only.  ``multiplier``:
-        ``(V, m)`` of :func:`fsll_ooc.learn.batch.marginal_multiplier` instead of ``steps``."""
+        ``(V, m)`` of :func:`fsll_ooc.learn.batch.marginal_multiplier` instead of ``steps``.
+        ``joint``: as for :meth:`resync_scan`."""
         axes = sorted(set().union(*[s.axes for s in steps])) if steps else []
         if multiplier is not None:
             axes = sorted(set(axes) | set(multiplier[0]))
@@ -260,26 +263,42 @@ class Engine:
 
         def arg(i):
             loc, glob, _ = groups.get(i, (empty, empty, None))
-            return (self.ctx, kind, i, steps, loc, glob, int(top), par, multiplier, None)
+            return (self.ctx, kind, i, steps, loc, glob, int(top), par, multiplier, None, int(joint))
 
         return self._run(kind, task_update_many, arg)
 
+    #: With one kind of band (``a = 0``), does :meth:`resync_scan` scan inside the
+    #: re-derivation's one pass (True) or run a scan pass after it (False, as before)?
+    #: The same bits either way; an attribute so that benchmarks can compare the two.
+    one_band_scan_in_resync = True
+
     @property
     def scan_in_resync(self) -> bool:
-        """Does :meth:`resync_scan` scan inside the re-derivation's own passes (out of core,
-        ``a > 0``), so that the scan costs no pass of its own?"""
-        return self.layout.a > 0
+        """Does :meth:`resync_scan` scan inside the re-derivation's own passes (its last one),
+        so that the scan costs no pass of its own?"""
+        return self.layout.a > 0 or self.one_band_scan_in_resync
 
-    def resync_scan(self, support: np.ndarray, theta: np.ndarray, log_z: float, top: int) -> tuple[float, ScanResult]:
+    def resync_scan(self, support: np.ndarray, theta: np.ndarray, log_z: float, top: int,
+                    joint: int = 0) -> tuple[float, ScanResult]:
         """:meth:`resync` followed by the scan of :meth:`update_scan_batch` without steps:
-        ``(exact log Z, scan)``.  Out of core the scan runs in the re-derivation's last pass
-        (two passes in all, against three); in core it is the re-derivation's pass and a scan.
-        The duals are the same bits as :meth:`resync`'s."""
+        ``(exact log Z, scan)``.  The scan runs in the re-derivation's last pass: one pass in
+        all with one kind of band (``a = 0``, in core too), two with two kinds (against two
+        and three).  The duals are the same bits as :meth:`resync`'s.  ``joint``: the scan
+        also keeps the ``joint`` best cells by second-order score, which :meth:`top_candidates`
+        then reads from it without a pass of its own."""
         L = self.layout
         support = np.asarray(support, np.int64)
         if L.a == 0:
-            log_z = self.resync(support, theta, log_z)
-            return log_z, self.update_scan_batch([], support, top)
+            if not self.one_band_scan_in_resync:
+                log_z = self.resync(support, theta, log_z)
+                return log_z, self.update_scan_batch([], support, top, joint=joint)
+            # the one pass of the re-derivation (_density), its scan on the band in memory
+            theta = np.asarray(theta, np.float64)
+            ops = (("T", L.a_axes, True), ("exp", log_z), ("normalize",), ("T", L.a_axes, False))
+            par = self._parallel("A")
+            res = self._run("A", task_update_many, lambda i: (self.ctx, "A", i, (), support, support, int(top), par,
+                                                            None, (None, ops, support, theta), int(joint)))
+            return log_z + math.log(res.total), res
         total = self._density(support, theta, log_z, SCRATCH, forward=True, last=False)
         ops = (("T", tuple(range(L.a)), False), ("scale", 1.0 / total))
         groups = self._group("B", support)
@@ -287,7 +306,7 @@ class Engine:
 
         def arg(i):
             loc, glob, _ = groups.get(i, (empty, empty, None))
-            return (self.ctx, "B", i, (), loc, glob, int(top), False, None, (SCRATCH, ops))
+            return (self.ctx, "B", i, (), loc, glob, int(top), False, None, (SCRATCH, ops), int(joint))
 
         return log_z + math.log(total), self._run("B", task_update_many, arg)
 
@@ -402,13 +421,18 @@ class Engine:
         out[np.concatenate(sel)] = np.concatenate(parts)
         return out
 
-    def top_candidates(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def top_candidates(self, k: int, scan: ScanResult | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` append candidates with the lowest second-order cost change
         ``r_y - (t - d)^2 / (2 (1 - t^2))`` over the whole table (``y = 0`` excluded,
-        the support not): ``(flat indices, scores)``, best first.  One read pass."""
-        parts = self._run("A", task_top_candidates, lambda i: (self.ctx, i, int(k)), reduce=False)
-        flat = np.concatenate([p[0] for p in parts])
-        score = np.concatenate([p[1] for p in parts])
+        the support not): ``(flat indices, scores)``, best first.  One read pass, or none
+        when ``scan`` (a scan of the table as it is now) kept at least ``k`` per band
+        (``joint`` of :meth:`resync_scan`)."""
+        if scan is not None and scan.joint_k >= k:
+            flat, score = np.asarray(scan.joint_pos, np.int64), np.asarray(scan.joint_score, np.float64)
+        else:
+            parts = self._run("A", task_top_candidates, lambda i: (self.ctx, i, int(k)), reduce=False)
+            flat = np.concatenate([p[0] for p in parts])
+            score = np.concatenate([p[1] for p in parts])
         order = np.lexsort((flat, score))[:k]
         return flat[order], score[order]
 

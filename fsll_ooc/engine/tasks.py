@@ -22,7 +22,7 @@ from .bands import band_geometry, band_key, band_vars, fixed_digits, local_to_gl
 
 __all__ = ["Table", "DBAR", "THETABAR", "SCRATCH", "Context", "ScanResult", "Step", "combine", "uniform_dual_vector",
            "task_fill", "task_uniform_duals", "task_map", "task_update_scan", "task_partner", "task_gather",
-           "task_top_candidates", "task_update_many"]
+           "task_top_candidates", "task_update_many", "second_order_top"]
 
 
 class Table(enum.IntEnum):
@@ -60,6 +60,11 @@ class ScanResult:
     # positions and exact cost changes, unsorted across bands
     top_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     top_delta: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # a joint selection's candidates taken by the same scan (``joint`` of :func:`task_update_many`):
+    # each band's ``joint_k`` best cells by second-order score (:func:`second_order_top`), unsorted
+    joint_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    joint_score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    joint_k: int = 0
 
 
 def combine(a: ScanResult, b: ScanResult) -> ScanResult:
@@ -74,7 +79,10 @@ def combine(a: ScanResult, b: ScanResult) -> ScanResult:
                       np.concatenate([a.supp_d, b.supp_d]),
                       a.total + b.total,
                       np.concatenate([a.top_pos, b.top_pos]),
-                      np.concatenate([a.top_delta, b.top_delta]))
+                      np.concatenate([a.top_delta, b.top_delta]),
+                      np.concatenate([a.joint_pos, b.joint_pos]),
+                      np.concatenate([a.joint_score, b.joint_score]),
+                      max(a.joint_k, b.joint_k))
 
 
 @dataclass(frozen=True)
@@ -250,13 +258,15 @@ def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple, taken: lis
 READ_AHEAD = True
 
 
-def _open_band(ctx: Context, kind: str, idx: int, source: tuple | None = None):
+def _open_band(ctx: Context, kind: str, idx: int, source: tuple | None = None, sums: list | None = None):
     """``(key, r_const, geometry, t, d, in_place, skip)`` of band ``idx``: its duals ``t`` and
     targets ``d`` as ``(P, Q)`` arrays (``in_place``: ``t`` is a view of the table itself).
     ``source = (table, ops)``: the duals are ``table``'s band after ``ops`` (:func:`_apply_ops`),
-    a new array (the caller writes it to ``thetabar``).  The targets are read ahead
-    (:data:`READ_AHEAD`) while the duals are read; an error in either is raised here once
-    both reads have ended."""
+    a new array (the caller writes it to ``thetabar``); ``source = (None, ops, local, values)``:
+    the band is built from the sparse ``(local, values)`` (as :func:`task_fill` does, nothing
+    read) before ``ops``.  The sum the ops take is appended to ``sums``.  The targets are
+    read ahead (:data:`READ_AHEAD`) while the duals are read; an error in either is raised
+    here once both reads have ended."""
     key, r_const = ctx.band(kind, idx)
     geom = ctx.geometry(kind)
     spec_d = ctx.specs[DBAR]
@@ -266,12 +276,19 @@ def _open_band(ctx: Context, kind: str, idx: int, source: tuple | None = None):
             t = storage.read(ctx.specs[THETABAR], key)
             in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata
         else:
-            spec_s = ctx.specs[source[0]]
-            t = storage.read(spec_s, key)
-            if spec_s.backend_impl.supports_inplace_views and not t.flags.owndata:
-                t = t.copy()  # a view of the source table: work on a copy, the source stays clean
-            t = t.reshape(geom.shape)
-            _apply_ops(ctx, kind, t, source[1])
+            if source[0] is None:
+                t = np.zeros(geom.shape)
+                if len(source[2]):
+                    np.add.at(t.reshape(-1), source[2], source[3])
+            else:
+                spec_s = ctx.specs[source[0]]
+                t = storage.read(spec_s, key)
+                if spec_s.backend_impl.supports_inplace_views and not t.flags.owndata:
+                    t = t.copy()  # a view of the source table: work on a copy, the source stays clean
+                t = t.reshape(geom.shape)
+            total = _apply_ops(ctx, kind, t, source[1])
+            if sums is not None:
+                sums.append(total)
             in_place = False
     except BaseException:
         storage.settle(ahead)
@@ -346,18 +363,22 @@ def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partn
 
 def task_update_many(ctx: Context, kind: str, idx: int, steps: tuple, supp_local: np.ndarray,
                      supp_global: np.ndarray, top: int, parallel: bool, multiplier=None,
-                     source: tuple | None = None) -> ScanResult:
+                     source: tuple | None = None, joint: int = 0) -> ScanResult:
     """Several dual updates of one band (docs/design.md, "Several terms per pass"), then a scan.
 
     ``steps``: factors ``cosh + sinh Phi_y`` whose variables are all local to this kind of
     band, applied in the order given; or ``multiplier = (V, m)``: the band becomes
     ``T_V(m * T_V(band))`` (Walsh-Hadamard variables ``V``).  The scan reports the best
     append candidate and the ``top`` best by exact cost change (:func:`fsll_ooc.kernels.top_appends`).
-    ``source = (table, ops)``: the band's duals are first made from ``table``'s band by
-    ``ops`` and written to ``thetabar`` (the last pass of an exact re-derivation, then its scan).
+    ``source = (table, ops)`` or ``(None, ops, local, values)``: the band's duals are first
+    made from ``table``'s band (or from sparse values) by ``ops`` and written to ``thetabar``
+    (the last pass of an exact re-derivation, then its scan; ``total``: the ops' sum).
+    ``joint``: also the band's ``joint`` best cells by second-order score
+    (:func:`second_order_top`, a joint selection's candidates; ``joint_pos``/``joint_score``).
     """
     L = ctx.layout
-    key, r_const, geom, t, d, in_place, skip = _open_band(ctx, kind, idx, source)
+    sums: list = []
+    key, r_const, geom, t, d, in_place, skip = _open_band(ctx, kind, idx, source, sums)
     if multiplier is not None:
         V, m = multiplier
         band = t.reshape(geom.shape)
@@ -377,7 +398,11 @@ def task_update_many(ctx: Context, kind: str, idx: int, steps: tuple, supp_local
     val, pos = val[used], pos[used]
     tf, df = t.reshape(-1), d.reshape(-1)
     out = ScanResult(supp_pos=supp_global, supp_t=tf[supp_local].copy(), supp_d=df[supp_local].copy(),
-                     top_pos=local_to_global(L, kind, idx, pos), top_delta=val.copy())
+                     top_pos=local_to_global(L, kind, idx, pos), top_delta=val.copy(),
+                     total=sums[0] if sums else 0.0)
+    if joint > 0:
+        out.joint_pos, out.joint_score = second_order_top(ctx, kind, idx, t, d, int(joint))
+        out.joint_k = int(joint)
     if len(pos):
         out.best, out.t, out.d = float(val[0]), float(tf[pos[0]]), float(df[pos[0]])
         out.pos = int(out.top_pos[0])
@@ -403,26 +428,49 @@ def task_gather(ctx: Context, table: Table, flat: np.ndarray) -> np.ndarray:
 
 def task_top_candidates(ctx: Context, idx: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` best cells of A-band ``idx`` by ``r - (t - d)^2 / (2 (1 - t^2))``: (global flat, score)."""
-    L = ctx.layout
-    key = band_key(L, "A", idx)
+    key = band_key(ctx.layout, "A", idx)
     shape, j, P, Q, rP, rQ = ctx.geometry("A")
     t = storage.read(ctx.specs[THETABAR], key).reshape(P, Q)
     d = storage.read(ctx.specs[DBAR], key).reshape(P, Q)
-    score = t - d
-    del d  # at most three band buffers live (the planner's TASK_FACTOR is four)
-    np.square(score, out=score)
-    den = t * t  # not in place: in core ``t`` is a view of the dual table
-    del t
-    np.subtract(1.0, den, out=den)
-    np.maximum(den, 1e-300, out=den)
-    score /= den
-    del den
-    score *= -0.5
-    score += rQ[None, :]
-    score += (_r_const(ctx, "A", idx) + rP)[:, None]
-    score = score.reshape(-1)
-    if idx == 0:
-        score[0] = np.inf
+    return second_order_top(ctx, "A", idx, t, d, k)
+
+
+#: :func:`second_order_top` scores this many cells at a time (two buffers of this size live
+#: next to the band's own: a scan that also takes a joint selection's candidates stays
+#: within the planner's memory per task).
+SCORE_BLOCK = 2**18
+
+
+def second_order_top(ctx: Context, kind: str, idx: int, t: np.ndarray, d: np.ndarray,
+                     k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best cells of band ``idx`` of ``kind`` (duals ``t``, targets ``d``, ``(P, Q)``)
+    by ``r - (t - d)^2 / (2 (1 - t^2))`` (``y = 0`` excluded): (global flat, score), in blocks
+    of rows of about :data:`SCORE_BLOCK` cells (read only)."""
+    L = ctx.layout
+    shape, j, P, Q, rP, rQ = ctx.geometry(kind)
+    rows = max(1, SCORE_BLOCK // max(Q, 1))
+    r_const = _r_const(ctx, kind, idx)
+    keep_pos, keep_score = [], []
+    for p0 in range(0, P, rows):
+        tb, db = t[p0:p0 + rows], d[p0:p0 + rows]
+        score = tb - db
+        np.square(score, out=score)
+        den = tb * tb
+        np.subtract(1.0, den, out=den)
+        np.maximum(den, 1e-300, out=den)
+        score /= den
+        del den
+        score *= -0.5
+        score += rQ[None, :]
+        score += (r_const + rP[p0:p0 + rows])[:, None]
+        score = score.reshape(-1)
+        if idx == 0 and p0 == 0:
+            score[0] = np.inf
+        kk = min(k, score.size)
+        local = np.argpartition(score, kk - 1)[:kk] if kk < score.size else np.arange(score.size)
+        keep_pos.append(local + p0 * Q)
+        keep_score.append(score[local])
+    pos, score = np.concatenate(keep_pos), np.concatenate(keep_score)
     k = min(k, score.size)
     local = np.argpartition(score, k - 1)[:k] if k < score.size else np.arange(score.size)
-    return local_to_global(L, "A", idx, local), score[local].copy()
+    return local_to_global(L, kind, idx, pos[local]), score[local].copy()

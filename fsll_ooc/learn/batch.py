@@ -50,7 +50,9 @@ class BatchOptions:
     ``top``: how many of the best append candidates each scan reports;
     ``max_steps``: steps of one sub-table search at most; ``support_moves``: the adjust and
     remove moves of the support that gain join the batch like append candidates (else
-    only the best move and the append candidates do).
+    only the best move and the append candidates do); ``joint_in_scan``: the scans of a
+    corrective phase also keep the best cells by second-order score, so that a joint
+    selection right after takes its candidates from them instead of a top-k pass of its own.
     """
 
     factor: float = 10.0
@@ -58,12 +60,14 @@ class BatchOptions:
     top: int = 64
     max_steps: int = 4096
     support_moves: bool = True
+    joint_in_scan: bool = True
 
     def to_json(self) -> dict:
         """The options as a JSON-ready dict (``BatchOptions(**d)`` reads it back)."""
         return {"factor": float(self.factor), "max_cells": None if self.max_cells is None else int(self.max_cells),
                 "top": int(self.top),
-                "max_steps": int(self.max_steps), "support_moves": bool(self.support_moves)}
+                "max_steps": int(self.max_steps), "support_moves": bool(self.support_moves),
+                "joint_in_scan": bool(self.joint_in_scan)}
 
     def __post_init__(self) -> None:
         if not (isinstance(self.factor, (int, float)) and self.factor >= 1.0 and math.isfinite(self.factor)):
@@ -74,8 +78,9 @@ class BatchOptions:
                 continue
             if not (isinstance(v, (int, np.integer)) and v >= 1):
                 raise ValueError(f"batch {name} must be a positive integer, got {v!r}")
-        if not isinstance(self.support_moves, (bool, np.bool_)):
-            raise ValueError(f"batch support_moves must be True or False, got {self.support_moves!r}")
+        for name in ("support_moves", "joint_in_scan"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"batch {name} must be True or False, got {getattr(self, name)!r}")
 
 
     def cells_for(self, table_cells: int) -> int:

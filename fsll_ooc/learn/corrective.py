@@ -282,7 +282,8 @@ MAX_SUPPORT = 4000
 
 
 def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int = 12,
-           max_step: float = 4.0, products: _Products | None = None, top: int | None = None) -> RefineResult:
+           max_step: float = 4.0, products: _Products | None = None, top: int | None = None,
+           joint: int = 0) -> RefineResult:
     """Damped Newton on ``theta`` restricted to the support of ``state`` (in place).
 
     ``tol``: stop when the predicted remaining gain (Newton decrement / 2) is below
@@ -294,7 +295,9 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
     (:attr:`fsll_ooc.engine.Engine.scan_in_resync`, out of core), every re-derivation
     also scans (:meth:`~fsll_ooc.engine.Engine.resync_scan`, the ``top`` best appends) and
     ``scan`` of the result is that of the final table, which the learner then needs
-    not scan again; else ``scan`` is None.
+    not scan again; else ``scan`` is None.  ``joint``: those scans also keep the ``joint +
+    |S|`` best cells by second-order score, from which a joint selection right after
+    takes its candidates without a pass of its own (:func:`joint_append`, ``scan``).
     """
     out = RefineResult()
     fuse = top is not None and engine.scan_in_resync
@@ -304,7 +307,7 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
         last[0] = None
         if not fuse:
             return engine.resync(sup, th, lz)
-        lz, last[0] = engine.resync_scan(sup, th, lz, top)
+        lz, last[0] = engine.resync_scan(sup, th, lz, top, joint=joint + len(sup) if joint else 0)
         return lz
 
     m = len(state.theta)
@@ -425,7 +428,8 @@ def closure_candidates(cards, support: np.ndarray, limit: int) -> np.ndarray:
 
 def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int = 256, max_new: int = 32,
                  max_rounds: int = 8, products: _Products | None = None, n_closure: int = 0,
-                 cand_products: _Products | None = None, top: int | None = None) -> JointResult:
+                 cand_products: _Products | None = None, top: int | None = None, scan=None,
+                 joint: int = 0) -> JointResult:
     """Append the candidates that pay for themselves *jointly*, then refine (in place).
 
     The greedy search scores a candidate ``y`` by its 1-D gain with every other
@@ -444,8 +448,10 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     gain exceeds ``r_y + epsilon``.  They are appended at ``theta_y = 0`` and the
     whole support is refined (:func:`refine`); the result is kept only if the exact
     cost fell by at least ``epsilon`` (else the best single pick is tried, else the
-    state is restored).  Gathers: ``|S|^2 + K |S| + K^2 / 2`` product cells.  ``top``: as
-    for :func:`refine` (the accepted refinement's ``scan``).
+    state is restored).  Gathers: ``|S|^2 + K |S| + K^2 / 2`` product cells.  ``top``,
+    ``joint``: as for :func:`refine` (the accepted refinement's ``scan``).  ``scan``: the
+    scan of the dual table as it is; when it kept enough cells by second-order score
+    (``joint`` of :func:`refine`), the candidates come from it, not from a pass.
     """
     out = JointResult(added=[])
     m = len(state.theta)
@@ -455,7 +461,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     prod = products if products is not None else _Products(state.cards)
     prod.update(support)
     with engine.purpose_of("joint-top"):
-        flat_c, _ = engine.top_candidates(n_candidates + m)
+        flat_c, _ = engine.top_candidates(n_candidates + m, scan=scan)
     flat_c = flat_c[~np.isin(flat_c, support)][:n_candidates]
     if m:
         n_closure = min(n_closure, max(MAX_CROSS_PAIRS // m - len(flat_c), 0))
@@ -538,7 +544,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         for c in sel:
             state.theta[int(flat_c[c])] = 0.0
             state.dbar[int(flat_c[c])] = float(d_c[c])
-        rr = refine(engine, state, tol=tol, max_rounds=max_rounds, products=prod, top=top)
+        rr = refine(engine, state, tol=tol, max_rounds=max_rounds, products=prod, top=top, joint=joint)
         out.trials += 1
         after = state.cost()
         if rr.rounds and after < before - epsilon:

@@ -274,6 +274,8 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     eps = resolve_epsilon(epsilon, state.n_samples)
     mode = resolve_refine(refine, epsilon)
     batch = B.resolve_batch(o.batch, epsilon, cells=math.prod(state.cards))
+    # a corrective phase's scans keep a joint selection's candidates (no top-k pass of its own)
+    joint_k = joint_candidates if batch is not None and batch.joint_in_scan and joint and mode != "off" else 0
     support = lambda: np.fromiter(state.theta.keys(), dtype=np.int64, count=len(state.theta))  # noqa: E731
     values = lambda: np.fromiter(state.theta.values(), dtype=np.float64, count=len(state.theta))  # noqa: E731
     # history times count fitting seconds since the start, across resumed sessions
@@ -322,7 +324,8 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
             before = state.cost()
             with engine.purpose_of("refine"):
                 rr = corrective.refine(engine, state, tol=refine_tol * eps, max_rounds=refine_rounds,
-                                       products=products, top=None if batch is None else batch.top)
+                                       products=products, top=None if batch is None else batch.top,
+                                       joint=joint_k)
             if rr.rounds:
                 since_sync = 0
                 joint_tried = False
@@ -340,7 +343,8 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
                 ja = corrective.joint_append(engine, state, epsilon=eps, tol=refine_tol * eps,
                                              n_candidates=joint_candidates, max_rounds=refine_rounds,
                                              products=products, n_closure=joint_closure, max_new=joint_max_new,
-                                             cand_products=cand_products, top=None if batch is None else batch.top)
+                                             cand_products=cand_products, top=None if batch is None else batch.top,
+                                             scan=res, joint=joint_k)
             if ja.added:
                 since_sync = 0
                 refined = True
