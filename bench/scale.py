@@ -336,10 +336,15 @@ def child(args) -> None:
         "fit_bytes_moved": sum(e.bytes_moved for o, e in engines if o is m),
         "fit_pass_seconds": sum(e.pass_seconds for o, e in engines if o is m),
         # the fit's passes by what the learner ran them for (Engine.passes_by): "batch" one-pass
-        # batches, "batch-span" re-derivations of batches across both kinds of band, "refine" and
-        # "joint" Newton trials, "joint-top" the joint selections' top-k passes, "step" single steps,
-        # "periodic" periodic re-derivations, "other" setup and scans
+        # batches, "batch-span" re-derivations of batches across both kinds of band, "batch-refine"
+        # the re-derivation ending a corrective phase inside a batch, "refine" and "joint" Newton
+        # trials (with sweeps: the re-derivation ending the phase), "joint-top" the joint
+        # selections' top-k passes, "step" single steps, "periodic" periodic re-derivations,
+        # "other" setup and scans
         "fit_passes_by": _merged([e.passes_by(1) for o, e in engines if o is m and hasattr(e, "passes_by")]),
+        # compute sweeps (Engine.sweep: a corrective phase's trials, no table read or written)
+        "fit_sweeps": sum(getattr(e, "sweeps", 0) for o, e in engines if o is m),
+        "fit_sweep_seconds": sum(getattr(e, "sweep_seconds", 0.0) for o, e in engines if o is m),
         "penalty_scale": getattr(m, "penalty_scale_", None),
         "disk_write": args.disk[0], "disk_read": args.disk[1],
         "rss_peak": rss_peak(), "cgroup_peak": cgroup_peak(),
@@ -456,7 +461,7 @@ def table(rows) -> str:
 
     head = ("| case | batch | direct I/O | cells | iterations | terms | passes (fit + scale choice) | passes/term (fit) | "
             "GB moved (fit) | fit s | pass MB/s (fit) | disk MB/s (read/write) | peak RSS | cgroup peak | held-out log-lik | "
-            "held-out KL(p*‖p) est. | fit passes by purpose |")
+            "held-out KL(p*‖p) est. | fit passes by purpose | appends | passes/append | sweeps (s) |")
     out = [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if "failed" in r:
@@ -472,7 +477,9 @@ def table(rows) -> str:
                    f"{r.get('fit_bytes_moved', r['bytes_moved']) / 1e9:.1f} | {r['fit_seconds']:.1f} | {mbs:.0f} | "
                    f"{r['disk_read'] / 1e6:.0f}/{r['disk_write'] / 1e6:.0f} | {format_bytes(r['rss_peak'])} | {cg} | "
                    f"{r['heldout_loglik']:.4f} | {r['kl_heldout']:.4f} | "
-                   f"{', '.join(f'{k} {v}' for k, v in r.get('fit_passes_by', {}).items())} |")
+                   f"{', '.join(f'{k} {v}' for k, v in r.get('fit_passes_by', {}).items())} | "
+                   f"{r.get('appends', '')} | {fp / max(r.get('appends', 0), 1):.3f} | "
+                   f"{r.get('fit_sweeps', 0)} ({r.get('fit_sweep_seconds', 0.0):.1f}) |")
     return "\n".join(out) + "\n"
 
 

@@ -237,7 +237,8 @@ def test_passes_counted_by_purpose(layout):
     learn(eng, state, LearnOptions(batch=batch.BatchOptions(max_cells=20)))
     by = eng.passes_by()
     assert sum(by.values()) == eng.passes and by["other"] >= 3  # the setup passes and the first scan
-    assert by.get("batch", 0) + by.get("batch-span", 0) >= 1 and by.get("refine", 0) >= 1
+    assert by.get("batch", 0) + by.get("batch-span", 0) + by.get("batch-refine", 0) >= 1
+    assert by.get("refine", 0) + by.get("batch-refine", 0) >= 1
     fine = eng.passes_by(3)
     assert sum(fine.values()) == eng.passes
     assert all(k.split("/")[1] in ("A", "B") for k in fine)
@@ -511,7 +512,7 @@ def test_scans_in_re_derivations_and_joint_candidates_from_the_scan_save_passes_
         eng, state = _engine(cards, X, layout)
         eng.one_band_scan_in_resync = new
         state.penalty_code = "family"
-        learn(eng, state, LearnOptions(batch=batch.BatchOptions(max_cells=20, joint_in_scan=new)))
+        learn(eng, state, LearnOptions(batch=batch.BatchOptions(max_cells=20, joint_in_scan=new, sweep_trials=False)))
         runs.append((eng, state))
     (e0, s0), (e1, s1) = runs
     assert s1.theta == s0.theta and s1.log_z == s0.log_z and s0.converged and s1.converged
@@ -520,3 +521,105 @@ def test_scans_in_re_derivations_and_joint_candidates_from_the_scan_save_passes_
     if layout == (0, 0):
         assert by1["other"] < by0["other"]
     assert e1.passes < e0.passes
+
+
+@pytest.mark.parametrize("cards,layout,backend", [((2, 3, 4, 5), (0, 0), "numpy"), ((2, 3, 4, 5), (1, 2), "memmap"),
+                                                  ((3, 2, 5, 2), (2, 3), "memmap")])
+def test_corrective_trials_as_sweeps(cards, layout, backend, tmp_path):
+    """``refine(sweep=True)``: its trials read and write no table, one re-derivation at the end;
+    the same Newton rounds and parameters as trials by re-derivations (one kind of band: the
+    same bits), the final dual table exact (brute force), its scan that of the table."""
+    from fsll_ooc import storage
+    from fsll_ooc.engine import Engine, Table
+    from fsll_ooc.learn import corrective
+    from fsll_ooc.learn.state import FitState
+    from fsll_ooc.planner import Layout
+
+    n = 1500
+    p, _ = datasets.random_bayesnet(cards, 2, seed=3)
+    X = datasets.sample_table(p, n, seed=4)
+    flat = np.ravel_multi_index(tuple(X.T), cards)
+    size = math.prod(cards)
+    Phi = oracle.phi_matrix(cards)
+    sup = np.array([1, 5, 20, 33, 61, 118], np.int64) % size
+    out = []
+    for sweep in (False, True):
+        L = Layout(cards, *layout)
+        store = None if backend == "numpy" else tmp_path / str(sweep)
+        specs = [storage.create_table(backend, store, t.name.lower(), cards, L.chunk_shape) for t in Table]
+        eng = Engine.create(L, specs, n, "serial", sample_flat=flat)
+        state = FitState(cards, n, 0.0, log_z=math.log(size))
+        for y, d in zip(np.unique(sup).tolist(), eng.gather(np.unique(sup), table=Table.DBAR).tolist()):
+            state.theta[y], state.dbar[y] = 0.0, d
+        before = eng.passes
+        rr = corrective.refine(eng, state, tol=1e-12, top=8, sweep=sweep)
+        out.append((eng, state, rr, eng.passes - before))
+    (e0, s0, r0, p0), (e1, s1, r1, p1) = out
+    assert r0.rounds >= 3 and r1.rounds == r0.rounds and r1.trials == r0.trials
+    assert p1 == (1 if layout[0] == 0 else 2) < p0 and e1.sweeps == r1.trials and e0.sweeps == 0
+    if layout[0] == 0:
+        assert s1.theta == s0.theta and s1.log_z == s0.log_z
+    assert s1.theta == pytest.approx(s0.theta, abs=1e-10) and s1.log_z == pytest.approx(s0.log_z, abs=1e-12)
+    theta = np.zeros(size)
+    for y, v in s1.theta.items():
+        theta[y] = v
+    np.testing.assert_allclose(e1.gather(np.arange(size)), Phi @ oracle.model(theta, Phi), atol=1e-12)
+    assert s1.log_z == pytest.approx(math.log(np.exp(Phi.T @ theta).sum()), abs=1e-12)
+    plain = e1.update_scan_batch([], np.fromiter(s1.theta, np.int64), 8)
+    assert (r1.scan.pos, r1.scan.t, r1.scan.d) == (plain.pos, plain.t, plain.d)
+    # write=False leaves the re-derivation to the caller: the table still that of theta = 0
+    e2, s2, *_ = out[1]
+    st = FitState(cards, n, 0.0, log_z=math.log(size))
+    for y in s2.theta:
+        st.theta[y], st.dbar[y] = 0.0, s2.dbar[y]
+    e2.resync(np.fromiter(st.theta, np.int64), np.zeros(len(st.theta)), st.log_z)
+    table = e2.gather(np.arange(size))
+    r2 = corrective.refine(e2, st, tol=1e-12, top=8, sweep=True, write=False)
+    assert r2.pending and r2.scan is None and st.theta == pytest.approx(s2.theta, abs=1e-10)
+    np.testing.assert_array_equal(e2.gather(np.arange(size)), table)
+    corrective.write_duals(e2, st, 8)
+    np.testing.assert_allclose(e2.gather(np.arange(size)), Phi @ oracle.model(theta, Phi), atol=1e-12)
+
+
+@pytest.mark.parametrize("cards,n,seed,layout", [((2, 3, 4, 5), 3000, 0, (1, 2)), ((3, 2, 5, 2), 4000, 3, (2, 3)),
+                                                 ((2, 2, 2, 2, 2, 2), 3000, 1, (2, 4))])
+def test_corrective_phase_inside_a_batch_re_derivation(cards, n, seed, layout):
+    """A batch whose steps need a re-derivation first runs a corrective phase by sweeps; the one
+    re-derivation is the phase's: the duals exact after it (brute force), the cost monotone,
+    the end an axis minimum of the family cost (as without it)."""
+    from fsll_ooc.learn import LearnOptions, learn
+
+    p, _ = datasets.random_bayesnet(cards, 2, seed=seed)
+    X = datasets.sample_table(p, n, seed=seed + 100)
+    Phi, q = oracle.phi_matrix(cards), oracle.target(X, cards)
+    size = math.prod(cards)
+    eps = 1e-5
+
+    def vec(st):
+        theta = np.zeros(size)
+        for y, v in st.theta.items():
+            theta[y] = v
+        return theta
+
+    runs = []
+    for inside in (False, True):
+        eng, state = _engine(cards, X, layout)
+        state.penalty_code = "family"
+
+        def check(st, eng=eng):
+            np.testing.assert_allclose(eng.gather(np.arange(size)), Phi @ oracle.model(vec(st), Phi), atol=1e-10)
+            assert st.log_z == pytest.approx(math.log(np.exp(Phi.T @ vec(st)).sum()), abs=1e-10)
+
+        opts = batch.BatchOptions(max_cells=20, factor=8.0, refine_in_batch=inside)
+        learn(eng, state, LearnOptions(epsilon=eps, refine="adjust", batch=opts), callback=check)
+        assert state.converged
+        costs = np.array([h["cost"] for h in state.history])
+        np.testing.assert_allclose(np.diff(costs), [h["delta"] for h in state.history[1:]], atol=1e-10)
+        assert np.all(np.diff(costs) <= 1e-12)
+        family = lambda th_: oracle.brute_cost(th_, q, Phi, cards, n, "family")  # noqa: E731
+        base = oracle.assert_axis_minimum(vec(state), q, Phi, None, eps, cost_fn=family)
+        assert state.cost() == pytest.approx(base, abs=1e-10)
+        runs.append((eng, state))
+    (e0, s0), (e1, s1) = runs
+    assert any("in_batch" in h for h in s1.history) and not any("in_batch" in h for h in s0.history)
+    assert e1.sweeps > 0

@@ -69,6 +69,9 @@ class Engine:
         self.progress = False  # per-pass bars (set by the estimator when bars are shown)
         self.purpose = None  # what the learner runs passes for right now (:meth:`purpose_of`)
         self.pass_counts = Counter()  # passes by ``purpose/band kind/task`` (:meth:`passes_by`)
+        self.sweeps = 0  # compute sweeps (:meth:`sweep`): no table read or written
+        self.sweep_seconds = 0.0
+        self.sweep_counts = Counter()  # sweeps by purpose
 
     @classmethod
     def create(cls, layout: Any, specs: Sequence[storage.TableSpec], n_samples: int, scheduler: Any = None, *,
@@ -120,12 +123,18 @@ class Engine:
         return dict(sorted(out.items()))
 
     # -- helpers
-    def _run(self, kind: str, fn, argfn, reduce=True):
+    def _run(self, kind: str, fn, argfn, reduce=True, sweep=False):
         nb = n_bands(self.layout, kind)
         args = [argfn(i) for i in range(nb)]
+        started = time.perf_counter()
+        if sweep:  # no table touched: counted apart from the passes
+            self.sweeps += 1
+            self.sweep_counts[self.purpose or "other"] += 1
+            res = self.executor.run_reduce(fn, args, combine)
+            self.sweep_seconds += time.perf_counter() - started
+            return res
         self.passes += 1
         self.pass_counts[f"{self.purpose or 'other'}/{kind}/{getattr(fn, '__name__', 'task')}"] += 1
-        started = time.perf_counter()
         tables = _TABLES_MOVED.get(fn, 2)
         if fn in (task_update_scan, task_update_many) and args and not (
                 args[0][3] or (fn is task_update_many and (args[0][8] is not None or args[0][9] is not None))):
@@ -330,6 +339,54 @@ class Engine:
         cells = np.asarray(cells, np.int64)
         total, raw = self._density(support, theta, log_z, SCRATCH, forward=True, read_at=cells)
         return log_z + math.log(total), raw / total
+
+    def sweep(self, support: np.ndarray, theta: np.ndarray, log_z: float,
+              cells: np.ndarray) -> tuple[float, np.ndarray]:
+        """The exact ``log Z`` of ``theta`` and its duals ``thetabar`` at the global flat indices
+        ``cells``, by the compute of a re-derivation without reading or writing any table
+        (docs/design.md, "Corrective phases between passes"): one task per A-band builds the
+        log-density of its slice from the sparse ``theta``, takes ``exp`` and transforms along
+        its own variables, and reads off the cells; the transform along the head variables
+        (``a > 0``) is then a short sum over the bands for each cell.  ``log Z`` is the same
+        bits as :meth:`resync`'s; with one kind of band (``a = 0``) the duals too, and with
+        two they agree to rounding.  Counted in :attr:`sweeps`, not in :attr:`passes`."""
+        L = self.layout
+        support = np.asarray(support, np.int64)
+        theta = np.asarray(theta, np.float64)
+        cells = np.asarray(cells, np.int64)
+        if L.a == 0:
+            ops = (("T", L.a_axes, True), ("exp", log_z), ("normalize",), ("T", L.a_axes, False),
+                   ("take", cells, np.arange(cells.size, dtype=np.int64)))
+            res = self._run("A", task_fill, lambda i: (self.ctx, "A", i, None, support, theta, ops), sweep=True)
+            values = np.empty(cells.size)
+            values[np.asarray(res.supp_pos, np.int64)] = res.supp_t
+            return log_z + math.log(res.total), values
+        heads = self._head_values(support, theta)
+        band, local = global_to_band(L, "A", cells)
+        uniq, inv = np.unique(local, return_inverse=True)
+        nb, nu = L.n_a_bands, uniq.size
+        ops = (("T", L.a_axes, True), ("exp", log_z), ("sum",), ("T", L.a_axes, False))
+
+        def arg(i):
+            take = ("take", uniq, i * nu + np.arange(nu, dtype=np.int64))
+            return (self.ctx, "A", i, None, heads[i][0], heads[i][1], ops + (take,))
+
+        res = self._run("A", task_fill, arg, sweep=True)
+        part = np.empty(nb * nu)
+        part[np.asarray(res.supp_pos, np.int64)] = res.supp_t
+        part = part.reshape(nb, nu)
+        # thetabar_y = sum over head values x of phi_{y_head}(x) * (band x's partial dual at y) / total
+        head = L.cards[:L.a]
+        ydig = np.unravel_index(band, head)
+        mats = [basis.local_matrix(k) for k in head]
+        values = np.zeros(cells.size)
+        for i in range(nb):
+            xdig = np.unravel_index(i, head)
+            f = np.ones(cells.size)
+            for v in range(L.a):
+                f *= mats[v][ydig[v], xdig[v]]
+            values += f * part[i, inv]
+        return log_z + math.log(res.total), values / res.total
 
     def density(self, support: np.ndarray, theta: np.ndarray, log_z: float) -> float:
         """Write ``exp(l_theta - log_z)`` into the scratch table; returns its sum."""

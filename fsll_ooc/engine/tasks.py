@@ -153,9 +153,10 @@ def _positions(ctx: Context, kind: str, vars_: Sequence[int]) -> list[int]:
 
 # ----------------------------------------------------------------------------- band tasks
 
-def task_fill(ctx: Context, kind: str, idx: int, table: Table, local: np.ndarray, values: np.ndarray,
+def task_fill(ctx: Context, kind: str, idx: int, table: Table | None, local: np.ndarray, values: np.ndarray,
               ops: tuple, ) -> ScanResult:
-    """Build a band from sparse ``(local, values)`` and apply ``ops``; write it to ``table``.
+    """Build a band from sparse ``(local, values)`` and apply ``ops``; write it to ``table``
+    (``None``: nothing is written, the result is the ops' sum and the cells they read off).
 
     ``ops``: see :func:`_apply_ops`.
     """
@@ -165,7 +166,8 @@ def task_fill(ctx: Context, kind: str, idx: int, table: Table, local: np.ndarray
         np.add.at(band.reshape(-1), local, values)
     taken: list = []
     total = _apply_ops(ctx, kind, band, ops, taken)
-    storage.write(ctx.specs[table], band_key(ctx.layout, kind, idx), band)
+    if table is not None:
+        storage.write(ctx.specs[table], band_key(ctx.layout, kind, idx), band)
     return _with_taken(ScanResult(total=total), taken)
 
 

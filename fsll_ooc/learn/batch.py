@@ -52,7 +52,13 @@ class BatchOptions:
     remove moves of the support that gain join the batch like append candidates (else
     only the best move and the append candidates do); ``joint_in_scan``: the scans of a
     corrective phase also keep the best cells by second-order score, so that a joint
-    selection right after takes its candidates from them instead of a top-k pass of its own.
+    selection right after takes its candidates from them instead of a top-k pass of its own;
+    ``sweep_trials``: a corrective phase's Newton trials are compute sweeps that read and
+    write no table (:meth:`fsll_ooc.engine.Engine.sweep`), the table re-derived once at the
+    phase's end (:func:`fsll_ooc.learn.corrective.refine`); ``refine_in_batch`` (with
+    ``sweep_trials`` and corrective phases on): after its steps a batch runs a corrective
+    phase on its parameters by sweeps before the table is brought up to date; when the
+    phase moves them, one exact re-derivation of its result replaces the batch's pass.
     """
 
     factor: float = 10.0
@@ -61,13 +67,16 @@ class BatchOptions:
     max_steps: int = 4096
     support_moves: bool = True
     joint_in_scan: bool = True
+    sweep_trials: bool = True
+    refine_in_batch: bool = True
 
     def to_json(self) -> dict:
         """The options as a JSON-ready dict (``BatchOptions(**d)`` reads it back)."""
         return {"factor": float(self.factor), "max_cells": None if self.max_cells is None else int(self.max_cells),
                 "top": int(self.top),
                 "max_steps": int(self.max_steps), "support_moves": bool(self.support_moves),
-                "joint_in_scan": bool(self.joint_in_scan)}
+                "joint_in_scan": bool(self.joint_in_scan), "sweep_trials": bool(self.sweep_trials),
+                "refine_in_batch": bool(self.refine_in_batch)}
 
     def __post_init__(self) -> None:
         if not (isinstance(self.factor, (int, float)) and self.factor >= 1.0 and math.isfinite(self.factor)):
@@ -78,7 +87,7 @@ class BatchOptions:
                 continue
             if not (isinstance(v, (int, np.integer)) and v >= 1):
                 raise ValueError(f"batch {name} must be a positive integer, got {v!r}")
-        for name in ("support_moves", "joint_in_scan"):
+        for name in ("support_moves", "joint_in_scan", "sweep_trials", "refine_in_batch"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"batch {name} must be True or False, got {getattr(self, name)!r}")
 

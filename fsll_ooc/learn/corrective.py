@@ -45,7 +45,7 @@ from .. import basis
 from ..engine import Table
 from .cells import unique_inverse
 
-__all__ = ["pair_products", "moment_matrix", "RefineResult", "refine", "closure_candidates", "joint_append",
+__all__ = ["pair_products", "moment_matrix", "RefineResult", "refine", "write_duals", "closure_candidates", "joint_append",
            "family_terms", "family_move"]
 
 
@@ -229,6 +229,8 @@ class RefineResult:
     delta: float = 0.0       # cost change (<= 0)
     decrement: float = math.inf  # last Newton decrement g^T H^-1 g / 2 (predicted remaining gain)
     scan: object = None      # with ``top``: the scan of the final dual table, run in its re-derivation
+    pending: bool = False    # ``write=False``: the dual table still describes the parameters before
+    swept: tuple = None      # ``table_current=False``: (cells, exact duals there) of the first sweep
 
 
 _BLAS = []  # the thread-pool controller, made once (finding the loaded libraries takes milliseconds)
@@ -283,7 +285,7 @@ MAX_SUPPORT = 4000
 
 def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int = 12,
            max_step: float = 4.0, products: _Products | None = None, top: int | None = None,
-           joint: int = 0) -> RefineResult:
+           joint: int = 0, sweep: bool = False, write: bool = True, table_current: bool = True) -> RefineResult:
     """Damped Newton on ``theta`` restricted to the support of ``state`` (in place).
 
     ``tol``: stop when the predicted remaining gain (Newton decrement / 2) is below
@@ -292,12 +294,23 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
     engine's dual table is exact for ``state.theta`` if any round moved it (else it
     is untouched) and ``state.log_z`` is exact.  The support never changes.
     ``top``: where the engine scans in a re-derivation's last pass at no extra pass
-    (:attr:`fsll_ooc.engine.Engine.scan_in_resync`, out of core), every re-derivation
-    also scans (:meth:`~fsll_ooc.engine.Engine.resync_scan`, the ``top`` best appends) and
+    (:attr:`fsll_ooc.engine.Engine.scan_in_resync`), every re-derivation also scans
+    (:meth:`~fsll_ooc.engine.Engine.resync_scan`, the ``top`` best appends) and
     ``scan`` of the result is that of the final table, which the learner then needs
     not scan again; else ``scan`` is None.  ``joint``: those scans also keep the ``joint +
     |S|`` best cells by second-order score, from which a joint selection right after
     takes its candidates without a pass of its own (:func:`joint_append`, ``scan``).
+
+    ``sweep``: every trial is a compute sweep (:meth:`~fsll_ooc.engine.Engine.sweep`: the
+    exact ``log Z`` and the duals the next round needs, no table read or written), and the
+    dual table is re-derived once, for the accepted parameters, at the end
+    (``docs/design.md``, "Corrective phases between passes"): a phase of ``R`` rounds costs
+    one re-derivation instead of ``R``.  ``write=False`` (with ``sweep``) leaves that
+    re-derivation to the caller (``pending`` of the result; :func:`write_duals`).
+    ``table_current=False`` (with ``sweep``): the dual table does not describe ``state.theta``
+    (a batch's steps not yet applied): the first round reads its duals and the exact
+    ``log Z`` off a sweep; when no round moves, the table is left as it was for the caller
+    to re-derive (``pending``).
     """
     out = RefineResult()
     fuse = top is not None and engine.scan_in_resync
@@ -325,14 +338,25 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
     def cost_of(th, log_z):
         return -state.entropy_q + log_z - float(th @ dbar) + pen
 
-    cur_cost = state.cost()
-    start_cost = cur_cost
     log_z = state.log_z
     table_is_current = True  # does the dual table describe `theta`?
+    uniq, inv = unique_inverse(np.concatenate([prod.flat, support]), math.prod(state.cards))
+    known = None  # with ``sweep``: the duals at ``uniq`` of ``theta`` once a round moved it
+    if not table_current:
+        if not sweep:
+            raise ValueError("refine(table_current=False) needs sweep=True")
+        log_z, known = engine.sweep(support, theta, log_z, uniq)
+        out.trials += 1
+        out.swept = (uniq, known)
+        state.log_z = log_z
+    cur_cost = state.cost()
+    start_cost = cur_cost
     for _ in range(max_rounds):
-        uniq, inv = unique_inverse(np.concatenate([prod.flat, support]), math.prod(state.cards))
-        vals = engine.gather(uniq)
-        out.gathers += 1
+        if known is None:
+            vals = engine.gather(uniq)
+            out.gathers += 1
+        else:
+            vals = known
         cell = vals[inv]
         tb_s = cell[len(prod.flat):]
         H = moment_matrix(prod, cell[:len(prod.flat)])
@@ -348,16 +372,22 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
         for _h in range(max_halvings):
             trial = theta + alpha * step
             try:
-                lz = rederive(support, trial, log_z)
+                if sweep:
+                    lz, at = engine.sweep(support, trial, log_z, uniq)
+                else:
+                    lz = rederive(support, trial, log_z)
+                    table_is_current = False
             except (FloatingPointError, OverflowError, ValueError):
                 lz = math.nan
             out.trials += 1
-            table_is_current = False
             c = cost_of(trial, lz) if math.isfinite(lz) else math.inf
             # accept only a real decrease (beyond round-off of the cost, ~1e-13 relative)
             if c < cur_cost - 1e-13 * max(1.0, abs(cur_cost)):
                 theta, log_z, cur_cost = trial, lz, c
-                table_is_current = True
+                if sweep:
+                    known = at
+                else:
+                    table_is_current = True
                 accepted = True
                 break
             alpha *= 0.5
@@ -365,18 +395,39 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
             break
         out.rounds += 1
     if out.rounds:
-        if not table_is_current:
-            log_z = rederive(support, theta, log_z)
-            out.trials += 1
-            cur_cost = cost_of(theta, log_z)
         for y, v in zip(support, theta):
             state.theta[int(y)] = float(v)
         state.log_z = log_z
+        if sweep:
+            if write:
+                out.scan = write_duals(engine, state, top, joint)
+            else:
+                out.pending = True
+        else:
+            if not table_is_current:
+                state.log_z = rederive(support, theta, log_z)
+                out.trials += 1
+            out.scan = last[0]
         out.delta = state.cost() - start_cost
-        out.scan = last[0]
+    elif not table_current:
+        out.pending = True
     elif not table_is_current:  # every trial rejected: restore the duals of theta
         state.log_z = rederive(support, theta, state.log_z)
     return out
+
+
+def write_duals(engine, state, top: int | None, joint: int = 0):
+    """Re-derive the dual table exactly for ``state.theta`` (sets the exact ``state.log_z``);
+    with ``top`` and where the engine scans inside a re-derivation, also the scan of the new
+    table (as :func:`refine`'s ``scan``, ``joint`` cells kept), else None."""
+    support = np.fromiter(state.theta.keys(), dtype=np.int64, count=len(state.theta))
+    theta = np.fromiter(state.theta.values(), dtype=np.float64, count=len(state.theta))
+    if top is None or not engine.scan_in_resync:
+        state.log_z = engine.resync(support, theta, state.log_z)
+        return None
+    state.log_z, scan = engine.resync_scan(support, theta, state.log_z, top,
+                                           joint=joint + len(support) if joint else 0)
+    return scan
 
 
 @dataclass
@@ -429,7 +480,7 @@ def closure_candidates(cards, support: np.ndarray, limit: int) -> np.ndarray:
 def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int = 256, max_new: int = 32,
                  max_rounds: int = 8, products: _Products | None = None, n_closure: int = 0,
                  cand_products: _Products | None = None, top: int | None = None, scan=None,
-                 joint: int = 0) -> JointResult:
+                 joint: int = 0, sweep: bool = False) -> JointResult:
     """Append the candidates that pay for themselves *jointly*, then refine (in place).
 
     The greedy search scores a candidate ``y`` by its 1-D gain with every other
@@ -451,7 +502,8 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     state is restored).  Gathers: ``|S|^2 + K |S| + K^2 / 2`` product cells.  ``top``,
     ``joint``: as for :func:`refine` (the accepted refinement's ``scan``).  ``scan``: the
     scan of the dual table as it is; when it kept enough cells by second-order score
-    (``joint`` of :func:`refine`), the candidates come from it, not from a pass.
+    (``joint`` of :func:`refine`), the candidates come from it, not from a pass.  ``sweep``:
+    as for :func:`refine`; the table is then re-derived only for a selection that is kept.
     """
     out = JointResult(added=[])
     m = len(state.theta)
@@ -544,17 +596,22 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         for c in sel:
             state.theta[int(flat_c[c])] = 0.0
             state.dbar[int(flat_c[c])] = float(d_c[c])
-        rr = refine(engine, state, tol=tol, max_rounds=max_rounds, products=prod, top=top, joint=joint)
+        # with sweeps the table is re-derived only for a selection that is kept
+        rr = refine(engine, state, tol=tol, max_rounds=max_rounds, products=prod, top=top, joint=joint,
+                    sweep=sweep, write=False)
         out.trials += 1
         after = state.cost()
         if rr.rounds and after < before - epsilon:
+            if rr.pending:
+                rr.scan = write_duals(engine, state, top, joint)
+                rr.pending = False
             out.added = [int(flat_c[c]) for c in sel]
             out.gains = picked_gain[:len(sel)]
             out.delta = after - before
             out.refine = rr
             return out
         state.theta, state.dbar, state.log_z = theta0, dbar0, log_z0
-        if rr.rounds:  # the dual table moved: restore it
+        if rr.rounds and not rr.pending:  # the dual table moved: restore it
             sup0 = np.fromiter(theta0.keys(), dtype=np.int64, count=len(theta0))
             state.log_z = engine.resync(sup0, np.fromiter(theta0.values(), np.float64, len(theta0)), log_z0)
     return out

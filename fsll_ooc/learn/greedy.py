@@ -276,6 +276,8 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     batch = B.resolve_batch(o.batch, epsilon, cells=math.prod(state.cards))
     # a corrective phase's scans keep a joint selection's candidates (no top-k pass of its own)
     joint_k = joint_candidates if batch is not None and batch.joint_in_scan and joint and mode != "off" else 0
+    # a corrective phase's trials as compute sweeps, one re-derivation at its end
+    sweep = batch is not None and batch.sweep_trials
     support = lambda: np.fromiter(state.theta.keys(), dtype=np.int64, count=len(state.theta))  # noqa: E731
     values = lambda: np.fromiter(state.theta.values(), dtype=np.float64, count=len(state.theta))  # noqa: E731
     # history times count fitting seconds since the start, across resumed sessions
@@ -325,7 +327,7 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
             with engine.purpose_of("refine"):
                 rr = corrective.refine(engine, state, tol=refine_tol * eps, max_rounds=refine_rounds,
                                        products=products, top=None if batch is None else batch.top,
-                                       joint=joint_k)
+                                       joint=joint_k, sweep=sweep)
             if rr.rounds:
                 since_sync = 0
                 joint_tried = False
@@ -344,7 +346,7 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
                                              n_candidates=joint_candidates, max_rounds=refine_rounds,
                                              products=products, n_closure=joint_closure, max_new=joint_max_new,
                                              cand_products=cand_products, top=None if batch is None else batch.top,
-                                             scan=res, joint=joint_k)
+                                             scan=res, joint=joint_k, sweep=sweep)
             if ja.added:
                 since_sync = 0
                 refined = True
@@ -365,12 +367,27 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
                                    factor=batch.factor, max_cells=batch.cells_for(math.prod(state.cards)))
             if V is not None:
                 n_batches += 1
+                phase = None
+                if mode != "off" and sweep and batch.refine_in_batch:
+                    def phase():  # a corrective phase on the batch's parameters, before its re-derivation
+                        with engine.purpose_of("batch-refine"):
+                            return corrective.refine(engine, state, tol=refine_tol * eps, max_rounds=refine_rounds,
+                                                     products=products, top=batch.top, joint=joint_k, sweep=True,
+                                                     table_current=False)
                 with engine.purpose_of("batch"):
-                    since_sync, res = _batch_step(engine, state, V, eps, batch, max_iter, since_sync, resync_every,
-                                                  support, values, record, persist, t0, n_batches)
+                    since_sync, res, rr = _batch_step(engine, state, V, eps, batch, max_iter, since_sync,
+                                                      resync_every, support, values, record, persist, t0, n_batches,
+                                                      phase)
                 checked(res)
                 refined = False
                 joint_tried = False
+                if rr is not None and rr.rounds:
+                    refined = True
+                    state.n_iter += 1
+                    c = state.cost()
+                    record({"iter": state.n_iter, "move": "refine", "y": None, "value": float(rr.rounds),
+                            "delta": rr.delta, "cost": c, "n_bases": len(state.theta),
+                            "time": time.perf_counter() - t0, "trials": rr.trials, "in_batch": n_batches})
                 continue
         old = state.theta.get(y, 0.0)
         if move == "remove":
@@ -448,9 +465,14 @@ def _batch_moves(state: FitState, res, delta: float, y: int, support_moves: bool
 
 
 def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOptions, max_iter, since_sync: int,
-                resync_every: int, support, values, record, persist, t0: float, n_batch: int):
+                resync_every: int, support, values, record, persist, t0: float, n_batch: int, phase=None):
     """Steps on the marginal sub-table over ``V``, then one pass that applies them (or an exact
-    re-derivation); returns ``(since_sync, scan result)``."""
+    re-derivation); returns ``(since_sync, scan result, corrective phase result or None)``.
+
+    ``phase``: a corrective phase on the batch's parameters runs first, by compute sweeps
+    (:func:`fsll_ooc.learn.corrective.refine` with ``table_current=False``); when it moves
+    them, the table is brought up to date by one re-derivation of its result instead of the
+    batch's pass (docs/design.md, "Corrective phases between passes")."""
     cells = B.marginal_cells(state.cards, V).reshape(-1)
     tb0 = engine.gather(cells)
     db = engine.gather(cells, table=Table.DBAR)
@@ -477,7 +499,13 @@ def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOpt
     U = B.changed_variables(factors)
     one_pass = engine.batch_pass(U) is not None
     since_sync += len(factors)
-    if since_sync >= resync_every or not one_pass:
+    rr = phase() if phase is not None and steps and state.theta else None
+    if rr is not None and rr.rounds:  # the phase re-derived the table (with its scan)
+        res = rr.scan
+        # the phase moved the parameters: the sub-table is checked against its first sweep
+        sub_inc, sub = sub, None
+        since_sync = 0
+    elif since_sync >= resync_every or not one_pass:
         with engine.purpose_of("batch-periodic" if one_pass else "batch-span"):
             state.log_z, res = engine.resync_scan(support(), values(), state.log_z, opts.top)
         since_sync = 0
@@ -486,9 +514,16 @@ def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOpt
         res = engine.update_scan_batch([], support(), opts.top, multiplier=(U, m))
     else:
         res = engine.update_scan_batch([Step(dg, dl, t) for dg, dl, t in factors], support(), opts.top)
-    # the table after its pass (or re-derivation) against the sub-table's incremental duals
-    checks.check_support(engine, res, cells, sub, state.n_iter, "after a batch pass")
+    # the table after its pass (or re-derivation) against the sub-table's incremental duals;
+    # after a corrective phase, the exact duals of its first sweep (the parameters of the batch)
+    if sub is not None:
+        checks.check_support(engine, res, cells, sub, state.n_iter, "after a batch pass")
+    elif rr.swept is not None:
+        common, i_cells, i_swept = np.intersect1d(cells, rr.swept[0], return_indices=True)
+        checks.check_agree(engine, common, np.asarray(sub_inc).reshape(-1)[i_cells], rr.swept[1][i_swept],
+                           state.n_iter, "after a batch's steps")
     if steps:
         state.history[-1]["passes"] = engine.passes
-    persist()
-    return since_sync, res
+    if rr is None or not rr.rounds:  # (after a phase the learner records it, and persists then)
+        persist()
+    return since_sync, res, rr
