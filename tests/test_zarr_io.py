@@ -118,8 +118,7 @@ def test_a_file_system_without_direct_io_falls_back_to_buffered(tmp_path, monkey
 
 
 @pytest.fixture
-def table(tmp_path, monkeypatch):
-    monkeypatch.setattr(memmap, "DIRECT_IO", True)
+def table(tmp_path, direct):
     spec = storage.create_table("zarr", tmp_path / "s", "t", (2, 4, 1024), (1, 1, 1024), fit_id="f")
     return spec, _fill(spec, (2, 4, 1024), seed=5)
 
@@ -178,6 +177,19 @@ def test_a_symlinked_chunk_is_refused_and_its_target_untouched(table, tmp_path):
     with pytest.raises(IntegrityError, match="is a symbolic link"):
         storage.write(spec, (0,), want[0] + 1)
     assert victim.read_bytes() == before and f.is_symlink()
+
+
+def test_a_fifo_at_a_chunk_path_is_refused_for_reading_and_replaced_by_a_write(table):
+    spec, want = table
+    f = _file(spec, 0, 2, 0)
+    f.unlink()
+    os.mkfifo(f)
+    with pytest.raises(IntegrityError, match="not a regular file") as ei:  # no wait for a writer
+        storage.read(spec, (0,))
+    assert ei.value.path == str(f)
+    storage.write(spec, (0,), want[0] + 2)
+    assert f.is_file()
+    np.testing.assert_array_equal(storage.read(spec, (0,)), want[0] + 2)
 
 
 def test_a_hard_linked_chunk_is_replaced_not_written_through(table, tmp_path):

@@ -182,22 +182,31 @@ def _direct(spec: TableSpec) -> bool:
 
 
 def _open_chunk(spec: TableSpec, f: str, flags: int, direct: bool) -> tuple[int, bool]:
-    """``(descriptor, direct)`` of chunk file ``f`` (never through a link); a file system that
+    """``(descriptor, direct)`` of chunk file ``f`` (never through a link, never waiting for a
+    FIFO planted there: ``O_NONBLOCK``, which regular files ignore); a file system that
     refuses ``O_DIRECT`` is remembered and the file opened buffered."""
+    flags |= os.O_NONBLOCK
     if direct:
         try:
             return files.open_nofollow(f, flags | os.O_DIRECT), True
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
-            memmap._direct_refused.add(os.stat(spec.path).st_dev)
+            try:
+                regular = stat.S_ISREG(os.lstat(f).st_mode)
+            except FileNotFoundError:
+                regular = True
+            if regular:  # not a FIFO or the like planted there: the file system has no O_DIRECT
+                memmap._direct_refused.add(os.stat(spec.path).st_dev)
+            flags &= ~os.O_EXCL  # a new file (a random name) may have been made before the refusal
     return files.open_nofollow(f, flags), False
 
 
 def _split(spec: TableSpec, direct: bool) -> int:
-    """Bytes at the start of a chunk file moved with ``O_DIRECT`` (whole pages); the rest of
-    the chunk's bytes and the 4 bytes of its CRC are moved buffered."""
-    return spec.chunk_nbytes - spec.chunk_nbytes % memmap.DIRECT_ALIGN if direct else 0
+    """Bytes at the start of a chunk file moved straight between the file and the band
+    (with ``O_DIRECT``: whole pages); the rest of the chunk's bytes and the 4 bytes of its
+    CRC are moved together, buffered."""
+    return spec.chunk_nbytes - spec.chunk_nbytes % memmap.DIRECT_ALIGN if direct else spec.chunk_nbytes
 
 
 def _set_direct(fd: int, on: bool) -> None:
@@ -266,7 +275,11 @@ def _put_chunk(spec: TableSpec, f: str, view: memoryview, crc: queue.SimpleQueue
     want = spec.chunk_nbytes + CHECKSUM_BYTES
     try:
         fd, d = _open_chunk(spec, f, os.O_WRONLY, direct)
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):
+        fd = None
+    except OSError as e:
+        if e.errno != errno.ENXIO:  # ENXIO: a FIFO nobody reads; replaced like any file that is not a chunk
+            raise
         fd = None
     tmp = None
     if fd is not None:
