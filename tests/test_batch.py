@@ -1,6 +1,7 @@
 """Several steps per pass: the marginal sub-table search against brute force (tests/oracle.py)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -13,6 +14,22 @@ import oracle
 
 CASES = [((2, 3, 4, 5), 600, 0, (1, 3)), ((2, 3, 4, 5), 600, 1, (0, 1, 2)), ((2, 2, 2, 2, 2), 500, 2, (0, 2, 4)),
          ((3, 2, 5), 2000, 3, (0, 2)), ((4, 2, 2, 3), 800, 4, (0, 1, 3))]
+
+
+def _dense_theta(st, size):
+    """The parameters of a fit state as a dense vector of ``size`` cells."""
+    theta = np.zeros(size)
+    for y, v in st.theta.items():
+        theta[y] = v
+    return theta
+
+
+def _bn_problem(cards, n, seed):
+    """Samples of a random network, the basis matrix, the targets, ``|X|``, a dense-theta function."""
+    p, _ = datasets.random_bayesnet(cards, 2, seed=seed)
+    X = datasets.sample_table(p, n, seed=seed + 100)
+    size = math.prod(cards)
+    return X, oracle.phi_matrix(cards), oracle.target(X, cards), size, functools.partial(_dense_theta, size=size)
 
 
 def _problem(cards, n, seed):
@@ -253,17 +270,8 @@ def test_batched_search_under_the_family_code(cards, n, seed, layout):
     fewer passes than steps, and the end an axis minimum of the family cost (brute force)."""
     from fsll_ooc.learn import LearnOptions, learn
 
-    p, _ = datasets.random_bayesnet(cards, 2, seed=seed)
-    X = datasets.sample_table(p, n, seed=seed + 100)
-    Phi, q = oracle.phi_matrix(cards), oracle.target(X, cards)
-    size = math.prod(cards)
+    X, Phi, q, size, vec = _bn_problem(cards, n, seed)
     eps = 1e-5
-
-    def vec(st):
-        theta = np.zeros(size)
-        for y, v in st.theta.items():
-            theta[y] = v
-        return theta
 
     eng, state = _engine(cards, X, layout)
     state.penalty_code = "family"
@@ -582,24 +590,15 @@ def test_corrective_trials_as_sweeps(cards, layout, backend, tmp_path):
 
 
 @pytest.mark.parametrize("cards,n,seed,layout", [((2, 3, 4, 5), 3000, 0, (1, 2)), ((3, 2, 5, 2), 4000, 3, (2, 3)),
-                                                 ((2, 2, 2, 2, 2, 2), 3000, 1, (2, 4))])
-def test_corrective_phase_inside_a_batch_re_derivation(cards, n, seed, layout):
-    """A batch whose steps need a re-derivation first runs a corrective phase by sweeps; the one
-    re-derivation is the phase's: the duals exact after it (brute force), the cost monotone,
-    the end an axis minimum of the family cost (as without it)."""
+                                                 ((2, 2, 2, 2, 2, 2), 3000, 1, (2, 4)), ((2, 3, 4, 5), 3000, 0, (0, 0))])
+def test_corrective_phase_after_every_batch(cards, n, seed, layout):
+    """After its steps a batch runs a corrective phase by sweeps, and one re-derivation of the
+    phase's result brings the table up to date: the duals exact after it (brute force), the
+    cost monotone, the end an axis minimum of the family cost (as without the phase)."""
     from fsll_ooc.learn import LearnOptions, learn
 
-    p, _ = datasets.random_bayesnet(cards, 2, seed=seed)
-    X = datasets.sample_table(p, n, seed=seed + 100)
-    Phi, q = oracle.phi_matrix(cards), oracle.target(X, cards)
-    size = math.prod(cards)
+    X, Phi, q, size, vec = _bn_problem(cards, n, seed)
     eps = 1e-5
-
-    def vec(st):
-        theta = np.zeros(size)
-        for y, v in st.theta.items():
-            theta[y] = v
-        return theta
 
     runs = []
     for inside in (False, True):
