@@ -316,3 +316,60 @@ def test_fits_through_own_chunk_io_and_through_zarr_are_the_same_bits(tmp_path, 
         fa = sorted(q.relative_to(a) for q in a.rglob("*") if q.is_file())
         assert fa == sorted(q.relative_to(b) for q in b.rglob("*") if q.is_file())
         assert all((a / q).read_bytes() == (b / q).read_bytes() for q in fa)
+
+
+_WRITER = """
+import pickle, sys
+import numpy as np
+from fsll_ooc import storage
+from fsll_ooc.storage import memmap
+memmap.DIRECT_IO = sys.argv[2] == "1"
+spec = pickle.loads(bytes.fromhex(sys.argv[1]))
+i = 0
+while True:
+    i += 1
+    storage.write(spec, (Ellipsis,), np.full(spec.shape, float(1 + i % 2)))
+    if i == 2:
+        print("writing", flush=True)
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sigkill_in_the_middle_of_band_writes_leaves_each_chunk_whole_or_refused(tmp_path, direct, seed):
+    """A process rewriting a band over and over (all 1.0, then all 2.0, ...) is killed with
+    SIGKILL at a random moment: each chunk then reads as all 1.0 or all 2.0, or is refused
+    naming its file (never a mix used); writing the band again makes it whole."""
+    import pickle
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec = storage.create_table("zarr", tmp_path, "t", (4, 16, 2048), (1, 1, 2048), fit_id="f")
+    storage.write(spec, (Ellipsis,), np.full(spec.shape, 2.0))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, pickle.dumps(spec).hex(), "1" if direct else "0"],
+                             stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "writing"
+        time.sleep(random.Random(seed).uniform(0.0, 0.05))
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    storage.forget(spec)
+    seen = {"1.0": 0, "2.0": 0, "refused": 0}
+    for c in itertools.product(range(4), range(16)):
+        try:
+            got = storage.read(spec, (c[0], slice(c[1], c[1] + 1)))
+        except IntegrityError as e:
+            assert e.path == str(_file(spec, c[0], c[1], 0)), e
+            seen["refused"] += 1
+            continue
+        assert np.all(got == got.flat[0]) and got.flat[0] in (1.0, 2.0), c
+        seen[str(got.flat[0])] += 1
+    assert sum(seen.values()) == 64, seen
+    assert not list(Path(spec.path).rglob("*.partial"))  # every chunk file existed whole: rewritten in place
+    storage.write(spec, (Ellipsis,), np.full(spec.shape, 3.0))
+    np.testing.assert_array_equal(storage.read(spec, (Ellipsis,)), 3.0)
+    storage.verify_table(spec)
