@@ -116,3 +116,50 @@ def test_a_new_scheduler_is_one_class_and_its_registration(tmp_path, monkeypatch
     ex = make_executor("reversed")
     assert isinstance(ex, Reversed)
     _assert_same(_passes(SerialExecutor(), tmp_path / "serial"), _passes(ex, tmp_path / "reversed"))
+
+
+class _Pass:
+    """Band tasks of which one fails while the others are still working: records which
+    tasks began and which returned, so a test can see whether the pass had ended."""
+
+    def __init__(self, failing: int = 0):
+        import threading
+
+        self.failing = failing
+        self.lock = threading.Lock()
+        self.begun, self.done = set(), set()
+        self.other_started = threading.Event()
+
+    def __call__(self, i):
+        import time
+
+        with self.lock:
+            self.begun.add(i)
+        if i == self.failing:
+            self.other_started.wait(2.0)  # another task is under way (threads) or none will be (synchronous)
+            raise ValueError(f"band {i} is damaged")
+        self.other_started.set()
+        time.sleep(0.3)  # still reading the store when the failure arrives
+        with self.lock:
+            self.done.add(i)
+        return (i,)
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "synchronous"])
+@pytest.mark.parametrize("reduce", [False, True])
+def test_a_pass_ends_before_its_error_is_raised(scheduler, reduce):
+    """A failed task's error reaches the caller only once no task of its pass is running
+    (the caller may release the store's lock, or a user delete the damaged file), and the
+    tasks not started yet are skipped; the error is the task's own."""
+    ex = DaskExecutor(scheduler)
+    task = _Pass(failing=0)
+    with pytest.raises(ValueError, match="band 0 is damaged"):
+        if reduce:
+            ex.run_reduce(task, [(i,) for i in range(6)], _concat)
+        else:
+            ex.run(task, [(i,) for i in range(6)])
+    with task.lock:
+        assert task.begun - {0} == task.done  # every task that began has returned
+        assert len(task.begun) < 6  # and the rest were skipped
+    # the executor is not left in a failed state: the next pass runs whole
+    assert ex.run(_square, [(i, 1) for i in range(4)]) == [(i * i + 1,) for i in range(4)]
