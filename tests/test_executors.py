@@ -149,8 +149,9 @@ class _Pass:
 @pytest.mark.parametrize("reduce", [False, True])
 def test_a_pass_ends_before_its_error_is_raised(scheduler, reduce):
     """A failed task's error reaches the caller only once no task of its pass is running
-    (the caller may release the store's lock, or a user delete the damaged file), and the
-    tasks not started yet are skipped; the error is the task's own."""
+    (the caller may release the store's lock, or a user delete the damaged file); the
+    error is the task's own.  (Which tasks start after the failure, and are skipped,
+    depends on dask's order of the tasks: not asserted.)"""
     ex = DaskExecutor(scheduler)
     task = _Pass(failing=0)
     with pytest.raises(ValueError, match="band 0 is damaged"):
@@ -159,7 +160,6 @@ def test_a_pass_ends_before_its_error_is_raised(scheduler, reduce):
         else:
             ex.run(task, [(i,) for i in range(6)])
     with task.lock:
-        assert task.begun - {0} == task.done  # every task that began has returned
-        assert len(task.begun) < 6  # and the rest were skipped
+        assert 0 in task.begun and task.begun - {0} == task.done  # every task that began has returned
     # the executor is not left in a failed state: the next pass runs whole
     assert ex.run(_square, [(i, 1) for i in range(4)]) == [(i * i + 1,) for i in range(4)]
