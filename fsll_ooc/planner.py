@@ -64,10 +64,10 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
 
 
 #: Passes over the tables per term of the final model, as measured out of core
-#: (docs/benchmarks.md, section 4): several steps per pass (0.23-0.36 at the default
-#: stopping rule, 0.075-0.25 at ``epsilon=1e-4``; the upper end is taken) and one step per
-#: pass (1.7-1.8).
-PASSES_PER_TERM = {"several steps per pass": 0.36, "one step per pass": 1.7}
+#: (docs/benchmarks.md, section 4): several steps per pass at the default stopping rule
+#: (0.075-0.137 on binary tables of 2^24-2^30 cells, 0.152 on a mixed network of
+#: 2-6-valued variables; 0.15 is taken) and one step per pass (1.7-1.8).
+PASSES_PER_TERM = {"several steps per pass": 0.15, "one step per pass": 1.7}
 
 
 class PlanError(ValueError):

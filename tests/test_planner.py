@@ -200,7 +200,7 @@ def _plan_json(capsys, *argv):
 
 def test_duration_at_a_given_disk_speed(capsys):
     """2^30 cells: a pass reads dbar and thetabar (16 GiB) and writes thetabar (8 GiB); at
-    100 MB/s that is 24 GiB / 1e8 B/s, and 100 terms take 1.7 (or 0.25) passes each."""
+    100 MB/s that is 24 GiB / 1e8 B/s, and 100 terms take 1.7 (or 0.15) passes each."""
     from fsll_ooc.planner import PASSES_PER_TERM
 
     rc, out = _plan_json(capsys, "--cards", "2x30", "--memory", "4GiB", "--disk-speed", "100MB")
@@ -208,15 +208,15 @@ def test_duration_at_a_given_disk_speed(capsys):
     d = out["duration"]
     assert d["read_speed"] == d["write_speed"] == 1e8 and "--disk-speed" in d["source"]
     assert math.isclose(d["seconds_per_pass"], 24 * 2**30 / 1e8)
-    assert sorted(PASSES_PER_TERM.values()) == [0.36, 1.7]
+    assert sorted(PASSES_PER_TERM.values()) == [0.15, 1.7]
     for how, k in PASSES_PER_TERM.items():
         assert math.isclose(d["seconds_per_100_terms"][how], 100 * k * 24 * 2**30 / 1e8)
     line = next(ln for ln in out["report"].splitlines() if "time / 100 terms" in ln)
-    assert line.index("at 0.36 passes/term, several steps per pass (the default here)") < line.index("at 1.7")
+    assert line.index("at 0.15 passes/term, several steps per pass (the default here)") < line.index("at 1.7")
     assert "about 4 min" in out["report"]
     rc, out = _plan_json(capsys, "--cards", "2x20", "--memory", "4GiB", "--disk-speed", "100MB", "--out-of-core")
     line = next(ln for ln in out["report"].splitlines() if "time / 100 terms" in ln)
-    assert line.index("at 1.7 passes/term, one step per pass (the default here)") < line.index("at 0.36")
+    assert line.index("at 1.7 passes/term, one step per pass (the default here)") < line.index("at 0.15")
 
 
 def test_duration_is_measured_in_the_store_directory_or_in_memory(capsys, tmp_path):
