@@ -345,6 +345,16 @@ def key_chunks(spec: TableSpec, key) -> tuple[list[tuple[int, ...]], bool]:
     return list(itertools.product(*per_axis)), aligned
 
 
+def whole_chunks(spec: TableSpec, key, n_cells: int | None = None) -> list[tuple[int, ...]] | None:
+    """The chunk coordinates of ``key`` when it covers whole chunks (and, when given,
+    ``n_cells`` cells: a value of the key's size), else None (what a backend's band I/O
+    that moves whole chunks can take)."""
+    coords, aligned = key_chunks(spec, key)
+    if not (aligned and coords) or (n_cells is not None and n_cells != len(coords) * spec.chunk_size):
+        return None
+    return coords
+
+
 def chunk_slices(spec: TableSpec, coords) -> tuple:
     """The key of the chunk at grid coordinates ``coords``."""
     return tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(coords, spec.chunks, spec.shape))

@@ -40,7 +40,7 @@ import threading
 import numpy as np
 
 from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, cached, chunk_slices, forget, key_chunks, open_table,
-                   register_backend, thread_pool)
+                   register_backend, thread_pool, whole_chunks)
 from .errors import IntegrityError
 from . import binding, files
 from .binding import crc_path
@@ -160,29 +160,41 @@ def _move(fd: int, write: bool, band: memoryview, pieces: list, done: queue.Simp
     reporting each piece's index (or the error that ended the transfer) on ``done``;
     stops early when ``stop`` is set.  A band that is not page-aligned goes through this
     thread's bounce buffer."""
+    def short(w, at):
+        return OSError(errno.EIO, f"short {'write' if w else 'read'} at byte {at:,} of the table", path)
+
     try:
         zero_copy = np.frombuffer(band, np.uint8).ctypes.data % DIRECT_ALIGN == 0 if len(band) else True
         buf = None if zero_copy else _buffer()
         for i, (off, pos, length, _, _) in enumerate(pieces):
             if stop.is_set():
                 break
-            for lo in range(0, length, length if zero_copy else DIRECT_PIECE):
-                n = length - lo if zero_copy else min(DIRECT_PIECE, length - lo)
-                view = band[pos + lo:pos + lo + n] if zero_copy else buf[:n]
-                if write:
-                    if not zero_copy:
-                        view[:] = band[pos + lo:pos + lo + n]
-                    got = os.pwritev(fd, [view], off + lo)
-                else:
-                    got = os.preadv(fd, [view], off + lo)
-                    if not zero_copy:
-                        band[pos + lo:pos + lo + n] = view
-                if got != n:
-                    raise OSError(errno.EIO, f"short {'write' if write else 'read'} at byte {off + lo:,} of the "
-                                             "table", path)
+            move_bytes(fd, write, band, pos, off, length, buf, short)
             done.put(i)
     except BaseException as e:  # handed to the caller, which raises it
         done.put(e)
+
+
+def move_bytes(fd: int, write: bool, band: memoryview, pos: int, off: int, n: int, buf: memoryview | None,
+               short) -> None:
+    """Move ``n`` bytes between ``band[pos:pos + n]`` and the file ``fd`` at offset ``off``:
+    straight when ``buf`` is None (with ``O_DIRECT``, ``band`` must be page-aligned there),
+    else through ``buf`` (a page-aligned bounce buffer, :func:`_buffer`) a buffer's length
+    at a time.  A short transfer raises ``short(write, file offset)``."""
+    step = n if buf is None else len(buf)
+    for lo in range(0, n, max(step, 1)):
+        m = min(step, n - lo)
+        view = band[pos + lo:pos + lo + m] if buf is None else buf[:m]
+        if write:
+            if buf is not None:
+                view[:] = band[pos + lo:pos + lo + m]
+            got = os.pwritev(fd, [view], off + lo)
+        else:
+            got = os.preadv(fd, [view], off + lo)
+        if got != m:
+            raise short(write, off + lo)
+        if not write and buf is not None:
+            band[pos + lo:pos + lo + m] = view
 
 
 def _overlapped(spec: TableSpec, fd: int, write: bool, ids, band: np.ndarray) -> np.ndarray:
@@ -345,10 +357,8 @@ def _write_direct(spec: TableSpec, ids, value: np.ndarray):
 
 def _whole_chunks(spec: TableSpec, key, n_cells: int | None = None):
     """The chunk ids of ``key`` when it covers whole chunks (and ``n_cells`` of them), else None."""
-    coords, aligned = key_chunks(spec, key)
-    if not (aligned and coords) or (n_cells is not None and n_cells != len(coords) * spec.chunk_size):
-        return None
-    return _chunk_ids(spec, coords)
+    coords = whole_chunks(spec, key, n_cells)
+    return None if coords is None else _chunk_ids(spec, coords)
 
 
 def _write_memmap(spec: TableSpec, arr: np.memmap, key, value) -> None:

@@ -59,7 +59,7 @@ import numpy as np
 
 from . import binding, files, memmap
 from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, cached, forget, key_chunks, normalize_key, open_table,
-                   register_backend, thread_pool)
+                   register_backend, thread_pool, whole_chunks)
 from .errors import IntegrityError
 from .files import crc32c, file_sha256, fsync_path, refuse_link, syncfs
 
@@ -166,10 +166,7 @@ def _own_ids(spec: TableSpec, key, n_cells: int | None = None):
         return None
     if memmap._contiguous_split(spec.shape, spec.chunks) is None:
         return None
-    coords, aligned = key_chunks(spec, key)
-    if not (aligned and coords) or (n_cells is not None and n_cells != len(coords) * spec.chunk_size):
-        return None
-    return coords
+    return whole_chunks(spec, key, n_cells)
 
 
 def _direct(spec: TableSpec) -> bool:
@@ -217,27 +214,17 @@ def _set_direct(fd: int, on: bool) -> None:
 def _transfer(fd: int, write: bool, view: memoryview, pos: int, n: int, f: str) -> None:
     """Move ``n`` bytes at file offset ``pos`` between ``fd`` and ``view`` (the chunk's bytes,
     from ``pos``); a direct descriptor needs ``view`` page-aligned or goes through this
-    thread's aligned bounce buffer (:func:`fsll_ooc.storage.memmap._buffer`)."""
+    thread's aligned bounce buffer (:func:`fsll_ooc.storage.memmap.move_bytes`)."""
     if n <= 0:
         return
     direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
     aligned = not direct or np.frombuffer(view, np.uint8, count=1, offset=pos).ctypes.data % memmap.DIRECT_ALIGN == 0
-    step = n if aligned else memmap.DIRECT_PIECE
-    buf = None if aligned else memmap._buffer()
-    for lo in range(pos, pos + n, step):
-        m = min(step, pos + n - lo)
-        part = view[lo:lo + m] if aligned else buf[:m]
-        if write:
-            if not aligned:
-                part[:] = view[lo:lo + m]
-            got = os.pwritev(fd, [part], lo)
-        else:
-            got = os.preadv(fd, [part], lo)
-            if not aligned:
-                view[lo:lo + m] = part[:got]
-        if got != m:
-            raise IntegrityError(f, f"short {'write' if write else 'read'} at byte {lo:,} of the chunk file "
-                                    "(the file changed while it was in use)")
+
+    def short(w, at):
+        return IntegrityError(f, f"short {'write' if w else 'read'} at byte {at:,} of the chunk file "
+                                 "(the file changed while it was in use)")
+
+    memmap.move_bytes(fd, write, view, pos, pos, n, None if aligned else memmap._buffer(), short)
 
 
 def _read_chunk(spec: TableSpec, f: str, view: memoryview, direct: bool) -> int:
