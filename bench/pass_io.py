@@ -92,9 +92,9 @@ def child(args) -> None:
     from fsll_ooc.engine import engine as engine_mod
     from fsll_ooc.engine.tasks import task_partner, task_update_scan
     from fsll_ooc.learn import LearnOptions
-    from fsll_ooc.storage import memmap
+    from fsll_ooc.storage import direct_io, memmap
 
-    memmap.DIRECT_IO = True
+    direct_io.DIRECT_IO = True
     before = sc.disk_throughput(args.dir)
     probes = []  # (write, read) of the disk between rounds of updates
     passes = []  # (kind of pass, variant, bytes, seconds)

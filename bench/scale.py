@@ -249,9 +249,9 @@ def child(args) -> None:
     cgroup = enter_cgroup(args.cap)
     from fsll_ooc import FSLL
     from fsll_ooc.learn import LearnOptions
-    from fsll_ooc.storage import memmap
+    from fsll_ooc.storage import direct_io
 
-    memmap.DIRECT_IO = {"on": True, "off": False, "auto": "auto"}[args.direct]
+    direct_io.DIRECT_IO = {"on": True, "off": False, "auto": "auto"}[args.direct]
     # the engines that learn (a fitted model answers queries through a reader engine of its own)
     engines = []  # (estimator, engine): the fit's own, and those of the penalty scale's sub-fits
     make = FSLL._make_engine

@@ -200,8 +200,8 @@ class FSLLAverage:
         multinomial with equal weights, each member draws its share (:meth:`FSLL.sample`),
         and the rows are shuffled.  Codes or a ``DataFrame`` as :meth:`FSLL.sample`."""
         self._check_fitted()
-        from ._validation import check_n_samples
-        from ._machine import total_memory
+        from .validation import check_n_samples
+        from .machine import total_memory
 
         check_n_samples(n_samples, len(self.cardinalities_), total_memory())
         rng = np.random.default_rng(random_state)
@@ -276,7 +276,7 @@ class FSLLAverage:
     @classmethod
     def load(cls, path) -> "FSLLAverage":
         """Read an average written by :meth:`save` (a single model's file: use :meth:`FSLL.load`)."""
-        from .estimator import _params_from_json
+        from .model_file import params_from_json
 
         af = model_file.load_average(path)
         members = []
@@ -285,7 +285,7 @@ class FSLLAverage:
             m._set_fitted(mf.state, cost=mf.cost, kl_data=mf.kl_data, feature_names=af.feature_names,
                           categories=af.categories)
             members.append(m)
-        own = {k: v for k, v in _params_from_json(af.members[0].params).items() if k not in ("random_state",)}
+        own = {k: v for k, v in params_from_json(af.members[0].params).items() if k not in ("random_state",)}
         avg = cls(**af.params, **own)  # a refit uses the members' parameters (random_state is the average's)
         avg._set_fitted(members, af.n_samples)
         return avg
@@ -303,7 +303,7 @@ def _member_store(store, k: int):
 
 
 def _model_file(m: FSLL) -> "model_file.ModelFile":
-    from .estimator import _plain
+    from .model_file import plain_value
 
-    return model_file.ModelFile(m._state, {k: _plain(v) for k, v in m.get_params().items() if k in m._SAVED_PARAMS},
+    return model_file.ModelFile(m._state, {k: plain_value(v) for k, v in m.get_params().items() if k in m._SAVED_PARAMS},
                                 m.cost_, m.kl_data_, None, None)

@@ -53,8 +53,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import __version__
-from ._machine import free_disk, total_memory
-from ._validation import check_store_path, read_only_fs
+from .machine import free_disk, total_memory
+from .validation import check_store_path, read_only_fs
 from .io import DataError, decode, encode, encode_with, read_table
 from .queries import labels as _labels_of
 from .queries import describe_factor as _describe_factor, factor_text as _factor_text  # noqa: F401 (term text)
@@ -1068,8 +1068,13 @@ def _register_plan(sub) -> None:
 def _plan_duration(args, p):
     """The time estimate of a plan: at ``--disk-speed``, or at a speed measured here (the
     disk of ``--store`` out of core, the memory in core); None when there is nothing to measure."""
-    from ._machine import disk_speed, memory_speed
+    from functools import partial
+
+    from .learn.batch import AUTO_MIN_CELLS
+    from .machine import disk_speed, memory_speed
     from .planner import estimate_duration, parse_bytes
+
+    estimate_duration = partial(estimate_duration, batched_by_default=p.layout.size >= AUTO_MIN_CELLS)
 
     if args.disk_speed is not None and p.out_of_core:
         with _user_input():

@@ -15,7 +15,6 @@ True
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import sys
 import warnings
@@ -28,12 +27,13 @@ from .engine import Engine, Table
 from .learn import FitState, LearnOptions, learn, resolve_refine
 from .planner import plan as make_plan, PlanError
 from . import model_file
-from ._machine import cgroup_memory_limit, free_disk, total_memory
-from ._validation import (check_cardinalities_param, check_code_range, check_fit_params, check_labels,
-                          check_memory_limit, check_n_samples, check_store_path, validate_data)
-from .model_file import MODEL_FORMAT, MODEL_VERSION, jsonable_categories
+from .machine import cgroup_memory_limit, free_disk, total_memory
+from . import validation as V
+from .validation import check_cardinalities_param, check_code_range, check_labels, check_n_samples, check_store_path
+from .model_file import MODEL_FORMAT, MODEL_VERSION, json_or_none, jsonable_categories, params_from_json, plain_value
 from .storage.fit_store import TABLE_NAMES, FitStore, StoredFit
 from .storage.url_store import decode_options
+from .io import validate_data
 
 __all__ = ["FSLL", "MODEL_FORMAT", "MODEL_VERSION", "validate_data"]
 
@@ -229,7 +229,8 @@ class FSLL:
         self.storage_options = storage_options
 
     # ------------------------------------------------------------------ sklearn-style params
-    # To add a parameter: an argument of __init__ stored verbatim, its name in _PARAMS, the
+    # To add a parameter: an argument of __init__ stored verbatim, its name in _PARAMS, its
+    # check in _parameter_constraints, the
     # docstring above and docs/api.md; if it changes what is learned, its name in
     # _SAVED_PARAMS too (then the model file and the store's state keep it and resume uses it).
     _PARAMS = ("cardinalities", "epsilon", "max_iter", "store", "backend", "memory_limit", "scheduler",
@@ -240,6 +241,23 @@ class FSLL:
                      "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol")
     #: A store also keeps these, to resume with the same problem and budget.
     _STORED_PARAMS = _SAVED_PARAMS + ("cardinalities", "memory_limit")
+    # Every parameter check, in the order they run (``validation.validate_params``); a check
+    # gets the value and all parameters.  The EM parameters come last.
+    _parameter_constraints = {
+        "epsilon": lambda v, p: V.check_epsilon(v),
+        "max_iter": lambda v, p: V.check_max_iter(v),
+        "resync_every": lambda v, p: V.check_resync_every(v),
+        "memory_limit": lambda v, p: V.check_memory_limit(v),
+        "refine": lambda v, p: resolve_refine(v, p["epsilon"]),
+        "penalty": lambda v, p: C.resolve_penalty(v, p["epsilon"]),
+        "penalty_scale": lambda v, p: C.resolve_penalty_scale(v, p["epsilon"]),
+        "missing": lambda v, p: V.check_missing(v),
+        "hidden": lambda v, p: V.check_hidden(v),
+        "n_restarts": lambda v, p: V.check_n_restarts(v),
+        "random_state": lambda v, p: V.check_random_state(v),
+        "em_max_rounds": lambda v, p: V.check_em_max_rounds(v),
+        "em_tol": lambda v, p: V.check_em_tol(v),
+    }
 
     def get_params(self, deep: bool = True) -> dict:
         """Constructor parameters, as in scikit-learn."""
@@ -261,18 +279,11 @@ class FSLL:
 
     # ------------------------------------------------------------------ fitting
     def _check_params(self) -> storage.TableBackend:
-        check_fit_params(self.epsilon, self.max_iter, self.resync_every)
-        check_memory_limit(self.memory_limit)
-        resolve_refine(self.refine, self.epsilon)  # raises ValueError on a bad value
-        C.resolve_penalty(self.penalty, self.epsilon)  # likewise
-        C.resolve_penalty_scale(self.penalty_scale, self.epsilon)  # likewise
+        V.validate_params(self.get_params(), self._parameter_constraints)
         self._options()
         backend = storage.get_backend(self.backend or ("zarr" if self.store is not None else "numpy"))
         if backend.persistent and self.store is None:
             raise ValueError(f"backend {backend.name!r} needs store=PATH")
-        from .missing import check_params
-
-        check_params(self)
         return backend
 
     def _workers(self, default: int) -> int:
@@ -350,7 +361,7 @@ class FSLL:
         # Crash-safe order (docs/reliability.md): lock; old state out; data kept in the store;
         # "starting"; tables and targets; "running" after every iteration; "complete".
         with fs.writing("fit", "fitting", plan):
-            fs.begin(plan, self._stored_params(), (names, _json_or_none(jsonable_categories(categories))),
+            fs.begin(plan, self._stored_params(), (names, json_or_none(jsonable_categories(categories))),
                      uniq, counts, state, extra=None if choice.start is None else {WARM_START: choice.start})
             self._fit_in_store(fs, plan, state, uniq, counts, flat=flat, fresh=True, names=names,
                                categories=categories, start=choice.start)
@@ -409,7 +420,7 @@ class FSLL:
 
     def _stored_params(self) -> dict:
         """The parameters a store keeps to resume with (plain JSON)."""
-        return {k: _plain(v) for k, v in self.get_params().items() if k in self._STORED_PARAMS}
+        return {k: plain_value(v) for k, v in self.get_params().items() if k in self._STORED_PARAMS}
 
     def _fit_in_store(self, fs: FitStore, plan, state: FitState, uniq, counts, *, flat=None, fresh: bool,
                       names=None, categories=None, start=None) -> None:
@@ -535,7 +546,7 @@ class FSLL:
     @classmethod
     def _from_stored(cls, fs: FitStore, stored: StoredFit, scheduler, progress, memory_limit=None) -> "FSLL":
         """An estimator with the stored fit's parameters (every learning parameter of the fit)."""
-        kw = _params_from_json({k: v for k, v in stored.params.items() if k in cls._PARAMS})
+        kw = params_from_json({k: v for k, v in stored.params.items() if k in cls._PARAMS})
         kw.update(store=fs.root, backend=stored.backend, scheduler=scheduler, layout=stored.layout, progress=progress,
                   storage_options=decode_options(fs.io.options) if fs.io.is_url else None)
         if memory_limit is not None:
@@ -741,7 +752,7 @@ class FSLL:
         """Write the model as one JSON file (format ``fsll-ooc-model``, versioned), atomically."""
         self._check_fitted()
         model_file.save(path, model_file.ModelFile(
-            self._state, {k: _plain(v) for k, v in self.get_params().items() if k in self._SAVED_PARAMS},
+            self._state, {k: plain_value(v) for k, v in self.get_params().items() if k in self._SAVED_PARAMS},
             self.cost_, self.kl_data_, self.feature_names_in_, self.categories_))
 
     @classmethod
@@ -760,7 +771,7 @@ class FSLL:
         if unknown:  # named by repr: a key may hold any character
             raise ValueError(f"{what} (unknown parameter {unknown[0]!r})")
         try:
-            return cls(**_params_from_json(params))
+            return cls(**params_from_json(params))
         except (TypeError, ValueError) as e:
             raise ValueError(f"{what} ({type(e).__name__}: {e})") from None
 
@@ -856,26 +867,3 @@ def _check_table_fits_memory(cards) -> None:
                          f"about {need / 2**30:.1f} GiB, more than this machine's {mem / 2**30:.1f} GiB")
 
 
-def _plain(v):
-    """A parameter value as plain JSON (numpy scalars and arrays, tuples)."""
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, LearnOptions):
-        return v.to_json()
-    if isinstance(v, (np.ndarray, tuple, list)):
-        return [_plain(x) for x in v]
-    return v
-
-
-def _params_from_json(params: dict) -> dict:
-    """Parameters read from a file: ``learn_options`` back to a :class:`LearnOptions`."""
-    lo = params.get("learn_options")
-    return {**params, "learn_options": LearnOptions.from_json(lo)} if isinstance(lo, dict) else params
-
-
-def _json_or_none(obj):
-    try:
-        json.dumps(obj)
-        return obj
-    except (TypeError, ValueError):
-        return None

@@ -2,7 +2,7 @@
 
 The model works on integer codes: variable ``i`` takes the values ``0 .. k_i-1``.
 This module maps user data onto that convention and back, and validates it *before*
-anything large is allocated (the limits live in :mod:`fsll_ooc._validation`):
+anything large is allocated (the limits live in :mod:`fsll_ooc.validation`):
 
 * :func:`encode` turns a 2-D numpy array, a list of rows or a pandas ``DataFrame``
   into an :class:`Encoded` (codes, variable names, category labels, cardinalities);
@@ -51,8 +51,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._validation import (MAX_CATEGORIES, MAX_CELLS, MAX_LINE_CHARS, MAX_VARIABLES, DataError,
+from .validation import (MAX_CATEGORIES, MAX_CELLS, MAX_LINE_CHARS, MAX_VARIABLES, DataError,
                           check_cardinalities, check_input_file, is_label)
+from .validation import validate_data as _validate_codes
 
 __all__ = [
     "DataError",
@@ -65,6 +66,7 @@ __all__ = [
     "decode",
     "read_table",
     "check_cardinalities",
+    "validate_data",
 ]
 
 #: File types understood by :func:`read_table` (``.tsv``: tab-separated text; ``.txt``: text,
@@ -503,6 +505,23 @@ def encode(data: Any, cardinalities: Sequence[int] | None = None) -> Encoded:
     return Encoded(codes=codes, names=names, categories=[p.categories for p in plans], cardinalities=ks)
 
 
+def validate_data(X: Any, cardinalities: Sequence[int] | None = None,
+                  names: Sequence[str] | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Check ``X`` (category codes, or a DataFrame whose labels are encoded first) and return
+    ``(codes as int64 (N, n), cardinalities)``; see :func:`fsll_ooc.validation.validate_data`.
+
+    >>> import pandas as pd
+    >>> validate_data(pd.DataFrame({"a": ["x", "y"]}))[1]
+    (2,)
+    """
+    if _is_dataframe(X):
+        enc = encode(X, cardinalities)
+        X = enc.codes
+        if cardinalities is None:
+            cardinalities = enc.cardinalities
+    return _validate_codes(X, cardinalities, names)
+
+
 def encode_with(categories: Sequence[Sequence], data: Any, names: Sequence[str] | None = None,
                 strict: bool = False) -> np.ndarray:
     """Encode new data with an existing mapping (e.g. a fitted model's ``categories_``).
@@ -707,7 +726,7 @@ def read_table(path: str | os.PathLike, *, sep: str | None = None, header: bool 
 
 def _check_fits_in_memory(path: str, nbytes: int, what: str) -> None:
     """A data file is read whole: refuse one whose content cannot fit in this machine's memory."""
-    from ._machine import total_memory
+    from .machine import total_memory
 
     memory = total_memory()
     if memory is not None and nbytes > memory:

@@ -812,32 +812,6 @@ def posterior(model, codes: np.ndarray, n_hidden: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------- the estimator's door
 
-def check_params(est) -> None:
-    """Validate :class:`~fsll_ooc.FSLL`'s EM parameters (``ValueError`` naming the parameter)."""
-    if est.missing not in (None, "em"):
-        raise ValueError(f"missing must be None or 'em', got {est.missing!r}")
-    if est.hidden is not None:
-        h = est.hidden
-        if isinstance(h, (str, bytes)) or not hasattr(h, "__iter__"):
-            raise ValueError(f"hidden must be a sequence of cardinalities, e.g. [3], got {h!r}")
-        for k in h:
-            if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 2:
-                raise ValueError(f"hidden cardinalities must be integers >= 2, got {k!r} in {list(h)!r}")
-    if est.n_restarts is not None and (isinstance(est.n_restarts, (bool, np.bool_))
-                                       or not isinstance(est.n_restarts, (int, np.integer)) or est.n_restarts < 1):
-        raise ValueError(f"n_restarts must be a positive int or None, got {est.n_restarts!r}")
-    if est.random_state is not None and (isinstance(est.random_state, (bool, np.bool_))
-                                         or not isinstance(est.random_state, (int, np.integer))
-                                         or est.random_state < 0):
-        raise ValueError(f"random_state must be a non-negative int or None, got {est.random_state!r}")
-    if isinstance(est.em_max_rounds, (bool, np.bool_)) or not isinstance(est.em_max_rounds, (int, np.integer)) \
-            or est.em_max_rounds < 1:
-        raise ValueError(f"em_max_rounds must be a positive int, got {est.em_max_rounds!r}")
-    if est.em_tol is not None and not (isinstance(est.em_tol, (int, float)) and not isinstance(est.em_tol, bool)
-                                       and est.em_tol >= 0 and math.isfinite(est.em_tol)):
-        raise ValueError(f"em_tol must be a non-negative number or None, got {est.em_tol!r}")
-
-
 def _first_missing(mask: np.ndarray, X) -> str:
     r, c = map(int, np.argwhere(mask)[0])
     name = str(X.columns[c]) if hasattr(X, "columns") else f"X{c}"
@@ -864,7 +838,7 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
     """The EM fit of ``est`` on ``X`` (in core, or out of core in ``est.store``); ``False``
     when ``X`` is complete and nothing is hidden (the caller then runs the ordinary fit,
     with the same bits)."""
-    from ._validation import validate_data
+    from .validation import validate_data
 
     Xf, mask = split_missing(X)
     hidden = [int(k) for k in (est.hidden or ())]
@@ -891,7 +865,7 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
         _fit_in_store(est, backend, rows, counts, tuple(cards), len(hidden), seeds, names, categories)
         return True
     from . import storage
-    from ._machine import total_memory
+    from .machine import total_memory
     from .learn import learn
     from .storage.fit_store import TABLE_NAMES
 
@@ -977,9 +951,8 @@ def _set_em_attributes(est, res: EMResult, n_hidden: int) -> None:
 def _fit_in_store(est, backend, rows, counts, cards, n_hidden: int, seeds, names, categories) -> None:
     """A new EM fit in ``est.store``: the data kept as distinct rows and counts (file
     ``rows``), then :func:`_learn_in_store` from new tables."""
-    from ._machine import free_disk
-    from .estimator import _json_or_none
-    from .model_file import jsonable_categories
+    from .machine import free_disk
+    from .model_file import json_or_none, jsonable_categories
     from .storage.fit_store import FitStore
 
     fs = FitStore(est.store, backend.name, getattr(est, "storage_options", None))
@@ -990,7 +963,7 @@ def _fit_in_store(est, backend, rows, counts, cards, n_hidden: int, seeds, names
     state = _new_state(est, cards, N)
     empty = np.zeros(0, np.int64)
     with fs.writing("fit", "fitting", plan):
-        fs.begin(plan, est._stored_params(), (names, _json_or_none(jsonable_categories(categories))), empty, empty,
+        fs.begin(plan, est._stored_params(), (names, json_or_none(jsonable_categories(categories))), empty, empty,
                  state, files={"rows": np.concatenate([rows, counts[:, None]], axis=1)},
                  extra={"em": {"seeds": [int(x) for x in seeds], "restart": 0, "phase": "start", "best": None}})
         _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, categories, state, fresh=True)

@@ -1,7 +1,7 @@
 """The model file: one versioned JSON document per fitted model (``docs/model-format.md``).
 
 :func:`save` writes it atomically; :func:`load` reads it and trusts nothing in it: the
-format and version, the cardinalities (the limits of :mod:`fsll_ooc._validation`), every
+format and version, the cardinalities (the limits of :mod:`fsll_ooc.validation`), every
 parameter index, the numbers, the history and the labels are checked, and any problem
 is one ``ValueError`` naming the file.
 
@@ -20,10 +20,10 @@ import numpy as np
 
 from . import storage
 from .cost import checked_penalty_scale
-from ._validation import MAX_CATEGORIES, MAX_CELLS, MAX_MODEL_BYTES, DataError, check_input_file, check_labels
-from .learn import FitState
+from .validation import MAX_CATEGORIES, MAX_CELLS, MAX_MODEL_BYTES, DataError, check_input_file, check_labels
+from .learn import FitState, LearnOptions
 
-__all__ = ["MODEL_FORMAT", "MODEL_VERSION", "AVERAGE_FORMAT", "AVERAGE_VERSION", "ModelFile", "AverageFile",
+__all__ = ["json_or_none", "plain_value", "params_from_json", "MODEL_FORMAT", "MODEL_VERSION", "AVERAGE_FORMAT", "AVERAGE_VERSION", "ModelFile", "AverageFile",
            "save", "load", "save_average", "load_average", "is_average"]
 
 MODEL_FORMAT = "fsll-ooc-model"
@@ -271,3 +271,29 @@ def _text(obj: dict) -> str:
         else:
             lines.append(f" {json.dumps(k)}: {json.dumps(v, allow_nan=True)}")
     return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def json_or_none(obj):
+    """``obj`` if JSON can write it, else ``None`` (labels a store keeps only when they are JSON)."""
+    try:
+        json.dumps(obj)
+        return obj
+    except (TypeError, ValueError):
+        return None
+
+
+def plain_value(v):
+    """A parameter value as plain JSON (numpy scalars and arrays, tuples)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, LearnOptions):
+        return v.to_json()
+    if isinstance(v, (np.ndarray, tuple, list)):
+        return [plain_value(x) for x in v]
+    return v
+
+
+def params_from_json(params: dict) -> dict:
+    """Parameters read from a file: ``learn_options`` back to a :class:`LearnOptions`."""
+    lo = params.get("learn_options")
+    return {**params, "learn_options": LearnOptions.from_json(lo)} if isinstance(lo, dict) else params

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ._validation import MAX_VARIABLES, format_count
+from .validation import MAX_VARIABLES, format_count
 
 __all__ = ["Layout", "Plan", "PlanError", "plan", "min_memory", "parse_bytes", "format_bytes", "parse_cards",
            "TABLES", "TASK_FACTOR", "BASE_OVERHEAD", "MAX_CHUNKS", "PASSES_PER_TERM", "Duration", "estimate_duration"]
@@ -419,7 +419,7 @@ def plan(cards: Sequence[int], *, dtype: str = "float64", memory_limit=None, dis
     memory limit, a disk size) gives a feasible plan.  A table is cut into at most
     ``MAX_CHUNKS`` chunks.
     """
-    from ._validation import MAX_CATEGORIES, MAX_CELLS
+    from .validation import MAX_CATEGORIES, MAX_CELLS
 
     if isinstance(cards, (str, bytes)):
         raise PlanError(f"cardinalities must be a sequence of integers, got {cards!r}")
@@ -532,13 +532,16 @@ class Duration:
                 ("time / 100 terms", per)]
 
 
-def estimate_duration(p: Plan, read_speed: float, write_speed: float, source: str = "given") -> Duration:
+def estimate_duration(p: Plan, read_speed: float, write_speed: float, source: str = "given",
+                      batched_by_default: bool = False) -> Duration:
     """The time of a fit's passes under plan ``p`` at ``read_speed`` and ``write_speed``
     (bytes per second: the disk's out of core, the memory's in core).
 
     A typical pass reads ``dbar`` and ``thetabar`` and writes ``thetabar``
     (``bytes_per_iteration``: two thirds read, one third written).  Compute and the
     learner's own work come on top, so in core this is a lower bound.
+    ``batched_by_default`` says whether the default learner takes several steps per pass
+    on this table (the caller asks the learner: :func:`fsll_ooc.learn.batch.resolve_batch`).
 
     >>> d = estimate_duration(plan((2,) * 30, memory_limit="4GiB"), 100e6, 50e6)
     >>> round(d.seconds_per_pass, 1)  # 16 GiB read at 100 MB/s + 8 GiB written at 50 MB/s
@@ -546,11 +549,8 @@ def estimate_duration(p: Plan, read_speed: float, write_speed: float, source: st
     """
     if not (read_speed > 0 and write_speed > 0):
         raise PlanError(f"speeds must be positive, got {read_speed!r} and {write_speed!r}")
-    from .learn.batch import AUTO_MIN_CELLS
-
     third = p.bytes_per_iteration // 3
-    return Duration(2 * third, third, float(read_speed), float(write_speed), source,
-                    p.layout.size >= AUTO_MIN_CELLS)
+    return Duration(2 * third, third, float(read_speed), float(write_speed), source, bool(batched_by_default))
 
 
 def _duration(seconds: float) -> str:

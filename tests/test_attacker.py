@@ -53,7 +53,7 @@ def test_fitted_model_never_writes_the_store_without_its_lock(tmp_path, backend)
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_default_memory_follows_the_cgroup_limit(tmp_path, monkeypatch, version):
-    from fsll_ooc import _machine
+    from fsll_ooc import machine
 
     proc = tmp_path / "cgroup"
     if version == 2:
@@ -65,13 +65,13 @@ def test_default_memory_follows_the_cgroup_limit(tmp_path, monkeypatch, version)
         (tmp_path / "memory" / "box").mkdir(parents=True)
         limit_file = tmp_path / "memory" / "box" / "memory.limit_in_bytes"
     limit_file.write_text(f"{512 << 20}\n")
-    monkeypatch.setattr(_machine, "PROC_CGROUP", str(proc))
-    monkeypatch.setattr(_machine, "CGROUP_ROOT", str(tmp_path))
-    assert _machine.cgroup_memory_limit() == 512 << 20
-    assert _machine.total_memory() == 512 << 20
+    monkeypatch.setattr(machine, "PROC_CGROUP", str(proc))
+    monkeypatch.setattr(machine, "CGROUP_ROOT", str(tmp_path))
+    assert machine.cgroup_memory_limit() == 512 << 20
+    assert machine.total_memory() == 512 << 20
     limit_file.write_text("max\n" if version == 2 else "9223372036854771712\n")  # no limit
-    assert _machine.cgroup_memory_limit() is None
-    assert _machine.total_memory() == _machine._physical_memory()
+    assert machine.cgroup_memory_limit() is None
+    assert machine.total_memory() == machine._physical_memory()
 
 
 def test_resume_takes_a_memory_limit(tmp_path):

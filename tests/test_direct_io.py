@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 
 from fsll_ooc import storage
-from fsll_ooc.storage import memmap
+from fsll_ooc.storage import direct_io, memmap
 
 
 @pytest.fixture(params=[2**20, 8192], ids=["piece-16MiB", "piece-8KiB"])
 def small_pieces(request, monkeypatch):
-    monkeypatch.setattr(memmap, "DIRECT_PIECE", request.param)
-    monkeypatch.setattr(memmap._local, "buf", None, raising=False)  # a buffer of the patched size
+    monkeypatch.setattr(direct_io, "DIRECT_PIECE", request.param)
     return request.param
 
 
@@ -33,7 +32,7 @@ def _keys(shape, chunks):
 def test_direct_band_io_matches_the_memory_map(tmp_path, shape, chunks, small_pieces, monkeypatch):
     if not hasattr(__import__("os"), "O_DIRECT"):
         pytest.skip("no O_DIRECT on this system")  # the buffered path is the memory map itself
-    monkeypatch.setattr(memmap, "DIRECT_IO", True)
+    monkeypatch.setattr(direct_io, "DIRECT_IO", True)
     used = []
     orig_r, orig_w = memmap._read_direct, memmap._write_direct
     monkeypatch.setattr(memmap, "_read_direct", lambda *a: used.append("r") or orig_r(*a))
@@ -55,7 +54,7 @@ def test_direct_band_io_matches_the_memory_map(tmp_path, shape, chunks, small_pi
     assert "r" in used and "w" in used
     np.testing.assert_array_equal(np.fromfile(spec.path, dtype=np.float64).reshape(shape), want)
     memmap.MemmapBackend().verify(spec)  # every chunk's checksum matches the file
-    monkeypatch.setattr(memmap, "DIRECT_IO", False)
+    monkeypatch.setattr(direct_io, "DIRECT_IO", False)
     for k in _keys(shape, chunks):
         np.testing.assert_array_equal(storage.read(spec, k), want[k])
 
@@ -66,21 +65,21 @@ def test_a_fit_through_direct_io_equals_the_buffered_one(tmp_path, monkeypatch):
     cards = (2, 3, 4, 5)
     p, _ = datasets.random_bayesnet(cards, 2, seed=3)
     X = datasets.sample_table(p, 2000, seed=103)
-    monkeypatch.setattr(memmap, "DIRECT_IO", True)
+    monkeypatch.setattr(direct_io, "DIRECT_IO", True)
     a = FSLL(cardinalities=cards, progress=False, store=tmp_path / "a", backend="memmap", layout=(1, 2)).fit(X)
-    monkeypatch.setattr(memmap, "DIRECT_IO", False)
+    monkeypatch.setattr(direct_io, "DIRECT_IO", False)
     b = FSLL(cardinalities=cards, progress=False, store=tmp_path / "b", backend="memmap", layout=(1, 2)).fit(X)
     assert a.cost_ == b.cost_ and a.theta_ == b.theta_ and a.n_iter_ == b.n_iter_
 
 
 def test_direct_io_is_for_tables_the_page_cache_cannot_hold(tmp_path, monkeypatch):
-    from fsll_ooc import _machine
+    from fsll_ooc import machine
 
     spec = storage.create_table("memmap", tmp_path, "t", (4, 8, 512), (1, 1, 512))  # 128 KiB
-    monkeypatch.setattr(memmap, "DIRECT_IO", "auto")
-    monkeypatch.setattr(_machine, "total_memory", lambda: 6 * spec.nbytes)  # three tables: exactly half
-    assert not memmap.wants_direct(spec)
-    monkeypatch.setattr(_machine, "total_memory", lambda: 6 * spec.nbytes - 2)
-    assert memmap.wants_direct(spec) == hasattr(__import__("os"), "O_DIRECT")
-    monkeypatch.setattr(memmap, "DIRECT_IO", False)
-    assert not memmap.wants_direct(spec)
+    monkeypatch.setattr(direct_io, "DIRECT_IO", "auto")
+    monkeypatch.setattr(machine, "total_memory", lambda: 6 * spec.nbytes)  # three tables: exactly half
+    assert not direct_io.wants_direct(spec)
+    monkeypatch.setattr(machine, "total_memory", lambda: 6 * spec.nbytes - 2)
+    assert direct_io.wants_direct(spec) == hasattr(__import__("os"), "O_DIRECT")
+    monkeypatch.setattr(direct_io, "DIRECT_IO", False)
+    assert not direct_io.wants_direct(spec)

@@ -556,7 +556,7 @@ def test_cli_named_cases_are_many():
 
 def _write_unbounded_files(d, model_json):
     """Inputs that are not bounded data: each must be refused after reading little of it."""
-    from fsll_ooc._validation import MAX_LINE_CHARS
+    from fsll_ooc.validation import MAX_LINE_CHARS
 
     os.mkfifo(d / "fifo.csv")
     os.symlink("/dev/zero", d / "zero.csv")
@@ -822,7 +822,7 @@ def test_mutated_model_files_load_sane_or_are_refused(model_json, tmp_path_facto
 def test_arrays_wider_than_the_variable_limit_are_refused_before_encoding(as_frame):
     import pandas as pd
 
-    from fsll_ooc._validation import MAX_VARIABLES
+    from fsll_ooc.validation import MAX_VARIABLES
 
     X = np.zeros((3, MAX_VARIABLES + 1), dtype=np.int8)
     with pytest.raises(ValueError, match="10,000 variables") as e:

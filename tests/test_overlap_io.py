@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fsll_ooc import FSLL, datasets, storage
-from fsll_ooc.storage import IntegrityError, memmap, tables
+from fsll_ooc.storage import IntegrityError, direct_io, memmap, tables
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this system")
 
@@ -20,9 +20,9 @@ SHAPE, CHUNKS = (4, 8, 2048), (1, 1, 2048)  # 16 KiB chunks (whole pages), 128 K
 
 @pytest.fixture
 def table(tmp_path, monkeypatch):
-    monkeypatch.setattr(memmap, "DIRECT_IO", True)
+    monkeypatch.setattr(direct_io, "DIRECT_IO", True)
     monkeypatch.setattr(memmap, "OVERLAP", True)
-    monkeypatch.setattr(memmap, "DIRECT_PIECE", 2 * 16384)  # four pieces of two chunks per band
+    monkeypatch.setattr(direct_io, "DIRECT_PIECE", 2 * 16384)  # four pieces of two chunks per band
     spec = storage.create_table("memmap", tmp_path, "t", SHAPE, CHUNKS, fit_id="test")
     rng = np.random.default_rng(0)
     want = rng.normal(size=SHAPE)
@@ -40,7 +40,7 @@ def test_overlapped_path_is_taken_and_reads_what_was_written(table, monkeypatch)
     got = storage.read(spec, (2,))
     assert seen == [True, False]
     np.testing.assert_array_equal(got, want[2] * 3)
-    assert got.ctypes.data % memmap.DIRECT_ALIGN == 0 and got.flags.c_contiguous
+    assert got.ctypes.data % direct_io.DIRECT_ALIGN == 0 and got.flags.c_contiguous
     # a strided B-band (one chunk of every leading index) takes it too
     key = (slice(None), slice(3, 5), slice(None))
     np.testing.assert_array_equal(storage.read(spec, key), np.concatenate([want[:2], want[2:3] * 3, want[3:]])[key])
@@ -48,8 +48,8 @@ def test_overlapped_path_is_taken_and_reads_what_was_written(table, monkeypatch)
 
 
 def test_chunks_of_part_pages_overlap_where_a_bands_runs_are_whole_pages(tmp_path, monkeypatch):
-    monkeypatch.setattr(memmap, "DIRECT_IO", True)
-    monkeypatch.setattr(memmap, "DIRECT_PIECE", 3 * 4096)
+    monkeypatch.setattr(direct_io, "DIRECT_IO", True)
+    monkeypatch.setattr(direct_io, "DIRECT_PIECE", 3 * 4096)
     shape = (3, 64, 1000)  # 8,000-byte chunks; an A-band (64 chunks) is 125 pages, a B-band's runs are not
     spec = storage.create_table("memmap", tmp_path, "t", shape, (1, 1, 1000), fit_id="test")
     seen = []

@@ -5,7 +5,7 @@ import re
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fsll_ooc._validation import MAX_CATEGORIES, MAX_CELLS
+from fsll_ooc.validation import MAX_CATEGORIES, MAX_CELLS
 from fsll_ooc.planner import (MAX_CHUNKS, MIN_CHUNK_HARD, Layout, PlanError, min_memory, parse_bytes, parse_cards,
                               plan)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fsll_ooc import FSLL, datasets, storage
-from fsll_ooc.storage import IntegrityError, binding, files, memmap, zarr_tables
+from fsll_ooc.storage import IntegrityError, binding, direct_io, files, memmap, zarr_tables
 
 SHAPES = [((3, 5, 7, 11), (1, 1, 7, 11)),  # 616-byte chunks: buffered whole (no full page)
           ((2, 4, 1024), (1, 1, 1024)),     # 8,192-byte chunks: the data direct, the CRC buffered
@@ -37,7 +37,7 @@ def _chunk_files(spec):
 def direct(request, monkeypatch):
     if request.param and not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT on this system")
-    monkeypatch.setattr(memmap, "DIRECT_IO", request.param)
+    monkeypatch.setattr(direct_io, "DIRECT_IO", request.param)
     return request.param
 
 
@@ -76,9 +76,9 @@ def test_own_chunk_io_writes_zarrs_bytes_and_zarr_reads_them(tmp_path, shape, ch
         assert (Path(specs[True].path) / n).read_bytes() == (Path(specs[False].path) / n).read_bytes(), n
     assert Path(specs[True].path + ".crc32c").read_bytes() == Path(specs[False].path + ".crc32c").read_bytes()
     used_direct = any(d for _, d in opened)
-    page = specs[True].chunk_nbytes >= memmap.DIRECT_ALIGN
+    page = specs[True].chunk_nbytes >= direct_io.DIRECT_ALIGN
     dev = os.stat(specs[True].path).st_dev
-    assert used_direct == (direct and dev not in memmap._direct_refused) or not page
+    assert used_direct == (direct and dev not in direct_io.refused_devices) or not page
 
 
 def test_bands_from_unaligned_arrays_and_large_chunks_in_pieces(tmp_path, monkeypatch):
@@ -86,13 +86,12 @@ def test_bands_from_unaligned_arrays_and_large_chunks_in_pieces(tmp_path, monkey
     chunk is larger than one; the file holds the same bytes."""
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT on this system")
-    monkeypatch.setattr(memmap, "DIRECT_IO", True)
-    monkeypatch.setattr(memmap, "DIRECT_PIECE", 8192)
-    monkeypatch.setattr(memmap._local, "buf", None, raising=False)
+    monkeypatch.setattr(direct_io, "DIRECT_IO", True)
+    monkeypatch.setattr(direct_io, "DIRECT_PIECE", 8192)
     spec = storage.create_table("zarr", tmp_path, "t", (2, 3, 3000), (1, 1, 3000), fit_id="f")
     raw = np.random.default_rng(0).normal(size=2 * 3 * 3000 + 1)
     value = raw[1:].reshape(2, 3, 3000)  # 8 bytes past wherever raw starts: not page-aligned
-    assert value.ctypes.data % memmap.DIRECT_ALIGN
+    assert value.ctypes.data % direct_io.DIRECT_ALIGN
     storage.write(spec, (Ellipsis,), value)
     np.testing.assert_array_equal(storage.read(spec, (1,)), value[1])
     body = (Path(spec.path) / "c" / "1" / "2" / "0").read_bytes()
@@ -100,7 +99,7 @@ def test_bands_from_unaligned_arrays_and_large_chunks_in_pieces(tmp_path, monkey
 
 
 def test_a_file_system_without_direct_io_falls_back_to_buffered(tmp_path, monkeypatch):
-    monkeypatch.setattr(memmap, "DIRECT_IO", True)
+    monkeypatch.setattr(direct_io, "DIRECT_IO", True)
     spec = storage.create_table("zarr", tmp_path, "t", (2, 4, 1024), (1, 1, 1024), fit_id="f")
     dev = os.stat(spec.path).st_dev
     orig = files.open_nofollow
@@ -111,9 +110,9 @@ def test_a_file_system_without_direct_io_falls_back_to_buffered(tmp_path, monkey
         return orig(path, flags, mode)
 
     monkeypatch.setattr(files, "open_nofollow", no_direct)
-    monkeypatch.setattr(memmap, "_direct_refused", set())
+    monkeypatch.setattr(direct_io, "refused_devices", set())
     want = _fill(spec, (2, 4, 1024), seed=3)
-    assert dev in memmap._direct_refused or not hasattr(os, "O_DIRECT")
+    assert dev in direct_io.refused_devices or not hasattr(os, "O_DIRECT")
     np.testing.assert_array_equal(storage.read(spec, (Ellipsis,)), want)
 
 
@@ -301,7 +300,7 @@ def test_fits_through_own_chunk_io_and_through_zarr_are_the_same_bits(tmp_path, 
     p, _ = datasets.random_bayesnet(cards, 2, seed=3)
     X = datasets.sample_table(p, 300, seed=1)
     ref = FSLL(progress=False, max_iter=6).fit(X)
-    monkeypatch.setattr(memmap, "DIRECT_IO", True)
+    monkeypatch.setattr(direct_io, "DIRECT_IO", True)
     fits = {}
     for own in (True, False):
         monkeypatch.setattr(zarr_tables, "OWN_IO", own)
@@ -322,8 +321,8 @@ _WRITER = """
 import pickle, sys
 import numpy as np
 from fsll_ooc import storage
-from fsll_ooc.storage import memmap
-memmap.DIRECT_IO = sys.argv[2] == "1"
+from fsll_ooc.storage import direct_io
+direct_io.DIRECT_IO = sys.argv[2] == "1"
 spec = pickle.loads(bytes.fromhex(sys.argv[1]))
 i = 0
 while True:

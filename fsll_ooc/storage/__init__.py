@@ -6,10 +6,10 @@ file (``memmap``), Zarr v3 arrays with the crc32c codec (``zarr_tables``), the s
 arrays at a URL (``zarr_url``, fsspec: ``s3://`` ...; see ``url_store``).  The
 functions below dispatch to a table's backend; callers ask a backend's capabilities
 (``spec.backend_impl.persistent``, ...), never its name.  Also here: atomic and
-checksummed small files (``files``), the store directory's checks (``store_dir``), and
+checksummed small files (``files``), direct I/O for the file backends (``direct_io``), the store directory's checks (``store_dir``), and
 the store's writer lock (``lock``).  Nothing here knows about the model or the learner.
 """
-from . import base, errors, files, lock, store_dir, tables  # noqa: F401
+from . import base, direct_io, errors, files, lock, store_dir, tables  # noqa: F401
 # the built-in backends register themselves on import, in this order
 from . import memory, memmap, zarr_tables, zarr_url  # noqa: F401,E402
 from .base import (  # noqa: F401

@@ -10,18 +10,18 @@ creation with ``ENOSPC`` instead of killing the process with ``SIGBUS`` in the m
 a pass.
 
 Band reads and writes of whole chunks of a table larger than the page cache can hold
-bypass it where the system allows it (``O_DIRECT``, :data:`DIRECT_IO`, :func:`wants_direct`): under a memory limit that counts the page cache (a
+bypass it where the system allows it (``O_DIRECT``, :mod:`fsll_ooc.storage.direct_io`): under a memory limit that counts the page cache (a
 cgroup) and tables larger than it, every buffered byte is copied, its page reclaimed and
 written back by the kernel, and passes moved a fraction of the disk's throughput
 (``docs/benchmarks.md`` section 4).  The file offsets of a direct transfer are aligned to
-:data:`DIRECT_ALIGN`; the few bytes of a run of chunks outside the aligned part, and every
+:data:`~fsll_ooc.storage.direct_io.DIRECT_ALIGN`; the few bytes of a run of chunks outside the aligned part, and every
 partial-chunk access, go through the page cache as before.  Point gathers and
 :func:`fsll_ooc.storage.open_table` use the memory map, which the kernel keeps coherent
 with direct transfers.
 
 Where a band's runs of chunks are whole pages of the file (:data:`OVERLAP`; every band of
 a table whose chunks are), a direct band transfer moves the bytes straight between the
-file and a page-aligned band array (:func:`aligned_empty`; no copy through a bounce
+file and a page-aligned band array (:func:`~fsll_ooc.storage.direct_io.aligned_empty`; no copy through a bounce
 buffer) on a transfer thread, while the calling thread computes
 the checksums: of each piece already read (a read), or of the band being written (a
 write, whose checksums are stored after all its data is in the file).  A transfer
@@ -32,34 +32,22 @@ from __future__ import annotations
 
 import errno
 import math
-import mmap
 import os
 import queue
 import threading
 
 import numpy as np
 
-from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, cached, chunk_slices, forget, key_chunks, open_table,
+from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, chunk_slices, forget, key_chunks, open_table,
                    register_backend, thread_pool, whole_chunks)
 from .errors import IntegrityError
 from . import binding, files
 from .binding import crc_path
 from .files import crc32c, fsync_path, refuse_link
+from . import direct_io
+from .direct_io import DIRECT_ALIGN, aligned_empty, bounce_buffer, contiguous_split, move_bytes, wants_direct
 
-__all__ = ["MemmapBackend", "crc_path", "wants_direct", "aligned_empty", "DIRECT_IO", "DIRECT_ALIGN", "DIRECT_PIECE",
-           "OVERLAP", "IO_THREADS"]
-
-#: Whole-chunk band reads and writes use ``O_DIRECT`` (where the OS has it and the file
-#: system accepts it; a refusal falls back to buffered I/O for that file system):
-#: ``"auto"`` for tables that the page cache cannot hold (:func:`wants_direct`), ``True``
-#: for every table, ``False`` never.
-DIRECT_IO: bool | str = "auto"
-#: File offsets and lengths of a direct transfer are multiples of this (the page size
-#: covers every block size of common file systems).
-DIRECT_ALIGN = 4096
-#: A direct transfer moves at most this many bytes at once, through one aligned buffer
-#: per thread (so it adds this much memory per running task, not a band's worth).
-DIRECT_PIECE = 16 * 2**20
+__all__ = ["MemmapBackend", "crc_path", "OVERLAP", "IO_THREADS"]
 
 #: Direct band transfers of tables whose chunks are whole pages go straight between the file
 #: and the band array on a transfer thread while the caller computes the checksums (True);
@@ -67,20 +55,6 @@ DIRECT_PIECE = 16 * 2**20
 OVERLAP = True
 #: Transfer threads of a process (each moves one band at a time and only waits on the disk).
 IO_THREADS = 8
-
-_local = threading.local()
-_direct_refused: set = set()  # devices (st_dev) whose file system refused O_DIRECT
-
-
-def _contiguous_split(shape, chunks) -> int | None:
-    """``c`` such that chunks are ``(1,)*c + shape[c:]`` (each chunk a contiguous run), else None."""
-    n = len(shape)
-    c = n
-    while c > 0 and chunks[c - 1] == shape[c - 1]:
-        c -= 1
-    if all(ch == 1 for ch in chunks[:c]):
-        return c
-    return None
 
 
 def _create_filled(path: str, size: int) -> None:
@@ -120,31 +94,13 @@ def _chunk_ids(spec: TableSpec, coords) -> np.ndarray:
     return np.ravel_multi_index(tuple(np.array(coords).T), spec.grid)
 
 
-def _buffer() -> memoryview:
-    """This thread's page-aligned transfer buffer of :data:`DIRECT_PIECE` bytes."""
-    buf = getattr(_local, "buf", None)
-    if buf is None or len(buf) != DIRECT_PIECE:  # none yet in this thread, or the piece size was changed
-        buf = _local.buf = mmap.mmap(-1, DIRECT_PIECE)
-    return memoryview(buf)
-
-
-def aligned_empty(shape, dtype="float64") -> np.ndarray:
-    """An uninitialised C-order array whose data starts on a :data:`DIRECT_ALIGN` boundary
-    (direct transfers read into it and write from it without a bounce buffer)."""
-    dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(n + DIRECT_ALIGN, np.uint8)
-    off = (-raw.ctypes.data) % DIRECT_ALIGN
-    return raw[off:off + n].view(dtype).reshape(shape)
-
-
 def _pieces(spec: TableSpec, ids: np.ndarray) -> list:
     """``(file offset, byte offset in the band, length, first chunk, chunks)`` of the pieces of
-    a band: whole chunks of one run, about :data:`DIRECT_PIECE` bytes, each a whole number of
+    a band: whole chunks of one run, about :data:`~fsll_ooc.storage.direct_io.DIRECT_PIECE` bytes, each a whole number of
     pages when the runs are (:func:`_overlaps`)."""
     cb = spec.chunk_nbytes
     step = DIRECT_ALIGN // math.gcd(cb, DIRECT_ALIGN)  # chunks that make whole pages
-    per = max(step, DIRECT_PIECE // cb // step * step)
+    per = max(step, direct_io.DIRECT_PIECE // cb // step * step)
     out = []
     for off, pos, length in _runs(spec, ids):
         n = length // cb
@@ -165,7 +121,7 @@ def _move(fd: int, write: bool, band: memoryview, pieces: list, done: queue.Simp
 
     try:
         zero_copy = np.frombuffer(band, np.uint8).ctypes.data % DIRECT_ALIGN == 0 if len(band) else True
-        buf = None if zero_copy else _buffer()
+        buf = None if zero_copy else bounce_buffer()
         for i, (off, pos, length, _, _) in enumerate(pieces):
             if stop.is_set():
                 break
@@ -173,28 +129,6 @@ def _move(fd: int, write: bool, band: memoryview, pieces: list, done: queue.Simp
             done.put(i)
     except BaseException as e:  # handed to the caller, which raises it
         done.put(e)
-
-
-def move_bytes(fd: int, write: bool, band: memoryview, pos: int, off: int, n: int, buf: memoryview | None,
-               short) -> None:
-    """Move ``n`` bytes between ``band[pos:pos + n]`` and the file ``fd`` at offset ``off``:
-    straight when ``buf`` is None (with ``O_DIRECT``, ``band`` must be page-aligned there),
-    else through ``buf`` (a page-aligned bounce buffer, :func:`_buffer`) a buffer's length
-    at a time.  A short transfer raises ``short(write, file offset)``."""
-    step = n if buf is None else len(buf)
-    for lo in range(0, n, max(step, 1)):
-        m = min(step, n - lo)
-        view = band[pos + lo:pos + lo + m] if buf is None else buf[:m]
-        if write:
-            if buf is not None:
-                view[:] = band[pos + lo:pos + lo + m]
-            got = os.pwritev(fd, [view], off + lo)
-        else:
-            got = os.preadv(fd, [view], off + lo)
-        if got != m:
-            raise short(write, off + lo)
-        if not write and buf is not None:
-            band[pos + lo:pos + lo + m] = view
 
 
 def _overlapped(spec: TableSpec, fd: int, write: bool, ids, band: np.ndarray) -> np.ndarray:
@@ -237,32 +171,14 @@ def _runs(spec: TableSpec, ids: np.ndarray):
         yield int(ids[a]) * cb, a * cb, (b - a) * cb
 
 
-def wants_direct(spec: TableSpec) -> bool:
-    """Does band I/O of ``spec`` bypass the page cache (:data:`DIRECT_IO`)?  ``"auto"``: when a
-    fit's three tables of this size take more than half of the memory this process may use
-    (the machine's or its control group's): the page cache cannot keep them from one pass
-    to the next, and buffered I/O only adds copies and reclaim; smaller tables stay cached."""
-    if not hasattr(os, "O_DIRECT") or DIRECT_IO is False:
-        return False
-    if DIRECT_IO is True:
-        return True
-    from .._machine import total_memory
-
-    mem = total_memory()
-    return mem is not None and 3 * spec.nbytes > mem // 2
-
-
 def _direct_fd(spec: TableSpec, write: bool) -> int | None:
-    if not wants_direct(spec):
-        return None
-    dev = cached(("dev", spec.path), lambda: os.stat(spec.path).st_dev)
-    if dev in _direct_refused:
+    if not wants_direct(spec) or direct_io.refused(spec.path):
         return None
     try:
         return files.open_nofollow(spec.path, (os.O_RDWR if write else os.O_RDONLY) | os.O_DIRECT)
     except OSError as e:
         if e.errno == errno.EINVAL:  # this file system has no direct I/O (tmpfs, some network ones)
-            _direct_refused.add(dev)
+            direct_io.note_refusal(spec.path)
             return None
         raise
 
@@ -292,14 +208,14 @@ def _read_direct(spec: TableSpec, ids, out: np.ndarray):
         finally:
             os.close(fd)
     dst = memoryview(out.reshape(-1).view(np.uint8))
-    buf = _buffer()
+    buf = bounce_buffer()
     size = spec.nbytes
     try:
         for off, pos, length in _runs(spec, ids):
             lo = off - off % DIRECT_ALIGN  # read whole aligned pages; keep the bytes of the run
             end = off + length
             while lo < end:
-                n = min(DIRECT_PIECE, -(-(end - lo) // DIRECT_ALIGN) * DIRECT_ALIGN)
+                n = min(direct_io.DIRECT_PIECE, -(-(end - lo) // DIRECT_ALIGN) * DIRECT_ALIGN)
                 got = os.preadv(fd, [buf[:n]], lo)
                 a, b = max(off, lo), min(end, lo + n)
                 if got < min(b, size) - lo:
@@ -326,7 +242,7 @@ def _write_direct(spec: TableSpec, ids, value: np.ndarray):
         finally:
             os.close(fd)
     src = memoryview(value.reshape(-1).view(np.uint8))
-    buf = _buffer()
+    buf = bounce_buffer()
     plain = None  # a buffered descriptor for the unaligned ends, opened when one is needed
     try:
         for off, pos, length in _runs(spec, ids):
@@ -343,7 +259,7 @@ def _write_direct(spec: TableSpec, ids, value: np.ndarray):
                         raise OSError(errno.EIO, f"short write at byte {lo_:,} of the table", spec.path)
             lo = a0
             while lo < a1:
-                n = min(DIRECT_PIECE, a1 - lo)
+                n = min(direct_io.DIRECT_PIECE, a1 - lo)
                 buf[:n] = src[pos + lo - off:pos + lo - off + n]
                 if os.pwritev(fd, [buf[:n]], lo) != n:
                     raise OSError(errno.EIO, f"short write at byte {lo:,} of the table", spec.path)
@@ -420,7 +336,7 @@ class MemmapBackend(TableBackend):
     checksum_bytes_per_chunk = CHECKSUM_BYTES
 
     def create(self, spec: TableSpec) -> TableSpec:
-        if _contiguous_split(spec.shape, spec.chunks) is None:
+        if contiguous_split(spec.shape, spec.chunks) is None:
             raise ValueError(f"memmap tables need chunks of the form (1, ..., 1, k_c, ..., k_n-1); got {spec.chunks}")
         _create_filled(spec.path, spec.nbytes)
         crc0 = crc32c(np.zeros(spec.chunk_size, dtype=spec.dtype))

@@ -118,7 +118,8 @@ def filesystem(url: str, options: str | None = None):
     return fs, fs._strip_protocol(url).rstrip("/")
 
 
-def _is_s3(fs) -> bool:
+def is_s3(fs) -> bool:
+    """Whether the fsspec file system ``fs`` speaks S3."""
     proto = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     return any(p in ("s3", "s3a") for p in proto)
 
@@ -313,7 +314,7 @@ class ObjectLock:
 
     def _put(self, *, create: bool = False, if_match: str | None = None) -> None:
         fs = self.root.fs
-        if _is_s3(fs):
+        if is_s3(fs):
             kw = {"IfMatch": if_match} if if_match else {}
             fs.pipe_file(self._path, self._record(), mode="create" if create else "overwrite", **kw)
         elif create:
@@ -378,7 +379,7 @@ class ObjectLock:
                 if not self._held:
                     return
                 try:
-                    if _is_s3(self.root.fs):
+                    if is_s3(self.root.fs):
                         self._put(if_match=self._etag)
                     else:
                         record, _, _ = _server_age(self.root.fs, self._path)

@@ -33,7 +33,7 @@ write: the transfer thread writes a chunk's bytes, then its CRC); :data:`LANES` 
 threads share a band's chunk files.  Tables the page cache
 cannot hold bypass it (``O_DIRECT`` for the page-aligned part of each chunk file, the
 rest, at least the CRC, buffered; the same rule and switch as the ``memmap`` backend:
-:func:`fsll_ooc.storage.memmap.wants_direct`).  A chunk file that exists whole is
+:func:`fsll_ooc.storage.direct_io.wants_direct`).  A chunk file that exists whole is
 rewritten in place: its bytes, then its CRC, then its entry in the side file, so a
 kill in between leaves a chunk whose CRC or place check fails on the next read (a fit's
 resume rewrites the tables it cannot trust, ``docs/design.md``); one that is missing,
@@ -57,8 +57,8 @@ from typing import Iterable
 
 import numpy as np
 
-from . import binding, files, memmap
-from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, cached, forget, key_chunks, normalize_key, open_table,
+from . import binding, direct_io, files, memmap
+from .base import (CHECKSUM_BYTES, TableBackend, TableSpec, forget, key_chunks, normalize_key, open_table,
                    register_backend, thread_pool, whole_chunks)
 from .errors import IntegrityError
 from .files import crc32c, file_sha256, fsync_path, refuse_link, syncfs
@@ -164,18 +164,15 @@ def _own_ids(spec: TableSpec, key, n_cells: int | None = None):
     stored as they are in memory (little-endian); else None."""
     if not OWN_IO or sys.byteorder != "little" or np.dtype(spec.dtype).byteorder == ">":
         return None
-    if memmap._contiguous_split(spec.shape, spec.chunks) is None:
+    if direct_io.contiguous_split(spec.shape, spec.chunks) is None:
         return None
     return whole_chunks(spec, key, n_cells)
 
 
 def _direct(spec: TableSpec) -> bool:
-    """Do this table's chunk transfers try ``O_DIRECT`` (:func:`fsll_ooc.storage.memmap.wants_direct`,
+    """Do this table's chunk transfers try ``O_DIRECT`` (:func:`fsll_ooc.storage.direct_io.wants_direct`,
     and the file system has not refused it)?"""
-    if not memmap.wants_direct(spec):
-        return False
-    dev = cached(("dev", spec.path), lambda: os.stat(spec.path).st_dev)
-    return dev not in memmap._direct_refused
+    return direct_io.wants_direct(spec) and not direct_io.refused(spec.path)
 
 
 def _open_chunk(spec: TableSpec, f: str, flags: int, direct: bool) -> tuple[int, bool]:
@@ -194,7 +191,7 @@ def _open_chunk(spec: TableSpec, f: str, flags: int, direct: bool) -> tuple[int,
             except FileNotFoundError:
                 regular = True
             if regular:  # not a FIFO or the like planted there: the file system has no O_DIRECT
-                memmap._direct_refused.add(os.stat(spec.path).st_dev)
+                direct_io.note_refusal(spec.path)
             flags &= ~os.O_EXCL  # a new file (a random name) may have been made before the refusal
     return files.open_nofollow(f, flags), False
 
@@ -203,7 +200,7 @@ def _split(spec: TableSpec, direct: bool) -> int:
     """Bytes at the start of a chunk file moved straight between the file and the band
     (with ``O_DIRECT``: whole pages); the rest of the chunk's bytes and the 4 bytes of its
     CRC are moved together, buffered."""
-    return spec.chunk_nbytes - spec.chunk_nbytes % memmap.DIRECT_ALIGN if direct else spec.chunk_nbytes
+    return spec.chunk_nbytes - spec.chunk_nbytes % direct_io.DIRECT_ALIGN if direct else spec.chunk_nbytes
 
 
 def _set_direct(fd: int, on: bool) -> None:
@@ -214,17 +211,17 @@ def _set_direct(fd: int, on: bool) -> None:
 def _transfer(fd: int, write: bool, view: memoryview, pos: int, n: int, f: str) -> None:
     """Move ``n`` bytes at file offset ``pos`` between ``fd`` and ``view`` (the chunk's bytes,
     from ``pos``); a direct descriptor needs ``view`` page-aligned or goes through this
-    thread's aligned bounce buffer (:func:`fsll_ooc.storage.memmap.move_bytes`)."""
+    thread's aligned bounce buffer (:func:`fsll_ooc.storage.direct_io.move_bytes`)."""
     if n <= 0:
         return
     direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
-    aligned = not direct or np.frombuffer(view, np.uint8, count=1, offset=pos).ctypes.data % memmap.DIRECT_ALIGN == 0
+    aligned = not direct or np.frombuffer(view, np.uint8, count=1, offset=pos).ctypes.data % direct_io.DIRECT_ALIGN == 0
 
     def short(w, at):
         return IntegrityError(f, f"short {'write' if w else 'read'} at byte {at:,} of the chunk file "
                                  "(the file changed while it was in use)")
 
-    memmap.move_bytes(fd, write, view, pos, pos, n, None if aligned else memmap._buffer(), short)
+    direct_io.move_bytes(fd, write, view, pos, pos, n, None if aligned else direct_io.bounce_buffer(), short)
 
 
 def _read_chunk(spec: TableSpec, f: str, view: memoryview, direct: bool) -> int:
@@ -375,7 +372,7 @@ def _own_transfer(spec: TableSpec, coords: list, band: np.ndarray, write: bool) 
 
 
 def _own_read(spec: TableSpec, coords: list, shape) -> np.ndarray:
-    out = memmap.aligned_empty(shape, spec.dtype)
+    out = direct_io.aligned_empty(shape, spec.dtype)
     crcs = _own_transfer(spec, coords, out, False)
     ids = [_chunk_id(spec, c) for c in coords]
     got = binding.bind_many(spec, crcs, ids)

@@ -23,7 +23,7 @@ from .base import CHECKSUM_BYTES, TableBackend, TableSpec, chunk_slices, forget,
     open_table, register_backend
 from .errors import IntegrityError
 from .files import crc32c
-from .url_store import URL_FORMS, _is_s3, decode_options, filesystem
+from .url_store import URL_FORMS, is_s3, decode_options, filesystem
 from .zarr_tables import open_checked
 
 __all__ = ["ZarrURLBackend"]
@@ -208,7 +208,7 @@ def _cat(fs, paths: list[str]) -> dict:
     """The objects ``paths``, fetched concurrently, as ``{path: bytes or the exception}``
     (each one GET: S3's size request before a download is skipped, the chunks are read
     concurrently anyway)."""
-    kw = {"max_concurrency": 1} if _is_s3(fs) else {}
+    kw = {"max_concurrency": 1} if is_s3(fs) else {}
     if len(paths) == 1:
         try:
             return {paths[0]: fs.cat_file(paths[0], **kw)}

@@ -17,13 +17,15 @@ import errno
 import math
 import os
 import stat
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 __all__ = ["DataError", "MAX_CATEGORIES", "MAX_CELLS", "MAX_VARIABLES", "MAX_LINE_CHARS", "MAX_MODEL_BYTES",
            "check_cardinalities", "check_cardinalities_param", "check_code_range", "validate_data",
-           "check_labels", "check_label_values", "check_fit_params", "check_n_samples", "check_input_file",
+           "check_labels", "check_label_values", "validate_params", "check_epsilon", "check_max_iter",
+           "check_resync_every", "check_missing", "check_hidden", "check_n_restarts", "check_random_state",
+           "check_em_max_rounds", "check_em_tol", "check_n_samples", "check_input_file",
            "check_memory_limit", "check_store_path", "read_only_fs"]
 
 #: Largest number of categories of one variable.
@@ -132,7 +134,10 @@ def check_code_range(X, names=None):
 
 def validate_data(X: Any, cardinalities: Sequence[int] | None = None,
                   names: Sequence[str] | None = None) -> tuple[np.ndarray, tuple[int, ...]]:
-    """Check ``X`` and return ``(codes as int64 (N, n), cardinalities)``.
+    """Check the codes ``X`` and return ``(codes as int64 (N, n), cardinalities)``.
+
+    ``X`` holds category codes (a DataFrame of labels goes through
+    :func:`fsll_ooc.io.validate_data`, which encodes it first).
 
     Raises :class:`DataError` (a ``ValueError``) naming the offending column (by its
     name in ``names`` when given, else ``X0, X1, ...``), row, value or limit; nothing
@@ -142,12 +147,8 @@ def validate_data(X: Any, cardinalities: Sequence[int] | None = None,
     (2, 3)
     """
     if hasattr(X, "to_numpy") and hasattr(X, "columns"):
-        from .io import encode  # DataFrames: categories become codes
-
-        enc = encode(X, cardinalities)
-        X = enc.codes
-        if cardinalities is None:
-            cardinalities = enc.cardinalities
+        raise DataError("X is a DataFrame: encode its labels first (fsll_ooc.io.validate_data checks a DataFrame, "
+                        "fsll_ooc.io.encode gives its codes)")
     arr = np.asarray(X)
     if arr.ndim != 2:
         raise DataError(f"X must be a 2-D array (samples x variables), got {arr.ndim}-D with shape {arr.shape}")
@@ -234,16 +235,86 @@ def check_labels(names, categories, cards) -> tuple[list | None, list | None]:
             [list(c) for c in categories] if categories is not None else None)
 
 
-def check_fit_params(epsilon, max_iter, resync_every) -> None:
-    """The estimator's learning parameters (``refine`` is checked by the learner)."""
+def validate_params(params: Mapping[str, Any], constraints: Mapping[str, Callable[[Any, Mapping], Any]]) -> None:
+    """Check every parameter that ``constraints`` declares, in the declared order.
+
+    ``constraints`` maps a parameter's name to ``check(value, params)``, which raises a
+    ``ValueError`` naming the parameter (``params`` is there for checks that depend on
+    another parameter, such as the penalty on ``epsilon``).  An estimator declares its
+    constraints once (``FSLL._parameter_constraints``) and checks them all here.
+
+    >>> validate_params({"max_iter": -1}, {"max_iter": lambda v, p: check_max_iter(v)})
+    Traceback (most recent call last):
+    ...
+    fsll_ooc.io.DataError: max_iter must be a non-negative int or None, got -1
+    """
+    for name, check in constraints.items():
+        check(params[name], params)
+
+
+def check_epsilon(epsilon) -> None:
+    """``epsilon``: a positive finite number or ``"auto"``."""
     if not (epsilon == "auto" if isinstance(epsilon, str) else (
             isinstance(epsilon, (int, float)) and epsilon > 0
             and math.isfinite(epsilon))):
         raise DataError(f"epsilon must be a positive number or 'auto', got {epsilon!r}")
+
+
+def check_max_iter(max_iter) -> None:
+    """``max_iter``: a non-negative int or None."""
     if max_iter is not None and (not isinstance(max_iter, (int, np.integer)) or max_iter < 0):
         raise DataError(f"max_iter must be a non-negative int or None, got {max_iter!r}")
+
+
+def check_resync_every(resync_every) -> None:
+    """``resync_every``: a positive int."""
     if not (isinstance(resync_every, (int, np.integer)) and resync_every >= 1):
         raise DataError(f"resync_every must be a positive int, got {resync_every!r}")
+
+
+def _is_int(v) -> bool:
+    return not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, np.integer))
+
+
+def check_missing(missing) -> None:
+    """``missing``: None or ``"em"``."""
+    if missing not in (None, "em"):
+        raise ValueError(f"missing must be None or 'em', got {missing!r}")
+
+
+def check_hidden(hidden) -> None:
+    """``hidden``: None or a sequence of cardinalities, each an int >= 2."""
+    if hidden is not None:
+        if isinstance(hidden, (str, bytes)) or not hasattr(hidden, "__iter__"):
+            raise ValueError(f"hidden must be a sequence of cardinalities, e.g. [3], got {hidden!r}")
+        for k in hidden:
+            if not _is_int(k) or k < 2:
+                raise ValueError(f"hidden cardinalities must be integers >= 2, got {k!r} in {list(hidden)!r}")
+
+
+def check_n_restarts(n_restarts) -> None:
+    """``n_restarts``: a positive int or None."""
+    if n_restarts is not None and (not _is_int(n_restarts) or n_restarts < 1):
+        raise ValueError(f"n_restarts must be a positive int or None, got {n_restarts!r}")
+
+
+def check_random_state(random_state) -> None:
+    """``random_state``: a non-negative int or None."""
+    if random_state is not None and (not _is_int(random_state) or random_state < 0):
+        raise ValueError(f"random_state must be a non-negative int or None, got {random_state!r}")
+
+
+def check_em_max_rounds(em_max_rounds) -> None:
+    """``em_max_rounds``: a positive int."""
+    if not _is_int(em_max_rounds) or em_max_rounds < 1:
+        raise ValueError(f"em_max_rounds must be a positive int, got {em_max_rounds!r}")
+
+
+def check_em_tol(em_tol) -> None:
+    """``em_tol``: a non-negative finite number or None."""
+    if em_tol is not None and not (isinstance(em_tol, (int, float)) and not isinstance(em_tol, bool)
+                                   and em_tol >= 0 and math.isfinite(em_tol)):
+        raise ValueError(f"em_tol must be a non-negative number or None, got {em_tol!r}")
 
 
 def check_n_samples(n_samples, n_vars: int, memory: int | None) -> None:
