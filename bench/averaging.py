@@ -52,7 +52,7 @@ for p in (ROOT, HERE):
         sys.path.insert(0, p)
 
 from fsll_ooc import FSLL, FSLLAverage, datasets  # noqa: E402
-from fsll_ooc.estimator import _start_of  # noqa: E402
+from fsll_ooc import fitting  # noqa: E402
 from fsll_ooc.learn import select  # noqa: E402
 from quality import synthetic  # noqa: E402
 
@@ -86,12 +86,16 @@ class Capture:
 
 def timed_fit(X, cards, start=None, **kw):
     """``FSLL(**kw).fit(X)`` and its seconds; ``start``: ``(scale, model)`` to fit under that
-    scale from that model (:func:`fsll_ooc.estimator._start_of`) instead of choosing."""
+    scale from that model (:func:`fsll_ooc.fitting.start_of`) instead of choosing."""
     t0 = time.perf_counter()
     m = FSLL(cardinalities=cards, progress=False, **kw)
+    choose = fitting.choose_penalty_scale
     if start is not None:
-        m._choose_penalty_scale = lambda codes, cards: select.ScaleChoice(start[0], start=start[1])
-    m = m.fit(X)
+        fitting.choose_penalty_scale = lambda est, codes, cards: select.ScaleChoice(start[0], start=start[1])
+    try:
+        m = m.fit(X)
+    finally:
+        fitting.choose_penalty_scale = choose
     return m, time.perf_counter() - t0
 
 
@@ -142,7 +146,7 @@ def run_case(case: str, out, k_max: int = max(KS), kinds=KINDS):
         sub80 = np.sort(np.random.default_rng([8, N, k]).permutation(N)[: 4 * N // 5])
         for kind, kw, rows_k in (("boot", {}, idx), ("bootS", {"penalty_scale": s0}, idx), ("half", {}, half),
                                  ("sub80", {}, sub80), ("sub80S", {"penalty_scale": s0}, sub80),
-                                 ("sub80W", {"start": (s0, _start_of(m0._state))}, sub80)):
+                                 ("sub80W", {"start": (s0, fitting.start_of(m0._state))}, sub80)):
             if kind not in kinds:
                 continue
             m, t = timed_fit(X[rows_k], cards, **kw)

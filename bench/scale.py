@@ -247,14 +247,14 @@ def _batch_choice(args):
 def child(args) -> None:
     """Run one case (in the child process) and print one JSON line."""
     cgroup = enter_cgroup(args.cap)
-    from fsll_ooc import FSLL
+    from fsll_ooc import FSLL, fitting
     from fsll_ooc.learn import LearnOptions
     from fsll_ooc.storage import direct_io
 
     direct_io.DIRECT_IO = {"on": True, "off": False, "auto": "auto"}[args.direct]
     # the engines that learn (a fitted model answers queries through a reader engine of its own)
     engines = []  # (estimator, engine): the fit's own, and those of the penalty scale's sub-fits
-    make = FSLL._make_engine
+    make = fitting.make_engine
 
     # "engine.NAME" keys of --batch-options: attributes set on every engine (the same fit
     # with an engine behaviour off and on, e.g. "engine.one_band_scan_in_resync")
@@ -268,7 +268,7 @@ def child(args) -> None:
             setattr(engines[-1][1], name, value)
         return engines[-1][1]
 
-    FSLL._make_engine = recording
+    fitting.make_engine = recording
 
     cards = case_cards(args.case)
     parents, cpts = random_bn(cards, 3, seed=0)

@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from . import model_file
+from . import fitting, model_file, queries
 from .estimator import FSLL
 
 __all__ = ["FSLLAverage", "AUTO_MEMBERS", "SUBSAMPLE"]
@@ -134,7 +134,7 @@ class FSLLAverage:
         from . import missing
 
         missing.refuse(X)
-        codes, cards, names, cats = proto._encoded(X, feature_names, categories)
+        codes, cards, names, cats = fitting.encoded(proto, X, feature_names, categories)
         N = int(codes.shape[0])
         m = max(1, int(N * SUBSAMPLE))
         if m >= N:
@@ -206,7 +206,7 @@ class FSLLAverage:
         check_n_samples(n_samples, len(self.cardinalities_), total_memory())
         rng = np.random.default_rng(random_state)
         counts = rng.multinomial(int(n_samples), np.full(self.n_members_, 1.0 / self.n_members_))
-        parts = [m._sample_codes(int(c), rng) for m, c in zip(self.members_, counts) if c]
+        parts = [queries.sample_codes(m, int(c), rng) for m, c in zip(self.members_, counts) if c]
         codes = np.concatenate(parts) if parts else np.empty((0, len(self.cardinalities_)), np.int64)
         codes = codes[rng.permutation(len(codes))]
         if as_frame is None:

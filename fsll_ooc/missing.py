@@ -53,7 +53,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import basis, cost as C
+from . import basis, cost as C, fitting, queries
 
 __all__ = ["MISSING", "Group", "EMResult", "MStep", "StoreKeeper", "group_rows", "distinct_rows", "needed_cells",
            "soft_counts", "e_step", "objective", "uniform_mean_log_p", "initial_model", "initial_values",
@@ -686,7 +686,7 @@ def _completions(model, g: Group, table):
             full = np.repeat(g.codes[sl][:, None, :], K, axis=1)
             for j, dig in enumerate(digits):
                 full[np.arange(b)[:, None], np.arange(K)[None, :], g.axes[sl, j][:, None]] = dig[None, :]
-            lp = model._log_potential(full.reshape(-1, len(cards))) - model.log_z_
+            lp = queries.log_potential(model, full.reshape(-1, len(cards))) - model.log_z_
             yield sl, np.exp(lp.reshape(b, K))
         return
     if isinstance(table, np.ndarray):
@@ -720,7 +720,7 @@ def log_prob(model, codes: np.ndarray) -> np.ndarray:
     cache: dict = {}
     for g in group_rows(codes, model.cardinalities_):
         if not g.kmiss:
-            lp = model._log_potential(g.codes) - model.log_z_
+            lp = queries.log_potential(model, g.codes) - model.log_z_
         else:
             table = _table_for(model, g, cache)
             lp = np.empty(len(g.codes))
@@ -844,7 +844,7 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
     hidden = [int(k) for k in (est.hidden or ())]
     if mask is None and not hidden:
         return False
-    codes_, cards, names, categories = est._encoded(Xf, feature_names, categories)
+    codes_, cards, names, categories = fitting.encoded(est, Xf, feature_names, categories)
     codes_ = np.array(codes_, np.int64)
     if mask is not None:
         codes_[mask] = MISSING
@@ -869,15 +869,16 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
     from .learn import learn
     from .storage.fit_store import TABLE_NAMES
 
-    plan = est._make_plan(cards, backend, memory=total_memory())
-    options = est._options()
+    plan = fitting.make_plan(est, cards, backend, memory=total_memory())
+    options = fitting.options(est)
 
     def run(engine, state, fresh):
         learn(engine, state, options, fresh=fresh, progress=None, callback=None)
 
     def make(state=None, fresh=True):
         specs = [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
-        return MStep(est._make_engine(plan, specs, N, penalty_scale=_em_penalty_scale(est)), state or _new_state(est, cards, N),
+        return MStep(fitting.make_engine(est, plan, specs, N, penalty_scale=_em_penalty_scale(est)),
+                     state or _new_state(est, cards, N),
                      run, fresh, state is None)
 
     res = _run_restarts(est, make, rows, counts, tuple(cards), len(hidden), seeds)
@@ -910,7 +911,7 @@ def _run_restarts(est, make, rows, counts, cards, n_hidden: int, seeds, keeper=N
     from .learn import resolve_epsilon
 
     bar = None
-    if est._show_progress():
+    if fitting.show_progress(est):
         import sys
 
         from tqdm.auto import tqdm
@@ -956,14 +957,14 @@ def _fit_in_store(est, backend, rows, counts, cards, n_hidden: int, seeds, names
     from .storage.fit_store import FitStore
 
     fs = FitStore(est.store, backend.name, getattr(est, "storage_options", None))
-    plan = est._make_plan(cards, backend, disk_free=None if fs.io.is_url else free_disk(fs.root.resolve()))
+    plan = fitting.make_plan(est, cards, backend, disk_free=None if fs.io.is_url else free_disk(fs.root.resolve()))
     fs.check_new()  # never replace or delete a user's files
     plan = fs.account(plan)
     N = int(counts.sum())
     state = _new_state(est, cards, N)
     empty = np.zeros(0, np.int64)
     with fs.writing("fit", "fitting", plan):
-        fs.begin(plan, est._stored_params(), (names, json_or_none(jsonable_categories(categories))), empty, empty,
+        fs.begin(plan, fitting.stored_params(est), (names, json_or_none(jsonable_categories(categories))), empty, empty,
                  state, files={"rows": np.concatenate([rows, counts[:, None]], axis=1)},
                  extra={"em": {"seeds": [int(x) for x in seeds], "restart": 0, "phase": "start", "best": None}})
         _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, categories, state, fresh=True)
@@ -985,8 +986,8 @@ def _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, 
     else:  # every table is rewritten before it is read: dbar's chunks are not looked at
         specs = fs.open_tables(cards, chunks, check_targets=False)
         resume = keeper.resume_run(state)
-    engine = est._make_engine(plan, specs, N, penalty_scale=_em_penalty_scale(est))
-    options = est._options()
+    engine = fitting.make_engine(est, plan, specs, N, penalty_scale=_em_penalty_scale(est))
+    options = fitting.options(est)
 
     def run(eng, st, fresh_):
         learn(eng, st, options, fresh=fresh_, progress=None, callback=fs.checkpoint)
@@ -1012,7 +1013,7 @@ def resume_in_store(est, fs, stored, restart: bool) -> None:
 
     state = FitState.from_json(stored.state)
     cards, N = tuple(state.cards), state.n_samples
-    plan = fs.account(est._make_plan(cards, storage.get_backend(stored.backend), disk_free=fs.disk_available()))
+    plan = fs.account(fitting.make_plan(est, cards, storage.get_backend(stored.backend), disk_free=fs.disk_available()))
     table = fs.read_kept("rows")
     if table.ndim != 2 or table.shape[1] != len(cards) + 1 or int(table[:, -1].sum()) != N:
         raise IntegrityError(fs.state_file, "the fit's rows file does not describe this fit")

@@ -44,10 +44,14 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from . import basis
 from .basis import is_walsh
+from .machine import total_memory
+from .validation import check_n_samples
 
 __all__ = ["marginal", "conditional", "mode", "interactions", "labels", "resolve_variable",
-           "resolve_value", "factor_text", "describe_factor", "term_contributions"]
+           "resolve_value", "factor_text", "describe_factor", "term_contributions", "log_potential",
+           "sample_codes", "QueryMethods"]
 
 
 # --------------------------------------------------------------------------- labels
@@ -435,3 +439,109 @@ def interactions(model, as_frame: bool = True):
     cols = ["term", "variables", "order", "theta", "share", "y"]
     return pd.DataFrame([{c: r[c] for c in cols} for r in rows], columns=cols)
 
+
+def log_potential(model, codes: np.ndarray) -> np.ndarray:
+    """``l_theta(x) = sum_y theta_y Phi_y(x)`` per row of ``codes`` under a fitted ``model``, by
+    gathers from the local basis matrices."""
+    rows: dict = {}
+    l = np.zeros(codes.shape[0])
+    for y, v in model.theta_.items():
+        phi = None
+        for i, yi in enumerate(y):
+            if yi:
+                k = model.cardinalities_[i]
+                row = rows.get((k, yi))
+                if row is None:
+                    row = rows[(k, yi)] = basis.phi_values(k, yi, np.arange(k))
+                f = row[codes[:, i]]
+                phi = f if phi is None else phi * f
+        l += v * (1.0 if phi is None else phi)
+    return l
+
+
+def sample_codes(model, n_samples, random_state) -> np.ndarray:
+    """``n_samples`` rows of codes drawn from a fitted ``model``'s ``p_theta`` (in core from its
+    table, out of core block by block by mass)."""
+    model._check_fitted()
+    check_n_samples(n_samples, len(model.cardinalities_), total_memory())
+    rng = np.random.default_rng(random_state)
+    p = model.probabilities()
+    if isinstance(p, np.ndarray):
+        cdf = np.cumsum(p.reshape(-1))
+        flat = np.searchsorted(cdf, rng.random(n_samples) * cdf[-1], side="right")
+        flat = np.minimum(flat, cdf.size - 1)
+    else:  # out of core: pick blocks by their mass, then cells inside each block
+        blocks = p.reshape(-1).rechunk(int(np.prod(p.chunksize)))
+        mass = blocks.map_blocks(lambda b: np.array([b.sum()]), chunks=(1,)).compute()
+        counts = rng.multinomial(n_samples, mass / mass.sum())
+        offsets = np.concatenate([[0], np.cumsum(blocks.chunks[0])])
+        parts = []
+        for b in np.nonzero(counts)[0]:
+            cdf = np.cumsum(blocks.blocks[b].compute())
+            idx = np.minimum(np.searchsorted(cdf, rng.random(counts[b]) * cdf[-1], side="right"), cdf.size - 1)
+            parts.append(offsets[b] + idx)
+        flat = rng.permutation(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    return np.stack(np.unravel_index(flat, model.cardinalities_), axis=1).astype(np.int64)
+
+
+class QueryMethods:
+    """The query methods of a fitted :class:`~fsll_ooc.FSLL` (the functions of this module,
+    called with the model)."""
+
+    def marginal(self, variables, as_frame: bool = False):
+        """Marginal distribution of ``variables`` (names or indices); streams out of core.
+
+        Returns an array of shape ``(k_i, k_j, ...)`` in the order given, or with
+        ``as_frame=True`` a tidy ``DataFrame`` (labels and ``p``).  See
+        :func:`fsll_ooc.queries.marginal`.
+
+        >>> import numpy as np
+        >>> from fsll_ooc import FSLL
+        >>> X = np.array([[0, 0], [0, 0], [1, 1], [1, 1], [0, 1]] * 40)
+        >>> m = FSLL(progress=False).fit(X)
+        >>> m.marginal([1, 0]).shape, round(float(m.marginal(0).sum()), 12)
+        ((2, 2), 1.0)
+        """
+        return marginal(self, variables, as_frame=as_frame)
+
+    def conditional(self, target, given=None, as_frame: bool = False):
+        """Distribution of ``target`` given evidence ``{variable: value}`` (labels or codes).
+
+        See :func:`fsll_ooc.queries.conditional`.
+
+        >>> import numpy as np
+        >>> from fsll_ooc import FSLL
+        >>> X = np.array([[0, 0], [0, 0], [1, 1], [1, 1], [0, 1]] * 40)
+        >>> m = FSLL(progress=False).fit(X)
+        >>> bool(m.conditional(1, given={0: 1})[1] > 0.9)
+        True
+        """
+        return conditional(self, target, given=given, as_frame=as_frame)
+
+    def mode(self, k: int = 1, given=None, as_frame: bool = False):
+        """The ``k`` most probable joint states and their probabilities: ``(states, probs)``.
+
+        See :func:`fsll_ooc.queries.mode`.
+
+        >>> import numpy as np
+        >>> from fsll_ooc import FSLL
+        >>> X = np.array([[0, 0], [0, 0], [1, 1], [1, 1], [0, 1]] * 40)
+        >>> states, probs = FSLL(progress=False).fit(X).mode(k=2)
+        >>> sorted(map(tuple, states.tolist()))
+        [(0, 0), (1, 1)]
+        """
+        return mode(self, k=k, given=given, as_frame=as_frame)
+
+    def interactions(self, as_frame: bool = True):
+        """The selected terms in words, sorted by their share of the cost reduction.
+
+        Columns ``term``, ``variables``, ``order``, ``theta``, ``share``, ``y``.  See
+        :func:`fsll_ooc.queries.interactions`.
+
+        >>> import numpy as np
+        >>> from fsll_ooc import FSLL
+        >>> X = np.array([[0, 0], [0, 0], [1, 1], [1, 1], [0, 1]] * 40)
+        >>> FSLL(progress=False).fit(X).interactions()["term"].iloc[0]
+        'X0=0 * X1=0'
+        """
+        return interactions(self, as_frame=as_frame)

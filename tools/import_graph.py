@@ -28,7 +28,7 @@ LAYERS = [
     ("execution", ["executors", "engine"]),
     ("learning", ["learn"]),
     ("data", ["io"]),
-    ("model", ["queries", "model_file", "missing", "fitting", "estimator", "average", "plotting"]),
+    ("model", ["queries", "model_file", "fitting", "missing", "estimator", "average", "plotting"]),
     ("user", ["baselines", "datasets", "cli", "__init__", "__main__"]),
 ]
 

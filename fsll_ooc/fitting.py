@@ -1,0 +1,359 @@
+"""How an :class:`~fsll_ooc.FSLL` fit runs: encode and check the data, plan the chunk layout,
+choose the penalty scale, learn in memory or in a store with its checkpoint, resume, and
+the training data's KL.  The estimator keeps the scikit-learn surface and calls these;
+the EM fit (:mod:`fsll_ooc.missing`) builds on them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import warnings
+from typing import Sequence
+
+import numpy as np
+
+from . import basis, cost as C, storage
+from .engine import Engine, Table
+from .io import validate_data
+from .learn import FitState, LearnOptions, learn
+from .machine import cgroup_memory_limit, free_disk, total_memory
+from .model_file import json_or_none, jsonable_categories, params_from_json, plain_value
+from .planner import PlanError, plan as chunk_plan
+from .queries import log_potential
+from .storage.fit_store import TABLE_NAMES, FitStore, StoredFit
+from .storage.url_store import decode_options
+from .validation import check_code_range, check_labels, check_store_path
+
+__all__ = ["FEW_SAMPLES", "WARM_START", "OWN_OPTIONS", "flat_index", "start_of", "warm_start", "workers", "make_plan",
+           "show_progress", "fit", "choose_penalty_scale", "encoded", "stored_params", "fit_in_store", "make_engine",
+           "options", "learn_with_progress", "resume_in_store", "from_stored", "open_finished", "kl_data"]
+
+
+def flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
+    """The C-order flat index of each row of ``codes`` in the joint table of ``cards``."""
+    return np.ravel_multi_index(tuple(codes.T), tuple(cards)).astype(np.int64)
+
+
+#: Fewer samples than this get a warning from :meth:`FSLL.fit`.
+FEW_SAMPLES = 10
+#: the key under which a store keeps the model a new fit starts from (``penalty_scale="auto"``)
+WARM_START = "warm_start"
+
+
+def start_of(state: FitState) -> dict:
+    """The model of ``state`` as a start for another fit (plain JSON; see :func:`warm_start`):
+    its parameters, ``log Z`` and each term's share of its cost reduction (``gain``, from its
+    history as :meth:`FSLL.interactions` counts it)."""
+    from .queries import term_contributions
+
+    contrib, _ = term_contributions(state.history)
+    return {"theta": [[int(y), float(v)] for y, v in state.theta.items()], "log_z": float(state.log_z),
+            "gain": [float(contrib.get(state.digits(y), 0.0)) for y in state.theta]}
+
+
+def warm_start(engine: Engine, state: FitState, start: dict | None) -> None:
+    """Start the new fit ``state`` (targets and uniform duals in ``engine``) from ``start``
+    (:func:`start_of` of a fit of the same variables on other rows, e.g. the held-out choice
+    of the penalty scale): its terms and parameters become the state's, the duals are
+    re-derived exactly from them, the targets of the terms read from the target table; the
+    learner then continues from there (``docs/design.md``, "Choosing the penalty scale").
+    The history records the uniform start (``init``) and then the step to ``start`` as the
+    first iteration, one move on several terms (``warm-start``: its terms under ``added``,
+    the gains they had in ``start``'s own fit under ``added_gain``, which divide the move's
+    gain among them).  Nothing happens for ``start`` None, without terms, or no cheaper on
+    these rows than the uniform model (the search then starts from the uniform model)."""
+    if not start or not start["theta"]:
+        return
+    support = np.array([y for y, _ in start["theta"]], np.int64)
+    values = np.array([v for _, v in start["theta"]], np.float64)
+    uniform, log_z = state.cost(), state.log_z
+    state.theta = dict(zip(support.tolist(), values.tolist()))
+    state.log_z = engine.resync(support, values, float(start["log_z"]))
+    state.dbar = dict(zip(support.tolist(), engine.gather(support, Table.DBAR).tolist()))
+    c = state.cost()
+    if not c < uniform:  # no better than the uniform model on these rows: the search starts there
+        state.theta, state.dbar, state.log_z = {}, {}, log_z
+        engine.init_duals()
+        return
+    state.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0, "cost": uniform,
+                          "n_bases": 0, "time": 0.0})
+    state.n_iter = 1
+    state.history.append({"iter": 1, "move": "warm-start", "y": None, "value": float(len(support)),
+                          "delta": c - uniform, "cost": c, "n_bases": len(support), "time": 0.0,
+                          "added": [list(state.digits(y)) for y in support.tolist()],
+                          "added_gain": list(start.get("gain") or ())})
+
+
+def workers(est, default: int) -> int:
+    """Tasks at once: the dask scheduler's threads, else ``default``."""
+    if est.scheduler is not None and hasattr(est.scheduler, "nthreads"):
+        return max(1, sum(est.scheduler.nthreads().values()))
+    return default
+
+
+def make_plan(est, cards, backend: storage.TableBackend, disk_free=None, memory=None):
+    """The chunk plan of a fit: in core within the machine's memory, out of core within the
+    store's free disk (``disk_free``) and ``memory_limit``; ``PlanError`` if it cannot fit."""
+    ooc = backend.persistent
+    mem = est.memory_limit if est.memory_limit is not None or ooc else memory
+    if mem is None:  # out of core without a limit: a container's limit still holds
+        mem = cgroup_memory_limit()
+    p = chunk_plan(cards, memory_limit=mem, disk_free=disk_free, workers=workers(est, 2 if ooc else 1),
+                  out_of_core=True if ooc else None, layout=est.layout)
+    if not ooc and p.layout.a > 0 and est.layout is None:
+        raise PlanError(f"the {math.prod(cards):,}-cell tables do not fit in memory "
+                        f"({p.report().splitlines()[0]}); pass store=PATH to fit out of core")
+    if not p.feasible:
+        raise PlanError("infeasible fit:\n" + p.report())
+    return p
+
+
+def show_progress(est) -> bool:
+    """Does ``est`` show a progress line (``progress``; by default when stderr is a terminal)?"""
+    return bool(est.progress if est.progress is not None else sys.stderr.isatty())
+
+
+def fit(est, X, backend, feature_names=None, categories=None) -> None:
+    """The ordinary fit of ``est`` on ``X`` (complete rows, nothing hidden): in memory, or in
+    its store with the store's checkpoint (``backend`` checked by ``FSLL._check_params``)."""
+    if backend.persistent:
+        check_store_path(est.store)
+    codes, cards, names, categories = encoded(est, X, feature_names, categories)
+    if backend.persistent:
+        fs = FitStore(est.store, backend.name, est.storage_options)
+        plan = make_plan(est, cards, backend, disk_free=None if fs.io.is_url else free_disk(fs.root.resolve()))
+        fs.check_new()  # never replace or delete a user's files
+        plan = fs.account(plan)
+    else:
+        plan = make_plan(est, cards, backend, memory=total_memory())
+    N = codes.shape[0]
+    if N < FEW_SAMPLES:
+        warnings.warn(f"fitting on only {N} sample{'s' if N != 1 else ''}: the model can say little more "
+                      "than which rows were seen; fit on more data for a distribution to rely on",
+                      UserWarning, stacklevel=3)
+    choice = choose_penalty_scale(est, codes, cards)
+    flat = flat_index(codes, cards)
+    uniq, counts = np.unique(flat, return_counts=True)
+    size = math.prod(cards)
+    state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size),
+                     penalty_code=C.resolve_penalty(est.penalty, est.epsilon), penalty_scale=choice.scale)
+    est.penalty_scale_scores_ = choice.scores
+    if not backend.persistent:
+        engine = make_engine(est, plan, [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape)
+                                         for nm in TABLE_NAMES], N, sample_flat=flat, penalty_scale=state.penalty_scale)
+        warm_start(engine, state, choice.start)
+        learn_with_progress(est, engine, state, fresh=True, checkpoint=None)
+        est._set_fitted(state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
+                        categories=categories)
+        est.kl_data_ = kl_data(est, flat, counts, N)
+        return
+    # Crash-safe order (docs/reliability.md): lock; old state out; data kept in the store;
+    # "starting"; tables and targets; "running" after every iteration; "complete".
+    with fs.writing("fit", "fitting", plan):
+        fs.begin(plan, stored_params(est), (names, json_or_none(jsonable_categories(categories))),
+                 uniq, counts, state, extra=None if choice.start is None else {WARM_START: choice.start})
+        fit_in_store(est, fs, plan, state, uniq, counts, flat=flat, fresh=True, names=names,
+                     categories=categories, start=choice.start)
+
+
+def choose_penalty_scale(est, codes: np.ndarray, cards):
+    """The penalty scale of this fit (:func:`fsll_ooc.learn.select.choose_scale` for
+    ``"auto"``): the sub-fits run in memory with this estimator's learning parameters."""
+    from .learn.select import ScaleChoice, choose_scale
+
+    want = C.resolve_penalty_scale(est.penalty_scale, est.epsilon)
+    if want != "auto":
+        return ScaleChoice(want)
+    try:  # the sub-fits hold the whole tables in memory, within the fit's memory limit
+        p = chunk_plan(cards, memory_limit=est.memory_limit if est.memory_limit is not None else total_memory(),
+                       disk_free=None, workers=1, out_of_core=None)
+        fits = p.feasible and p.layout.a == 0
+    except PlanError:
+        fits = False
+    if not fits:
+        return ScaleChoice(C.PENALTY_SCALES[0], reason="the tables do not fit in memory")
+    opts = est.learn_options
+    if opts is not None:
+        opts = dataclasses.replace(opts, on_finish=None)
+    own = {k: getattr(est, k) for k in ("epsilon", "max_iter", "resync_every", "refine", "penalty")}
+
+    def fit_path(train, scales):  # a fit under the first scale, continued under each further one
+        sub = type(est)(cardinalities=tuple(cards), progress=False, learn_options=opts, penalty_scale=scales[0], **own)
+        sub.fit(train)
+        yield (lambda c: log_potential(sub, c) - sub.log_z_), start_of(sub._state)
+        state, specs = sub._state, sub._engine.ctx.specs
+        for s in scales[1:]:
+            state.set_penalty_scale(s)
+            state.converged = False
+            engine = make_engine(sub, sub.plan_, specs, state.n_samples, penalty_scale=s)
+            learn(engine, state, options(sub), fresh=False)
+            sub._set_fitted(state, plan=sub.plan_, engine=engine)
+            yield (lambda c: log_potential(sub, c) - sub.log_z_), start_of(state)
+
+    return choose_scale(fit_path, codes)
+
+
+def encoded(est, X, feature_names=None, categories=None):
+    """``(codes, cards, names, categories)`` of ``X`` (codes, or a DataFrame of labels), checked."""
+    if hasattr(X, "columns"):
+        from .io import encode
+
+        enc = encode(X, est.cardinalities)
+        codes, cards = validate_data(enc.codes, enc.cardinalities)
+        names = list(map(str, X.columns)) if feature_names is None else feature_names
+        categories = enc.categories if categories is None else categories
+    else:
+        codes, cards = validate_data(check_code_range(X), est.cardinalities)
+        names = feature_names
+    names, categories = check_labels(names, categories, cards)
+    return codes, cards, names, categories
+
+
+def stored_params(est) -> dict:
+    """The parameters a store keeps to resume with (plain JSON)."""
+    return {k: plain_value(v) for k, v in est.get_params().items() if k in est._STORED_PARAMS}
+
+
+def fit_in_store(est, fs: FitStore, plan, state: FitState, uniq, counts, *, flat=None, fresh: bool,
+                  names=None, categories=None, start=None) -> None:
+    """Learn with the store's checkpoint: from new tables (``fresh``; ``flat`` is the data, by
+    default the stored counts; ``start`` the model the search starts from, see
+    :func:`warm_start`) or from the store's tables and ``state``; then complete it."""
+    cards, N = tuple(state.cards), state.n_samples
+    if fresh:
+        specs = fs.create_tables(cards, plan.layout.chunk_shape)
+        with fs.damage_hint():
+            engine = make_engine(est, plan, specs, N, sample_flat=np.repeat(uniq, counts) if flat is None else flat,
+                                 penalty_scale=state.penalty_scale)
+            warm_start(engine, state, start)
+            fs.tables_ready(specs, state)
+            learn_with_progress(est, engine, state, fresh=True, checkpoint=fs.checkpoint)
+    else:
+        engine = make_engine(est, plan, fs.open_tables(cards, plan.layout.chunk_shape), N,
+                             penalty_scale=state.penalty_scale)
+        if not state.converged and (est.max_iter is None or state.n_iter < est.max_iter):
+            with fs.damage_hint():
+                learn_with_progress(est, engine, state, fresh=False, checkpoint=fs.checkpoint)
+    # once fitted, the model answers queries in a private scratch table: the store's own
+    # tables are written only under its lock (docs/reliability.md)
+    engine = Engine.create(plan, fs.open_tables(cards, plan.layout.chunk_shape, reader_owner=est), N,
+                           est.scheduler)
+    est._set_fitted(state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
+                    categories=categories)
+    est.kl_data_ = kl_data(est, uniq, counts, N) if flat is None else kl_data(est, flat, counts, N)
+    fs.complete(state, est.kl_data_)
+
+
+def make_engine(est, plan, specs, N: int, sample_flat=None, penalty_scale: float = 1.0) -> Engine:
+    """The engine over ``specs`` with the plan's layout and this fit's scheduler; with
+    ``sample_flat`` (the data of a new fit) it computes the targets and uniform duals."""
+    return Engine.create(plan, specs, N, est.scheduler, sample_flat=sample_flat,
+                         progress=sample_flat is not None and show_progress(est),
+                         penalty_scale=penalty_scale)
+
+
+#: The learner's options that :class:`~fsll_ooc.FSLL` sets itself.
+OWN_OPTIONS = ("epsilon", "max_iter", "resync_every", "refine")
+
+
+def options(est) -> LearnOptions:
+    """The learner's options: ``learn_options`` with this estimator's own four."""
+    base = est.learn_options
+    if base is None:
+        base = LearnOptions()
+    elif not isinstance(base, LearnOptions):
+        raise ValueError(f"learn_options must be a fsll_ooc.learn.LearnOptions or None, got {base!r}")
+    own = {k: getattr(est, k) for k in OWN_OPTIONS}
+    default = LearnOptions()
+    for k, v in own.items():
+        if getattr(base, k) != getattr(default, k) and getattr(base, k) != v:
+            raise ValueError(f"learn_options sets {k}={getattr(base, k)!r} but FSLL has {k}={v!r}; "
+                             f"set {k} on FSLL")
+    return dataclasses.replace(base, **own)
+
+
+def learn_with_progress(est, engine, state, fresh: bool, checkpoint) -> None:
+    """Run the learner for ``est`` (its options; a progress line when ``est`` shows one)."""
+    bar = None
+    if show_progress(est):  # in words, counting on from a resumed fit's iterations
+        from .learn.greedy import resolve_epsilon
+        from .progress import FitProgress
+
+        bar = FitProgress(resolve_epsilon(est.epsilon, state.n_samples), start=state.n_iter)
+    engine.progress = bar is not None
+    try:
+        learn(engine, state, options(est), fresh=fresh, progress=bar, callback=checkpoint)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def resume_in_store(m, fs: FitStore, stored: StoredFit, restart: bool) -> None:
+    """Continue the ordinary fit of ``m`` in its store ``fs`` (the writer lock held), from its
+    tables or, for a fit that was ``starting`` or with ``restart``, from the stored data."""
+    state = FitState.from_json(stored.state)
+    cards, N = tuple(state.cards), state.n_samples
+    plan = fs.account(make_plan(m, cards, storage.get_backend(stored.backend), disk_free=fs.disk_available()))
+    uniq, counts = fs.read_counts(cards, N)
+    fs.reopen(plan, stored)
+    fresh = stored.status == "starting" or restart
+    if fresh:
+        state = FitState(cards, N, C.target_entropy(counts, N, math.prod(cards)), log_z=math.log(math.prod(cards)),
+                         penalty_code=C.resolve_penalty(m.penalty, m.epsilon),
+                         penalty_scale=state.penalty_scale)  # the scale chosen when the fit began
+        fs.restart(state)
+    fit_in_store(m, fs, plan, state, uniq, counts, fresh=fresh, names=stored.feature_names,
+                 categories=stored.categories, start=fs.extra(WARM_START) if fresh else None)
+
+
+def from_stored(cls, fs: FitStore, stored: StoredFit, scheduler, progress, memory_limit=None) -> "FSLL":
+    """An estimator with the stored fit's parameters (every learning parameter of the fit)."""
+    kw = params_from_json({k: v for k, v in stored.params.items() if k in cls._PARAMS})
+    kw.update(store=fs.root, backend=stored.backend, scheduler=scheduler, layout=stored.layout, progress=progress,
+              storage_options=decode_options(fs.io.options) if fs.io.is_url else None)
+    if memory_limit is not None:
+        kw["memory_limit"] = memory_limit
+    return cls(**kw)
+
+
+def open_finished(cls, fs: FitStore, stored: StoredFit, scheduler, progress, memory_limit=None) -> "FSLL":
+    """A finished fit for reading: nothing in the store is written (a private scratch table is)."""
+    m = from_stored(cls, fs, stored, scheduler, progress, memory_limit)
+    state = FitState.from_json(stored.state)
+    plan = fs.account(make_plan(m, tuple(state.cards), storage.get_backend(stored.backend)))
+    specs = fs.open_tables(state.cards, plan.layout.chunk_shape, reader_owner=m)
+    m._set_fitted(state, plan=plan, engine=make_engine(m, plan, specs, state.n_samples), cost=state.cost(),
+                  kl_data=stored.kl_data, feature_names=stored.feature_names, categories=stored.categories)
+    return m
+
+
+def kl_data(est, flat, counts, N) -> float:
+    """``KL(p_d || p_theta)`` of the training data.
+
+    From the sparse state, ``O(#terms)``: ``-H(p_d) - sum_y theta_y E_pd[Phi_y] + log Z``,
+    where ``E_pd[Phi_y] = ((N + 1) dbar_y - E_u[Phi_y]) / N`` undoes the positivity rule
+    (``dbar`` are the moments of ``q = (N p_d + u) / (N + 1)``; ``E_u[Phi_y]`` is 0 on a
+    Walsh-Hadamard axis with ``y_i != 0`` and ``(2 - k) / k`` on a +-1 axis).  Falls back
+    to evaluating ``log p_theta`` at the data when a target is missing.
+    """
+    st = est._state
+    if all(y in st.dbar for y in st.theta):
+        cards = st.cards
+        m = 0.0
+        for y, v in st.theta.items():
+            eu = 1.0
+            for i, yi in enumerate(st.digits(y)):
+                if yi:
+                    eu *= 0.0 if basis.is_walsh(cards[i]) else (2.0 - cards[i]) / cards[i]
+            m += v * ((N + 1.0) * st.dbar[y] - eu) / N
+        return float(-C.empirical_entropy(counts, N) - m + st.log_z)
+    uniq = np.unique(flat)
+    eng = getattr(est, "_engine", None)
+    if eng is not None and eng.layout.a == 0 and len(uniq) * len(est.theta_) > eng.layout.size:
+        # in core with many occupied cells and terms: one pass over the table is cheaper
+        lp = np.log(est.probabilities().reshape(-1)[uniq])
+    else:
+        codes = np.stack(np.unravel_index(uniq, est.cardinalities_), axis=1)
+        lp = log_potential(est, codes) - est.log_z_
+    return float(-C.empirical_entropy(counts, N) - np.dot(counts, lp) / N)
