@@ -91,7 +91,7 @@ def timed_fit(X, cards, start=None, **kw):
     m = FSLL(cardinalities=cards, progress=False, **kw)
     choose = fitting.choose_penalty_scale
     if start is not None:
-        fitting.choose_penalty_scale = lambda est, codes, cards: select.ScaleChoice(start[0], start=start[1])
+        fitting.choose_penalty_scale = lambda *a: select.ScaleChoice(start[0], start=start[1])
     try:
         m = m.fit(X)
     finally:

@@ -242,7 +242,7 @@ class FSLL(queries.QueryMethods):
                 return self
         else:
             missing.refuse(X)
-        fitting.fit(self, X, backend, feature_names, categories)
+        fitting.fit(self, X, backend, feature_names, categories, sub_class=FSLL)
         return self
 
     @classmethod

@@ -114,9 +114,10 @@ def show_progress(est) -> bool:
     return bool(est.progress if est.progress is not None else sys.stderr.isatty())
 
 
-def fit(est, X, backend, feature_names=None, categories=None) -> None:
+def fit(est, X, backend, feature_names=None, categories=None, sub_class=None) -> None:
     """The ordinary fit of ``est`` on ``X`` (complete rows, nothing hidden): in memory, or in
-    its store with the store's checkpoint (``backend`` checked by ``FSLL._check_params``)."""
+    its store with the store's checkpoint (``backend`` checked by ``FSLL._check_params``);
+    ``sub_class`` fits the penalty scale's held-out sub-fits (:func:`choose_penalty_scale`)."""
     if backend.persistent:
         check_store_path(est.store)
     codes, cards, names, categories = encoded(est, X, feature_names, categories)
@@ -132,7 +133,7 @@ def fit(est, X, backend, feature_names=None, categories=None) -> None:
         warnings.warn(f"fitting on only {N} sample{'s' if N != 1 else ''}: the model can say little more "
                       "than which rows were seen; fit on more data for a distribution to rely on",
                       UserWarning, stacklevel=3)
-    choice = choose_penalty_scale(est, codes, cards)
+    choice = choose_penalty_scale(est, codes, cards, sub_class)
     flat = flat_index(codes, cards)
     uniq, counts = np.unique(flat, return_counts=True)
     size = math.prod(cards)
@@ -157,9 +158,10 @@ def fit(est, X, backend, feature_names=None, categories=None) -> None:
                      categories=categories, start=choice.start)
 
 
-def choose_penalty_scale(est, codes: np.ndarray, cards):
+def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
     """The penalty scale of this fit (:func:`fsll_ooc.learn.select.choose_scale` for
-    ``"auto"``): the sub-fits run in memory with this estimator's learning parameters."""
+    ``"auto"``): the sub-fits (estimators of ``sub_class``, by default ``est``'s class) run
+    in memory with this estimator's learning parameters."""
     from .learn.select import ScaleChoice, choose_scale
 
     want = C.resolve_penalty_scale(est.penalty_scale, est.epsilon)
@@ -179,7 +181,8 @@ def choose_penalty_scale(est, codes: np.ndarray, cards):
     own = {k: getattr(est, k) for k in ("epsilon", "max_iter", "resync_every", "refine", "penalty")}
 
     def fit_path(train, scales):  # a fit under the first scale, continued under each further one
-        sub = type(est)(cardinalities=tuple(cards), progress=False, learn_options=opts, penalty_scale=scales[0], **own)
+        sub = (sub_class or type(est))(cardinalities=tuple(cards), progress=False, learn_options=opts,
+                                       penalty_scale=scales[0], **own)
         sub.fit(train)
         yield (lambda c: log_potential(sub, c) - sub.log_z_), start_of(sub._state)
         state, specs = sub._state, sub._engine.ctx.specs

@@ -12,6 +12,8 @@ import pandas as pd
 import pytest
 
 from fsll_ooc import cli
+from fsll_ooc.cli import common
+from fsll_ooc.queries import describe_factor, factor_text
 from fsll_ooc.io import encode_with
 
 N_ROWS = 300
@@ -75,7 +77,7 @@ def test_fit_json(capsys, data_csv, tmp_path):
 
 
 def test_model_keeps_labels(model_path):
-    m = cli._model_class().load(model_path)
+    m = common.model_class().load(model_path)
     assert list(m.feature_names_in_) == ["colour", "size", "ok"]
     assert [list(c) for c in m.categories_] == [["blue", "green", "red"], [0, 1, 2, 3], [False, True]]
     assert tuple(m.cardinalities_) == (3, 4, 2)
@@ -96,11 +98,11 @@ def test_info_text_and_json(capsys, model_path):
     shares = [t["share"] for t in terms]
     assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
     assert sum(info["terms_by_order"].values()) == len(terms)
-    m = cli._model_class().load(model_path)
+    m = common.model_class().load(model_path)
     assert [t["term"] for t in terms] == list(m.interactions()["term"])
     for t in terms:
         assert t["order"] == len(t["factors"]) == len(t["variables"]) == sum(1 for v in t["y"] if v)
-        assert t["term"] == " * ".join(cli._factor_text(f) for f in t["factors"])
+        assert t["term"] == " * ".join(factor_text(f) for f in t["factors"])
         for f in t["factors"]:
             assert f["var"] in ("colour", "size", "ok")
             assert f["basis"] == ("indicator" if f["var"] == "colour" else "walsh")
@@ -142,12 +144,12 @@ def test_info_sample_and_score_take_an_average(capsys, data_csv, tmp_path):
 def test_info_term_labels():
     # colour: k=3 (indicator basis), size: k=4 (Walsh), ok: k=2 (Walsh)
     cats = [["blue", "green", "red"], [0, 1, 2, 3], [False, True]]
-    f = cli._describe_factor("colour", cats[0], 3, 2)
-    assert cli._factor_text(f) == "colour=red"
-    f = cli._describe_factor("size", cats[1], 4, 1)
-    assert f["plus"] == [0, 2] and cli._factor_text(f) == "size in {0,2}"
-    f = cli._describe_factor("ok", cats[2], 2, 1)
-    assert cli._factor_text(f) == "ok=False"
+    f = describe_factor("colour", cats[0], 3, 2)
+    assert factor_text(f) == "colour=red"
+    f = describe_factor("size", cats[1], 4, 1)
+    assert f["plus"] == [0, 2] and factor_text(f) == "size in {0,2}"
+    f = describe_factor("ok", cats[2], 2, 1)
+    assert factor_text(f) == "ok=False"
 
 
 def test_sample_stdout_and_file(capsys, model_path, tmp_path):
@@ -169,7 +171,7 @@ def test_score_matches_model(capsys, model_path, data_csv):
     rc, out, _ = run(capsys, "score", model_path, data_csv, "--json")
     assert rc == 0
     res = json.loads(out)
-    m = cli._model_class().load(model_path)
+    m = common.model_class().load(model_path)
     df = pd.read_csv(data_csv)
     codes = encode_with(m.categories_, df, names=m.feature_names_in_)
     expected = float(np.mean(m.log_prob(codes)))
@@ -201,14 +203,14 @@ def test_fit_npy_with_cardinalities(capsys, tmp_path):
 
 def test_progress_only_on_a_tty(capsys, data_csv, tmp_path, monkeypatch):
     seen = []
-    real = cli._model_class()
+    real = common.model_class()
 
     class Spy(real):
         def __init__(self, *a, **kw):
             seen.append(kw.get("progress"))
             super().__init__(*a, **kw)
 
-    monkeypatch.setattr(cli, "_model_class", lambda: Spy)
+    monkeypatch.setattr(common, "model_class", lambda: Spy)
     assert run(capsys, "fit", data_csv, "-o", tmp_path / "m.fsll")[0] == 0
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     assert run(capsys, "fit", data_csv, "-o", tmp_path / "m.fsll", "--quiet")[0] == 0
@@ -296,7 +298,7 @@ def test_error_sample_args(capsys, model_path, tmp_path):
 
 
 def test_error_unwritable_model_path_before_fitting(capsys, data_csv, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "_model_class", lambda: pytest.fail("must not fit"))
+    monkeypatch.setattr(common, "model_class", lambda: pytest.fail("must not fit"))
     assert_usage_error(*run(capsys, "fit", data_csv, "-o", tmp_path / "no" / "m.fsll"),
                        "cannot write the model", "does not exist")
     assert_usage_error(*run(capsys, "fit", data_csv, "-o", tmp_path), "is a directory")
@@ -316,7 +318,7 @@ def test_unexpected_failure_exit_1(capsys, data_csv, tmp_path, monkeypatch):
         def fit(self, codes, **labels):
             raise RuntimeError("boom")
 
-    monkeypatch.setattr(cli, "_model_class", lambda: Broken)
+    monkeypatch.setattr(common, "model_class", lambda: Broken)
     rc, out, err = run(capsys, "fit", data_csv, "-o", tmp_path / "m")
     assert rc == 1
     assert err.strip().splitlines() == [

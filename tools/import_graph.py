@@ -29,7 +29,7 @@ LAYERS = [
     ("learning", ["learn"]),
     ("data", ["io"]),
     ("model", ["queries", "model_file", "fitting", "missing", "estimator", "average", "plotting"]),
-    ("user", ["baselines", "datasets", "cli", "__init__", "__main__"]),
+    ("user", ["baselines", "datasets", "cli", "__init__"]),
 ]
 
 
