@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import basis, kernels, storage
+from ..kernels import bandops, threadpool
 from ..kernels.transform import transform_inplace
 from ..planner import Layout
 from .bands import band_geometry, band_key, band_vars, fixed_digits, local_to_global, xor_mask, xor_perm
@@ -161,14 +162,39 @@ def task_fill(ctx: Context, kind: str, idx: int, table: Table | None, local: np.
     ``ops``: see :func:`_apply_ops`.
     """
     shape = ctx.geometry(kind).shape
-    band = np.zeros(shape)
-    if len(local):
-        np.add.at(band.reshape(-1), local, values)
+    key = band_key(ctx.layout, kind, idx)
+    band = _sparse_band(ctx, shape, local, values, None if table is None else ctx.specs[table], key)
     taken: list = []
     total = _apply_ops(ctx, kind, band, ops, taken)
     if table is not None:
-        storage.write(ctx.specs[table], band_key(ctx.layout, kind, idx), band)
+        storage.write(ctx.specs[table], key, band)
     return _with_taken(ScanResult(total=total), taken)
+
+
+def _sparse_band(ctx: Context, shape: tuple, local: np.ndarray, values: np.ndarray, spec=None,
+                 key: tuple | None = None) -> np.ndarray:
+    """A band of zeros plus ``values`` at ``local`` (flat, band order; repeated positions
+    add up, as ``np.add.at``).  With ``spec`` (the table the band will be written to) whose
+    band is a view of the table itself (in core), that view is filled and returned: the
+    write is then a no-op and no band is allocated.  A large band is zeroed on every thread
+    (``ctx.threads``)."""
+    n = threadpool.num_threads() if ctx.threads else 1
+    band = None
+    if spec is not None and spec.backend_impl.supports_inplace_views and not spec.backend_impl.persistent:
+        view = storage.read(spec, key)
+        if not view.flags.owndata and view.flags.c_contiguous and view.flags.writeable:
+            band = view.reshape(shape)
+            bandops.zero_fill(band.reshape(-1), n)
+    if band is None:
+        if n > 1 and math.prod(shape) >= bandops.PARALLEL_MIN:
+            band = np.empty(shape)
+            bandops.zero_fill(band.reshape(-1), n)
+        else:
+            band = np.zeros(shape)
+    flat = band.reshape(-1)
+    if len(local):
+        bandops.scatter_add(flat, local, values)
+    return band
 
 
 def uniform_dual_vector(k: int) -> np.ndarray:
@@ -221,7 +247,11 @@ def _with_taken(res: ScanResult, taken: list) -> ScanResult:
     return res
 
 
-def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple, taken: list | None = None) -> float:
+_ELEMENTWISE = frozenset(("exp", "sum", "normalize", "scale", "add"))
+
+
+def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple, taken: list | None = None,
+               parallel: bool | None = None) -> float:
     """Apply ``ops`` to ``band`` in place, in order; returns the last sum taken (0.0 if none).
 
     ``("T", vars, transpose)``: the transform (``T^T`` with ``transpose``) along ``vars``;
@@ -229,11 +259,29 @@ def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple, taken: lis
     divide by the sum (one band only); ``("scale", c)``, ``("add", c)``: times / plus ``c``;
     ``("take", local, keys)``: read off the band's cells ``local`` (flat, band order) as they
     are at that point, appended to ``taken`` as ``(keys, values)``.
+
+    ``parallel`` (default ``ctx.threads``: the band is its pass's only task): a large band's
+    transforms, and its runs of elementwise ops and sums (:func:`fsll_ooc.kernels.bandops.elementwise`,
+    numpy's bits), on every thread of :mod:`fsll_ooc.kernels.threadpool`.
     """
+    if parallel is None:
+        parallel = ctx.threads
     total = 0.0
-    for op in ops:
+    split = parallel and band.size >= bandops.PARALLEL_MIN and band.flags.c_contiguous
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if split and op[0] in _ELEMENTWISE:
+            j = i
+            while j < len(ops) and ops[j][0] in _ELEMENTWISE:
+                j += 1
+            s = bandops.elementwise(band.reshape(-1), ops[i:j], threadpool.num_threads())
+            if s is not None:
+                total = s
+            i = j
+            continue
         if op[0] == "T":
-            _transform_band(band, _positions(ctx, kind, op[1]), op[2], ctx.threads)
+            _transform_band(band, _positions(ctx, kind, op[1]), op[2], parallel)
         elif op[0] == "exp":
             band -= op[1]
             np.exp(band, out=band)
@@ -251,6 +299,7 @@ def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple, taken: lis
             taken.append((np.asarray(op[2], np.int64), band.reshape(-1)[op[1]].copy()))
         else:  # pragma: no cover
             raise ValueError(f"unknown op {op!r}")
+        i += 1
     return total
 
 
@@ -279,9 +328,7 @@ def _open_band(ctx: Context, kind: str, idx: int, source: tuple | None = None, s
             in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata
         else:
             if source[0] is None:
-                t = np.zeros(geom.shape)
-                if len(source[2]):
-                    np.add.at(t.reshape(-1), source[2], source[3])
+                t = _sparse_band(ctx, geom.shape, source[2], source[3], ctx.specs[THETABAR], key)
             else:
                 spec_s = ctx.specs[source[0]]
                 t = storage.read(spec_s, key)
@@ -447,13 +494,16 @@ def second_order_top(ctx: Context, kind: str, idx: int, t: np.ndarray, d: np.nda
                      k: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` best cells of band ``idx`` of ``kind`` (duals ``t``, targets ``d``, ``(P, Q)``)
     by ``r - (t - d)^2 / (2 (1 - t^2))`` (``y = 0`` excluded): (global flat, score), in blocks
-    of rows of about :data:`SCORE_BLOCK` cells (read only)."""
+    of rows of about :data:`SCORE_BLOCK` cells (read only; on every thread with ``ctx.threads``)."""
     L = ctx.layout
     shape, j, P, Q, rP, rQ = ctx.geometry(kind)
     rows = max(1, SCORE_BLOCK // max(Q, 1))
     r_const = _r_const(ctx, kind, idx)
-    keep_pos, keep_score = [], []
-    for p0 in range(0, P, rows):
+    starts = range(0, P, rows)
+    keep_pos, keep_score = [None] * len(starts), [None] * len(starts)
+
+    def block(b):
+        p0 = starts[b]
         tb, db = t[p0:p0 + rows], d[p0:p0 + rows]
         score = tb - db
         np.square(score, out=score)
@@ -470,8 +520,12 @@ def second_order_top(ctx: Context, kind: str, idx: int, t: np.ndarray, d: np.nda
             score[0] = np.inf
         kk = min(k, score.size)
         local = np.argpartition(score, kk - 1)[:kk] if kk < score.size else np.arange(score.size)
-        keep_pos.append(local + p0 * Q)
-        keep_score.append(score[local])
+        keep_pos[b] = local + p0 * Q
+        keep_score[b] = score[local]
+
+    # the blocks on every thread when the band is its pass's only task (in core): each block's
+    # numbers and choice are the same, kept in block order
+    threadpool.parallel_for(threadpool.num_threads() if ctx.threads else 1, len(starts), block)
     pos, score = np.concatenate(keep_pos), np.concatenate(keep_score)
     k = min(k, score.size)
     local = np.argpartition(score, k - 1)[:k] if k < score.size else np.arange(score.size)

@@ -16,35 +16,59 @@ fork-safe (the helpers are rebuilt in a child process), and callable from severa
 (dask tasks) at once.  Out of core, dask runs several bands at once and the kernels
 stay on one thread each.
 
-Set ``NUMBA_NUM_THREADS=1`` in the environment to keep every kernel on the calling
-thread.
+Set ``NUMBA_NUM_THREADS=1`` in the environment (or call :func:`set_num_threads`) to
+keep every kernel on the calling thread; ``NUMBA_NUM_THREADS=k`` (or ``set_num_threads(k)``)
+uses ``k`` threads.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["num_threads", "helpers", "fire"]
+__all__ = ["num_threads", "set_num_threads", "helpers", "fire", "parallel_for"]
 
+_PREFIX = "fsll-kernel"  # the helper threads' names begin so
 _lock = threading.Lock()
 _pool = {"ex": None, "n": 0, "pid": None}
 _fire = {"q": None, "n": 0, "pid": None}
 
 
-@functools.cache
+_chosen = {"n": None}
+
+
 def num_threads() -> int:
-    """Threads a kernel may use: ``numba.config.NUMBA_NUM_THREADS`` (the number of
-    cores unless the ``NUMBA_NUM_THREADS`` environment variable says otherwise; read
-    once, as numba does)."""
+    """Threads a kernel may use: the count given to :func:`set_num_threads`, else
+    ``numba.config.NUMBA_NUM_THREADS`` (the number of cores unless the
+    ``NUMBA_NUM_THREADS`` environment variable says otherwise; read once, as numba does)."""
+    n = _chosen["n"]
+    return n if n is not None else _default_threads()
+
+
+@functools.cache
+def _default_threads() -> int:
     try:
         from numba import config
         n = int(config.NUMBA_NUM_THREADS)
     except Exception:  # pragma: no cover
         n = os.cpu_count() or 1
     return max(1, n)
+
+
+def set_num_threads(n: int | None) -> None:
+    """Let the kernels of this process use ``n`` threads from now on (``None``: back to the
+    default of :func:`num_threads`), e.g. to measure how a fit scales with the cores.
+
+    >>> set_num_threads(1); num_threads()
+    1
+    >>> set_num_threads(None)
+    """
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"the thread count must be a positive integer or None, got {n!r}")
+    _chosen["n"] = n
 
 
 def helpers(n: int) -> ThreadPoolExecutor:
@@ -56,7 +80,7 @@ def helpers(n: int) -> ThreadPoolExecutor:
     """
     with _lock:
         if _pool["ex"] is None or _pool["n"] != n or _pool["pid"] != os.getpid():
-            _pool["ex"] = ThreadPoolExecutor(max_workers=max(1, n - 1), thread_name_prefix="fsll-kernel")
+            _pool["ex"] = ThreadPoolExecutor(max_workers=max(1, n - 1), thread_name_prefix=_PREFIX)
             _pool["n"] = n
             _pool["pid"] = os.getpid()
         return _pool["ex"]
@@ -94,3 +118,41 @@ def fire(n: int, fn, *args) -> None:
         q = _fire["q"]
     for _ in range(n - 1):
         q.put((fn, args))
+
+
+def parallel_for(n: int, count: int, work) -> None:
+    """``work(i)`` for ``i`` in ``range(count)`` on the caller and ``n - 1`` helpers of
+    :func:`helpers`, each taking the next ``i`` as it comes (the work must release the
+    GIL to gain: compiled kernels, numpy on large arrays).  Every piece that began has
+    ended when this returns or raises; after a failure the pieces not begun are skipped and
+    the first error is raised.
+
+    >>> out = [0] * 5
+    >>> parallel_for(2, 5, lambda i: out.__setitem__(i, i * i)); out
+    [0, 1, 4, 9, 16]
+    """
+    if n <= 1 or count <= 1 or threading.current_thread().name.startswith(_PREFIX):
+        # a piece of a parallel_for (or of a transform) runs its own loops on its own thread:
+        # waiting there for pieces queued behind the pieces that wait could never end
+        for i in range(count):
+            work(i)
+        return
+    nxt = itertools.count()  # next() is atomic under the GIL
+    failed: list = []
+
+    def loop():
+        try:
+            while not failed:
+                i = next(nxt)
+                if i >= count:
+                    return
+                work(i)
+        except BaseException as exc:  # noqa: BLE001 - raised by the caller below
+            failed.append(exc)
+
+    futs = [helpers(n).submit(loop) for _ in range(min(n, count) - 1)]
+    loop()
+    for f in futs:
+        f.result()
+    if failed:
+        raise failed[0]

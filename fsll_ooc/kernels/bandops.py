@@ -1,0 +1,158 @@
+"""A band's elementwise operations and sums on every core, with numpy's bits.
+
+In core the whole table is one band; between its transforms a pass takes ``exp``,
+sums, scales and normalises it (:func:`fsll_ooc.engine.tasks._apply_ops`).  numpy runs
+each of those on one core and walks the whole band once per operation.
+:func:`elementwise` runs them leaf by leaf, each leaf a few hundred KiB that stays in
+the cache while every operation of a run is applied to it, the leaves shared between
+the caller and the helpers of :mod:`fsll_ooc.kernels.threadpool`.
+
+Same bits as numpy, by construction:
+
+* an elementwise operation is numpy's own ufunc on each leaf (an element's value does
+  not depend on where it lies);
+* a sum is numpy's pairwise summation (``np.add.reduce`` of a contiguous array: split at
+  ``n2 = n // 2`` rounded down to a multiple of 8 until at most 128 elements remain).
+  The leaves are exactly the nodes of that recursion at which :func:`leaves` stops, each
+  summed by numpy itself, and their sums are added up the same tree in the same order
+  (:func:`tree_sum`).
+
+:func:`scatter_add` is ``np.add.at`` for the sparse fills (the same adds in the same
+order, compiled).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import njit
+
+from . import threadpool
+
+__all__ = ["LEAF", "PARALLEL_MIN", "leaves", "tree_sum", "elementwise", "zero_fill", "scatter_add"]
+
+#: Largest leaf, in elements (512 KiB of float64: a core's L2 cache).
+LEAF = 2**16
+#: Smallest band that :func:`elementwise` splits between threads (below it, the numpy
+#: calls of the whole band are as fast).
+PARALLEL_MIN = 2**18
+
+_ADD = -1  # a token of a tree program: add the two sums on top of the stack
+
+
+@functools.lru_cache(maxsize=32)
+def leaves(n: int, leaf: int = LEAF) -> tuple[np.ndarray, tuple]:
+    """``(bounds, program)`` of numpy's pairwise summation of ``n`` elements stopped at
+    nodes of at most ``leaf`` elements (``leaf >= 128``): leaf ``i`` is
+    ``[bounds[i], bounds[i + 1])``, and ``program`` (leaf indices and ``-1`` = add the two
+    sums on top of the stack, in postfix order) adds their sums as numpy's recursion does.
+
+    >>> b, prog = leaves(1000, 256); b.tolist(), prog
+    ([0, 248, 496, 744, 1000], (0, 1, -1, 2, 3, -1, -1))
+    """
+    if leaf < 128:
+        raise ValueError(f"a leaf must hold at least 128 elements, got {leaf}")
+    bounds = [0]
+    prog: list = []
+
+    def rec(start: int, m: int) -> None:
+        if m <= leaf:
+            prog.append(len(bounds) - 1)
+            bounds.append(start + m)
+            return
+        m2 = m // 2
+        m2 -= m2 % 8
+        rec(start, m2)
+        rec(start + m2, m - m2)
+        prog.append(_ADD)
+
+    rec(0, int(n))
+    return np.asarray(bounds, np.int64), tuple(prog)
+
+
+def tree_sum(sums, program: tuple) -> float:
+    """The leaf ``sums`` added as ``program`` (of :func:`leaves`) says: numpy's bits."""
+    stack: list = []
+    for tok in program:
+        if tok == _ADD:
+            b = stack.pop()
+            stack.append(stack.pop() + b)
+        else:
+            stack.append(sums[tok])
+    return float(0.0 + stack[0])  # np.add.reduce starts from add's identity
+
+
+def elementwise(flat: np.ndarray, ops, n_threads: int, leaf: int | None = None) -> float | None:
+    """Apply the elementwise ``ops`` to the contiguous 1-D ``flat`` in place, in order, on
+    ``n_threads`` threads; returns the last sum taken (``None`` if none).
+
+    ``ops``: ``("exp", shift)`` (``exp(x - shift)``), ``("scale", c)``, ``("add", c)``,
+    ``("sum",)`` and ``("normalize",)`` (divide by the sum), as in
+    :func:`fsll_ooc.engine.tasks._apply_ops`; the same bits as numpy's calls on the whole
+    array.  A normalisation needs the whole sum before it divides: the ops after it run in a
+    second walk over the leaves.  ``leaf``: the largest leaf (default :data:`LEAF`).
+    """
+    bounds, program = leaves(flat.size, LEAF if leaf is None else leaf)
+    nleaf = bounds.size - 1
+    total = None
+    run: list = []
+    for op in list(ops) + [None]:
+        if op is not None and op[0] != "normalize":
+            run.append(op)
+            continue
+        if op is not None:
+            run.append(("sum",))
+        if run:
+            n_sums = sum(1 for o in run if o[0] == "sum")
+            sums = np.empty((max(n_sums, 1), nleaf))
+            threadpool.parallel_for(n_threads, nleaf, functools.partial(_leaf, flat, bounds, tuple(run), sums))
+            if n_sums:
+                total = tree_sum(sums[n_sums - 1], program)
+        run = [("div", total)] if op is not None else []
+    return total
+
+
+def _leaf(flat, bounds, run, sums, i) -> None:
+    c = flat[bounds[i]:bounds[i + 1]]
+    k = 0
+    for op in run:
+        name = op[0]
+        if name == "exp":
+            np.subtract(c, op[1], out=c)
+            np.exp(c, out=c)
+        elif name == "sum":
+            sums[k, i] = np.add.reduce(c)
+            k += 1
+        elif name == "scale":
+            np.multiply(c, op[1], out=c)
+        elif name == "add":
+            np.add(c, op[1], out=c)
+        elif name == "div":
+            np.divide(c, op[1], out=c)
+        else:  # pragma: no cover - the caller sends only these
+            raise ValueError(f"not an elementwise op: {op!r}")
+
+
+def zero_fill(flat: np.ndarray, n_threads: int) -> None:
+    """``flat[:] = 0.0`` (contiguous 1-D), leaf by leaf on ``n_threads`` threads."""
+    bounds, _ = leaves(flat.size, LEAF)
+    threadpool.parallel_for(n_threads, bounds.size - 1,
+                            lambda i: flat[bounds[i]:bounds[i + 1]].fill(0.0))
+
+
+@njit(nogil=True, cache=True)
+def _scatter_add(flat, local, values):  # pragma: no cover - compiled
+    for i in range(local.size):
+        flat[local[i]] += values[i]
+
+
+def scatter_add(flat: np.ndarray, local: np.ndarray, values: np.ndarray) -> None:
+    """``np.add.at(flat, local, values)`` for a contiguous float64 ``flat``: the same adds in
+    the same order, compiled.  ``local`` must lie in ``[0, flat.size)`` (``IndexError``)."""
+    local = np.asarray(local, np.int64)
+    values = np.asarray(values, np.float64)
+    if local.shape != values.shape:
+        raise ValueError(f"{local.size} positions but {values.size} values")
+    if local.size and (int(local.min()) < 0 or int(local.max()) >= flat.size):
+        raise IndexError(f"a position outside the band of {flat.size} cells")
+    _scatter_add(flat, local, values)
