@@ -4,7 +4,7 @@
 :meth:`Engine.create`), ``tasks`` the band tasks and their picklable ``Context``,
 ``bands`` the band geometry.
 """
-from .engine import PARALLEL_SCAN_MIN_CELLS, Engine
+from .engine import PARALLEL_SCAN_MIN_CELLS, Engine, EngineStats
 from .tasks import Context, ScanResult, Step, Table
 
-__all__ = ["Engine", "ScanResult", "Step", "Table", "Context", "PARALLEL_SCAN_MIN_CELLS"]
+__all__ = ["Engine", "EngineStats", "ScanResult", "Step", "Table", "Context", "PARALLEL_SCAN_MIN_CELLS"]

@@ -12,6 +12,7 @@ In core is the same code with one band.  The tables are named by
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 import time
@@ -30,7 +31,7 @@ from .tasks import (DBAR, SCRATCH, THETABAR, Context, ScanResult, Step, Table, c
                     task_map, task_partner, task_top_candidates, task_uniform_duals, task_update_many,
                     task_update_scan)
 
-__all__ = ["Engine", "ScanResult", "Step", "Table", "PARALLEL_SCAN_MIN_CELLS"]
+__all__ = ["Engine", "EngineStats", "ScanResult", "Step", "Table", "PARALLEL_SCAN_MIN_CELLS"]
 
 #: Smallest band for which the fused update + scan runs on several threads (the caller
 #: and the helpers of :mod:`fsll_ooc.kernels.threadpool`, taking blocks of rows as they come).
@@ -38,6 +39,33 @@ __all__ = ["Engine", "ScanResult", "Step", "Table", "PARALLEL_SCAN_MIN_CELLS"]
 #: concurrent tasks and keep one thread each.  Below it, waking a helper costs more
 #: than it saves (the measurements: docs/benchmarks.md, section 3).
 PARALLEL_SCAN_MIN_CELLS = 2**19
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStats:
+    """What an :class:`Engine` has run so far (a snapshot: :attr:`Engine.stats`).
+
+    ``passes``/``pass_seconds``: the table passes (each reads and/or writes whole tables)
+    and their wall time; ``bytes_moved``: the table bytes they read and wrote;
+    ``sweeps``/``sweep_seconds``: the compute sweeps (no table read or written) and their
+    wall time; ``gathers``: reads of a few cells.  The rest of a fit's wall time is the
+    learner's own work (its *host* time)."""
+
+    passes: int
+    pass_seconds: float
+    bytes_moved: int
+    sweeps: int
+    sweep_seconds: float
+    gathers: int
+
+    @property
+    def table_seconds(self) -> float:
+        """Wall time in passes and sweeps."""
+        return self.pass_seconds + self.sweep_seconds
+
+    def host_share(self, wall_seconds: float) -> float:
+        """The part of ``wall_seconds`` (a fit's wall time) spent outside passes and sweeps."""
+        return max(0.0, wall_seconds - self.table_seconds) / wall_seconds if wall_seconds > 0 else 0.0
 
 
 class _Ticking:
@@ -72,6 +100,7 @@ class Engine:
         self.sweeps = 0  # compute sweeps (:meth:`sweep`): no table read or written
         self.sweep_seconds = 0.0
         self.sweep_counts = Counter()  # sweeps by purpose
+        self.gathers = 0  # reads of a few cells (:meth:`gather`)
 
     @classmethod
     def create(cls, layout: Any, specs: Sequence[storage.TableSpec], n_samples: int, scheduler: Any = None, *,
@@ -102,6 +131,12 @@ class Engine:
             engine.compute_targets(sample_flat, n_samples)
             engine.init_duals()
         return engine
+
+    @property
+    def stats(self) -> EngineStats:
+        """The passes, sweeps and their wall time so far (:class:`EngineStats`, read only)."""
+        return EngineStats(self.passes, self.pass_seconds, self.bytes_moved, self.sweeps, self.sweep_seconds,
+                           self.gathers)
 
     @contextlib.contextmanager
     def purpose_of(self, name: str):
@@ -473,7 +508,7 @@ class Engine:
         keys = np.unique(band)
         sel = [np.nonzero(band == b)[0] for b in keys]
         parts = self.executor.run(task_gather, [(self.ctx, table, flat[ix]) for ix in sel])
-        self.gathers = getattr(self, "gathers", 0) + 1
+        self.gathers += 1
         out = np.empty(flat.size)
         out[np.concatenate(sel)] = np.concatenate(parts)
         return out
