@@ -37,6 +37,9 @@ over the store's tables, which passes per term and pass MB/s in the table are ab
 Data: a random Bayesian network (each variable has up to 3 parents among earlier
 ones, conditional tables drawn from a flat Dirichlet), 10^5 training samples and
 10^4 held-out samples drawn by ancestral sampling (no dense table is ever built).
+Host share: the part of the fit's wall time spent outside every engine's table passes and
+sweeps (``Engine.stats``; the penalty scale's sub-fits included), the learner's own work.
+
 Quality: held-out ``mean(log p*(x) - log p(x))``, an unbiased estimate of
 ``KL(p* || p)``.
 """
@@ -244,6 +247,14 @@ def _batch_choice(args):
     return {"on": True, "auto": "auto"}[args.batch]
 
 
+def _table_seconds(engine) -> float:
+    """Wall time of an engine's passes and sweeps (``Engine.stats``; the attributes on older trees)."""
+    st = getattr(engine, "stats", None)
+    if st is not None:
+        return st.pass_seconds + st.sweep_seconds
+    return engine.pass_seconds + getattr(engine, "sweep_seconds", 0.0)
+
+
 def child(args) -> None:
     """Run one case (in the child process) and print one JSON line."""
     cgroup = enter_cgroup(args.cap)
@@ -345,6 +356,10 @@ def child(args) -> None:
         # compute sweeps (Engine.sweep: a corrective phase's trials, no table read or written)
         "fit_sweeps": sum(getattr(e, "sweeps", 0) for o, e in engines if o is m),
         "fit_sweep_seconds": sum(getattr(e, "sweep_seconds", 0.0) for o, e in engines if o is m),
+        # the learner's own time (host): the wall time outside every engine's passes and sweeps
+        # (Engine.stats), the scale choice's sub-fits included
+        "host_seconds": total - sum(_table_seconds(e) for _, e in engines),
+        "host_share": (total - sum(_table_seconds(e) for _, e in engines)) / total,
         "penalty_scale": getattr(m, "penalty_scale_", None),
         "disk_write": args.disk[0], "disk_read": args.disk[1],
         "rss_peak": rss_peak(), "cgroup_peak": cgroup_peak(),
@@ -456,12 +471,16 @@ def main(argv=None):
         Path(args.out).write_text(text)
 
 
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f} %"
+
+
 def table(rows) -> str:
     from fsll_ooc.planner import format_bytes
 
     head = ("| case | batch | direct I/O | cells | iterations | terms | passes (fit + scale choice) | passes/term (fit) | "
             "GB moved (fit) | fit s | pass MB/s (fit) | disk MB/s (read/write) | peak RSS | cgroup peak | held-out log-lik | "
-            "held-out KL(p*‖p) est. | fit passes by purpose | appends | passes/append | sweeps (s) |")
+            "held-out KL(p*‖p) est. | fit passes by purpose | appends | passes/append | sweeps (s) | host share |")
     out = [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if "failed" in r:
@@ -479,7 +498,8 @@ def table(rows) -> str:
                    f"{r['heldout_loglik']:.4f} | {r['kl_heldout']:.4f} | "
                    f"{', '.join(f'{k} {v}' for k, v in r.get('fit_passes_by', {}).items())} | "
                    f"{r.get('appends', '')} | {fp / max(r.get('appends', 0), 1):.3f} | "
-                   f"{r.get('fit_sweeps', 0)} ({r.get('fit_sweep_seconds', 0.0):.1f}) |")
+                   f"{r.get('fit_sweeps', 0)} ({r.get('fit_sweep_seconds', 0.0):.1f}) | "
+                   f"{_pct(r.get('host_share'))} |")
     return "\n".join(out) + "\n"
 
 

@@ -7,5 +7,6 @@ which :func:`make_executor` follows.
 from .base import Executor, executor_kinds, make_executor, register_executor
 from .serial import SerialExecutor
 from .dask import DaskExecutor
+from .pool import PoolExecutor
 
-__all__ = ["Executor", "SerialExecutor", "DaskExecutor", "make_executor", "register_executor", "executor_kinds"]
+__all__ = ["Executor", "SerialExecutor", "DaskExecutor", "PoolExecutor", "make_executor", "register_executor", "executor_kinds"]
