@@ -155,7 +155,7 @@ def _positions(ctx: Context, kind: str, vars_: Sequence[int]) -> list[int]:
 # ----------------------------------------------------------------------------- band tasks
 
 def task_fill(ctx: Context, kind: str, idx: int, table: Table | None, local: np.ndarray, values: np.ndarray,
-              ops: tuple, ) -> ScanResult:
+              ops: tuple) -> ScanResult:
     """Build a band from sparse ``(local, values)`` and apply ``ops``; write it to ``table``
     (``None``: nothing is written, the result is the ops' sum and the cells they read off).
 
@@ -215,7 +215,11 @@ def task_uniform_duals(ctx: Context, kind: str, idx: int) -> ScanResult:
     vars_ = band_vars(ctx.layout, kind)
     if all(basis.is_walsh(ctx.cards[v]) for v in vars_):
         # every factor is e_0: the same numbers as the outer product, zeros signed like it
-        band = np.zeros(shape) if math.copysign(1.0, scale) > 0 else np.full(shape, -0.0)
+        # (in memory: written into the table's band itself)
+        band = _sparse_band(ctx, shape, np.zeros(0, np.int64), np.zeros(0), ctx.specs[THETABAR],
+                            band_key(ctx.layout, kind, idx))
+        if math.copysign(1.0, scale) < 0:
+            band.reshape(-1)[:] = -0.0
         band.reshape(-1)[0] = scale
     else:
         band = np.full((), scale)
