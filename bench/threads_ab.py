@@ -42,13 +42,18 @@ def one(case: int, mode: str) -> dict:
     FSLL(progress=False).fit(np.random.default_rng(0).integers(0, 2, size=(300, 10)))
     FSLL(progress=False, epsilon=1e-4, max_iter=20).fit(np.random.default_rng(0).integers(0, 2, size=(300, 10)))
     engines = []
-    make = FSLL._make_engine
+    try:  # the engines of the fit and of the penalty scale's sub-fits (older trees: a method of FSLL)
+        from fsll_ooc import fitting as owner
+        name = "make_engine"
+    except ImportError:
+        owner, name = FSLL, "_make_engine"
+    make = getattr(owner, name)
 
-    def recording(self, *a, **k):
-        engines.append(make(self, *a, **k))
+    def recording(*a, **k):
+        engines.append(make(*a, **k))
         return engines[-1]
 
-    FSLL._make_engine = recording
+    setattr(owner, name, recording if owner is not FSLL else lambda self, *a, **k: recording(self, *a, **k))
     kw = {} if mode == "default" else {"epsilon": 1e-4, "max_iter": 150}
     t0 = time.perf_counter()
     m = FSLL(progress=False, **kw).fit(X)
