@@ -91,8 +91,14 @@ def penalty(y: Sequence[int], r0: float, w: np.ndarray) -> float:
 
 
 def kl_step(d: float, t: float, s: float) -> float:
-    """``KL(q||p')-KL(q||p)`` when ``thetabar_y`` moves from ``t`` to ``s`` along coordinate ``y``."""
-    return 0.5 * ((1.0 + d) * (math.log1p(t) - math.log1p(s)) + (1.0 - d) * (math.log1p(-t) - math.log1p(-s)))
+    """``KL(q||p')-KL(q||p)`` when ``thetabar_y`` moves from ``t`` to ``s`` along coordinate ``y``.
+
+    A half whose weight ``1 +- d`` is zero is zero (``0 ln 0 = 0``): a target of exactly
+    ``+-1``, reachable only by rounding, gives the limit rather than NaN.  The compiled
+    copies (:mod:`fsll_ooc.kernels.search`) are tested against this one."""
+    a = 0.0 if d == -1.0 else (1.0 + d) * (math.log1p(t) - math.log1p(s))
+    b = 0.0 if d == 1.0 else (1.0 - d) * (math.log1p(-t) - math.log1p(-s))
+    return 0.5 * (a + b)
 
 
 def delta_append(d: float, t: float, r: float) -> float:
@@ -156,8 +162,12 @@ def delta_remove(d: float, t: float, theta: float, r: float) -> float:
 
 
 def lower_bound(d: float, t: float, r: float) -> float:
-    """Cheap lower bound of :func:`delta_append` (paper Eq. 17)."""
-    return r - (t - d) ** 2 / (1.0 - t * t)
+    """Cheap lower bound of :func:`delta_append` (paper Eq. 17); at a dual of exactly ``+-1``
+    (reachable only by rounding) its limit: ``r`` at the target, ``-inf`` elsewhere."""
+    den = 1.0 - t * t
+    if den == 0.0:
+        return r if t == d else -math.inf
+    return r - (t - d) ** 2 / den
 
 
 def _xlogx(x: np.ndarray) -> np.ndarray:

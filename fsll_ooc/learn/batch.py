@@ -35,6 +35,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .. import basis, cost as C
+from ..kernels import ahead as _ahead, search as _kernels_search
 
 __all__ = ["BatchOptions", "AUTO_MIN_CELLS", "resolve_batch", "marginal_multiplier", "MULTIPLIER_MIN_FACTORS", "marginal_cells", "auto_max_cells", "choose_variables", "support_gains", "SubStep", "search_marginal", "merge_steps", "changed_variables", "sub_table"]
 
@@ -239,50 +240,6 @@ class SubStep:
     log_den: float  # ln of the update's normaliser: the change of log Z
 
 
-def _partner(sub: np.ndarray, digits: Sequence[int]) -> np.ndarray:
-    """``<Phi_y Phi_y'>`` of every cell of the sub-table, for ``y'`` with sub-table ``digits``.
-
-    All axes Walsh-Hadamard: the digits own disjoint bits of the flat index, so the
-    partner is one flat XOR; otherwise the product rule axis by axis."""
-    if all(basis.is_walsh(k) for k in sub.shape):
-        mask = 0
-        for k, b in zip(sub.shape, digits):
-            mask = (mask << (int(k).bit_length() - 1)) | int(b)
-        return sub.reshape(-1)[np.arange(sub.size) ^ mask].reshape(sub.shape)
-    part = sub
-    for ax, b in enumerate(digits):
-        if b:
-            part = basis.apply_product(part, ax, int(b))
-    return part
-
-
-def _update(sub: np.ndarray, digits: Sequence[int], delta: float, t: float) -> float:
-    """The incremental dual update of the sub-table (in place); returns ``ln`` of its normaliser."""
-    part = _partner(sub, digits)
-    ch, sh = math.cosh(delta), math.sinh(delta)
-    den = ch + sh * t
-    sub *= ch / den
-    sub += (sh / den) * part
-    return math.log(den)
-
-
-def _best_append(t: np.ndarray, d: np.ndarray, r: np.ndarray, member: np.ndarray) -> tuple[float, int]:
-    """``(delta, i)`` of the best append among cells not ``member``: the lower bound of
-    :func:`fsll_ooc.cost.lower_bound` first, the exact change of :func:`fsll_ooc.cost.delta_append`
-    only where the bound is negative; ties go to the lowest index; ``i = -1`` when none gains."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        diff = t - d
-        lb = r - diff * diff / (1.0 - t * t)
-    cand = np.flatnonzero(lb < 0.0)
-    cand = cand[~member[cand]]
-    if cand.size == 0:
-        return math.inf, -1
-    tc, dc = t[cand], d[cand]
-    ex = 0.5 * ((1.0 + dc) * (np.log1p(tc) - np.log1p(dc)) + (1.0 - dc) * (np.log1p(-tc) - np.log1p(-dc))) + r[cand]
-    j = int(np.argmin(ex))  # the first of equal minima: the lowest index
-    return float(ex[j]), int(cand[j])
-
-
 def marginal_penalties(cards: Sequence[int], V: Sequence[int], weights) -> np.ndarray:
     """``r_y`` of the terms :func:`marginal_cells` ``(cards, V)`` names (same shape), from
     ``weights = (r0, w)`` of :func:`fsll_ooc.cost.penalty_weights`, summed in the order of
@@ -296,61 +253,44 @@ def marginal_penalties(cards: Sequence[int], V: Sequence[int], weights) -> np.nd
     return r0 + acc
 
 
-class _Prices:
-    """The code length of every move on the sub-table, kept current as the support changes.
+def _family_tables(cards, V, code, member: np.ndarray):
+    """What the compiled search needs to re-price under the family code (``docs/design.md``,
+    "The family code"), or None under the paper's code or when no family on ``V`` has more than
+    one possible member (binary variables: the family code's prices are the paper's).
 
-    ``r[i]``: what appending cell ``i`` costs (a non-member) or what removing it gives back
-    (a member).  Under the paper's code it is the fixed ``r_y``.  Under the family code
-    (``docs/design.md``, "The family code") it is the marginal code length of the cell's
-    family ``A`` (its non-zero variables), which depends on how many members ``m_A`` the
-    support holds there: ``add(A, m_A)`` for a non-member, ``add(A, m_A - 1)`` for a member.
-    Every family of a term supported on ``V`` is a subset of ``V``, so every member of it is
-    a cell of the sub-table: the counts, hence the prices, are exact from the sub-table
-    alone.  A family of one possible member (binary variables) is priced as the paper does.
+    A cell's family ``A`` (its non-zero variables, a bit mask over ``V``) holds ``m_A``
+    members; appending a non-member costs ``add(A, m_A)``, removing a member gives back
+    ``add(A, m_A - 1)`` (:meth:`fsll_ooc.cost.TermCode.add`).  Every family of a term
+    supported on ``V`` is a subset of ``V``, so every member of it is a cell of the
+    sub-table: the counts, hence the prices, are exact from the sub-table alone.
+    Returns ``(fam, counts, possible members, naming length, cells by family (CSR))``.
     """
+    if code is None or code.kind == "paper" or all(cards[v] <= 2 for v in V):
+        return None
+    shape = tuple(cards[v] for v in V)
+    nf = 1 << len(V)
+    fam = np.zeros(shape, np.int64)
+    total = np.ones(nf, np.int64)
+    name = np.zeros(nf)
+    bits = np.arange(nf)
+    for ax, v in enumerate(V):
+        sh = [1] * len(shape)
+        sh[ax] = shape[ax]
+        fam = fam + ((np.arange(shape[ax]) != 0).astype(np.int64) << ax).reshape(sh)
+        on = (bits >> ax & 1).astype(bool)
+        total = np.where(on, total * (cards[v] - 1), total)
+        name = name + np.where(on, code.name_w[v], 0.0)  # the sum of TermCode.add, in its order
+    fam = fam.reshape(-1)
+    counts = np.bincount(fam[member], minlength=nf).astype(np.int64)
+    order = np.argsort(fam, kind="stable")
+    ptr = np.zeros(nf + 1, np.int64)
+    ptr[1:] = np.cumsum(np.bincount(fam, minlength=nf))
+    return fam, counts, total, name, ptr, order.astype(np.int64)
 
-    def __init__(self, cards, V, weights, code, member: np.ndarray):
-        shape = tuple(cards[v] for v in V)
-        self.r = marginal_penalties(cards, V, weights).reshape(-1)
-        self.r[0] = np.inf  # y = 0 is the constant, never a parameter
-        self.code = code if code is not None and code.kind != "paper" else None
-        if self.code is None:
-            return
-        self.V, self.member = tuple(V), member
-        fam = np.zeros(shape, np.int64)
-        for ax, k in enumerate(shape):
-            sh = [1] * len(shape)
-            sh[ax] = k
-            fam = fam + ((np.arange(k) != 0).astype(np.int64) << ax).reshape(sh)
-        self.fam = fam.reshape(-1)
-        self.cells: dict[int, np.ndarray] = {}
-        self.counts: dict[int, int] = {}
-        for f in self.fam[member].tolist():
-            self.counts[f] = self.counts.get(f, 0) + 1
-        for f in list(self.counts):
-            self._reprice(f)
 
-    def _axes(self, f: int) -> tuple[int, ...]:
-        return tuple(v for ax, v in enumerate(self.V) if f >> ax & 1)
-
-    def _reprice(self, f: int) -> None:
-        axes = self._axes(f)
-        if self.code.members(axes) <= 1:
-            return  # one possible member: the paper's price (the family code equals it)
-        idx = self.cells.get(f)
-        if idx is None:
-            idx = self.cells[f] = np.flatnonzero(self.fam == f)
-        m = self.counts.get(f, 0)
-        self.r[idx] = np.where(self.member[idx], self.code.add(axes, m - 1) if m else np.inf,
-                               self.code.add(axes, m))
-
-    def changed(self, i: int, appended: bool) -> None:
-        """Cell ``i`` joined (``appended``) or left the support (``member`` already updated)."""
-        if self.code is None:
-            return
-        f = int(self.fam[i])
-        self.counts[f] = self.counts.get(f, 0) + (1 if appended else -1)
-        self._reprice(f)
+_NO_FAMILY = (np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64), np.zeros(1),
+              np.zeros(2, np.int64), np.zeros(1, np.int64))
+_MOVES = ("append", "adjust", "remove")
 
 
 def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: np.ndarray,
@@ -364,53 +304,57 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
     ``(r0, w)`` of the penalty (:func:`fsll_ooc.cost.penalty_weights`); ``code``: the
     support's code (:class:`fsll_ooc.cost.TermCode`; None or the paper's: ``r_y`` from
     ``weights``; the family code: every append and remove priced by the change of the
-    code length, which the sub-table knows exactly, :class:`_Prices`).  Every step takes the best move on ``V`` (append at the 1-D optimum, adjust,
-    remove; the closed forms of :mod:`fsll_ooc.cost`) while it gains at least
-    ``epsilon``, at most ``max_steps``.  Yields each step (with the ``ln`` of its
-    normaliser, the change of ``log Z``) after applying it to ``theta`` and to ``tb``
-    (updated in place), so a caller may stop between two steps with both consistent.
+    code length, which the sub-table knows exactly, :func:`_family_tables`).  Every step
+    takes the best move on ``V`` (append at the 1-D optimum, adjust, remove; the closed
+    forms of :mod:`fsll_ooc.cost`) while it gains at least ``epsilon``, at most
+    ``max_steps``.  The search runs as one compiled call
+    (:func:`fsll_ooc.kernels.search.search_sub`) before the first step is yielded; ``tb``
+    (a C-contiguous float64 array, updated in place) then holds the duals after every
+    step.  Yields the steps in order (each with the ``ln`` of its normaliser, the change of
+    ``log Z``), each after applying it to ``theta`` (appends join its end, as one step at a
+    time leaves it), so a caller sees the support of every step in turn.
     """
+    _ahead.wait(_kernels_search.__name__)  # (compiled in a second process since the fit began)
     V = tuple(V)
     shape = tuple(cards[v] for v in V)
     flats = marginal_cells(cards, V).reshape(-1)
-    sub = np.asarray(tb, np.float64).reshape(shape)
-    dflat = np.asarray(db, np.float64).reshape(-1)
-    pos_of = {int(y): i for i, y in enumerate(flats)}
-    members = [pos_of[y] for y in theta if y in pos_of]
+    sub = tb.reshape(-1) if isinstance(tb, np.ndarray) and tb.dtype == np.float64 else None
+    if sub is None or not sub.flags.c_contiguous:
+        raise ValueError("tb must be a C-contiguous float64 array (the search updates it in place)")
+    dflat = np.ascontiguousarray(db, np.float64).reshape(-1)
+    ys = np.fromiter(theta.keys(), np.int64, len(theta))
+    at = np.searchsorted(flats, ys).clip(0, flats.size - 1)
+    inside = flats[at] == ys
     member = np.zeros(flats.size, bool)
-    member[members] = True
-    prices = _Prices(cards, V, weights, code, member)
-    r = prices.r
-    for _ in range(max_steps):
-        tf = sub.reshape(-1)
-        dy, i = _best_append(tf, dflat, r, member)
-        best = (dy, "append", i)
-        if members:
-            mi = np.array(members, np.int64)
-            th = np.array([theta[int(flats[j])] for j in members])
-            dy, k, mv = C.best_support_move(flats[mi], tf[mi].copy(), dflat[mi].copy(), th, r[mi].copy())
-            if k >= 0 and (dy < best[0] or best[2] < 0):
-                best = (float(dy), ("adjust", "remove")[mv], int(mi[k]))
-        delta, move, i = best
-        if not delta < -epsilon:
-            break
+    member[at[inside]] = True
+    th = np.zeros(flats.size)
+    th[at[inside]] = np.fromiter(theta.values(), np.float64, len(theta))[inside]
+    r = marginal_penalties(cards, V, weights).reshape(-1)
+    r[0] = np.inf  # y = 0 is the constant, never a parameter
+    fam = _family_tables(cards, V, code, member)
+    if fam is not None:
+        for f in np.flatnonzero(fam[1]).tolist():  # the families with members: their marginal prices
+            _kernels_search._reprice(r, member, f, fam[1], fam[2], fam[3], fam[4], fam[5], code.r0, code.N,
+                                     code.scale)
+    n = int(max_steps)
+    out_i, out_move = np.empty(n, np.int64), np.empty(n, np.int64)
+    out_old, out_new, out_t, out_delta, out_logden = (np.empty(n) for _ in range(5))
+    walsh = np.array([basis.is_walsh(k) for k in shape], bool)
+    ft = _NO_FAMILY if fam is None else fam
+    r0, n_samples, scale = (0.0, 1.0, 1.0) if fam is None else (code.r0, code.N, code.scale)
+    steps = _kernels_search.search_sub(sub, dflat, r, member, th, np.array(shape, np.int64), walsh, float(epsilon),
+                                       n, fam is not None, *ft, r0, n_samples, scale, out_i, out_move, out_old,
+                                       out_new, out_t, out_delta, out_logden)
+    for s in range(steps):
+        i = int(out_i[s])
         y = int(flats[i])
-        t, d = float(tf[i]), float(dflat[i])
-        old = theta.get(y, 0.0)
-        new = 0.0 if move == "remove" else C.optimum_theta(old, d, t)
-        log_den = _update(sub, np.unravel_index(i, shape), new - old, t)
+        move = _MOVES[out_move[s]]
         if move == "remove":
             del theta[y]
-            members.remove(i)
-            member[i] = False
-            prices.changed(i, False)
         else:
-            if move == "append":
-                members.append(i)
-                member[i] = True
-                prices.changed(i, True)
-            theta[y] = new
-        yield SubStep(y, move, old, new, t, d, delta, log_den)
+            theta[y] = float(out_new[s])
+        yield SubStep(y, move, float(out_old[s]), float(out_new[s]), float(out_t[s]), float(dflat[i]),
+                      float(out_delta[s]), float(out_logden[s]))
 
 
 def merge_steps(cards: Sequence[int], V: Sequence[int], tb0: np.ndarray, steps: Sequence[SubStep]):
@@ -426,24 +370,23 @@ def merge_steps(cards: Sequence[int], V: Sequence[int], tb0: np.ndarray, steps: 
     V = tuple(V)
     shape = tuple(cards[v] for v in V)
     flats = marginal_cells(cards, V).reshape(-1)
-    pos_of = {int(y): i for i, y in enumerate(flats)}
     total: dict[int, float] = {}
     for s in steps:
         total[s.flat] = total.get(s.flat, 0.0) + (s.new - s.old)
-    sub = np.array(tb0, np.float64).reshape(shape)
-    out, dlogz = [], 0.0
-    for y, delta in total.items():
-        if delta == 0.0:
-            continue
-        i = pos_of[y]
-        sd = np.unravel_index(i, shape)
-        t = float(sub.reshape(-1)[i])
-        dlogz += _update(sub, sd, delta, t)
+    ys = [y for y, delta in total.items() if delta != 0.0]
+    deltas = np.array([total[y] for y in ys], np.float64)
+    cells = np.searchsorted(flats, np.array(ys, np.int64))
+    sub = np.array(tb0, np.float64).reshape(-1)
+    ts = np.empty(len(ys))
+    dlogz = _kernels_search.replay_sub(sub, np.array(shape, np.int64),
+                                       np.array([basis.is_walsh(k) for k in shape], bool), cells, deltas, ts)
+    out = []
+    for i, delta, t in zip(cells.tolist(), deltas.tolist(), ts.tolist()):
         digits = [0] * len(cards)
-        for v, x in zip(V, sd):
+        for v, x in zip(V, np.unravel_index(i, shape)):
             digits[v] = int(x)
         out.append((tuple(digits), delta, t))
-    return out, dlogz
+    return out, float(dlogz)
 
 
 def changed_variables(factors: Sequence[tuple]) -> tuple[int, ...]:

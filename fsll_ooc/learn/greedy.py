@@ -33,6 +33,7 @@ from . import batch as B, checks, corrective
 from .state import FitState
 from .. import basis, cost as C
 from ..engine import Engine, Step, Table
+from ..kernels import ahead, search as kernels_search
 
 __all__ = ["LearnOptions", "learn", "auto_epsilon", "resolve_epsilon", "resolve_refine", "AUTO_C",
            "REFINE_MODES"]
@@ -274,6 +275,8 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     eps = resolve_epsilon(epsilon, state.n_samples)
     mode = resolve_refine(refine, epsilon)
     batch = B.resolve_batch(o.batch, epsilon, cells=math.prod(state.cards))
+    if batch is not None:  # the sub-table search's kernels compile meanwhile (the first use after installing)
+        ahead.start(kernels_search.__name__)
     # a corrective phase's scans keep a joint selection's candidates (no top-k pass of its own)
     joint_k = joint_candidates if batch is not None and batch.joint_in_scan and joint and mode != "off" else 0
     # a corrective phase's trials as compute sweeps, one re-derivation at its end

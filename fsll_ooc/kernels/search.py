@@ -1,0 +1,427 @@
+"""Compiled sub-table search: the greedy steps of a batch on its gathered marginal sub-table.
+
+:func:`fsll_ooc.learn.batch.search_marginal` takes the paper's steps (append, adjust,
+remove) on the ``prod_{i in V} k_i`` cells of a marginal sub-table until none gains
+``epsilon``.  Each step scans every cell once (the best append, lower bound first, and
+the best adjust or remove of the members) and updates every cell once (the incremental
+dual update with the partner ``<Phi_y Phi_y'>``).  On numpy that is a dozen calls on
+small arrays per step; here one compiled call runs the whole search.
+
+The formulas are those of :mod:`fsll_ooc.cost` (the reference), in the same order of
+operations, evaluated with the C library's ``log1p``, ``atanh``, ``cosh``, ``sinh`` as
+:mod:`fsll_ooc.cost` and the table scans (:mod:`fsll_ooc.kernels.scan`) evaluate them, so
+the sub-table search and the whole-table scan score a cell with the same bits.  A target
+or dual of exactly ``+-1`` (reachable only by rounding) takes the limit ``0 ln 0 = 0``
+(:func:`fsll_ooc.cost.kl_step`) instead of giving NaN.
+
+The partner of a step on Walsh-Hadamard axes only is one flat XOR (the digits own
+disjoint bits of the flat index); otherwise the product rule
+(:func:`fsll_ooc.basis.apply_product`) is applied axis by axis, in increasing axis order,
+with the same additions as numpy's.
+
+Pricing: the paper's code prices a cell by its fixed ``r_y`` (given); the family code
+(:class:`fsll_ooc.cost.TermCode`) re-prices the cells of a family whenever its member
+count changes, with :meth:`~fsll_ooc.cost.TermCode.add`'s formula.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+__all__ = ["kl_to_optimum", "search_sub", "replay_sub", "ahead_kernels", "warmup"]
+
+_LIM = 1.0 - 2.0**-52
+
+#: Move codes of :func:`search_sub`'s output.
+APPEND, ADJUST, REMOVE = 0, 1, 2
+
+
+@njit(inline="always", error_model="numpy")
+def kl_to_optimum(t, d):
+    """``KL`` change of moving ``thetabar_y`` from ``t`` to its optimum ``d``
+    (:func:`fsll_ooc.cost.kl_step` ``(d, t, d)``), with ``0 ln 0 = 0`` at ``d = +-1``."""
+    a = 0.0 if d == -1.0 else (1.0 + d) * (math.log1p(t) - math.log1p(d))
+    b = 0.0 if d == 1.0 else (1.0 - d) * (math.log1p(-t) - math.log1p(-d))
+    return 0.5 * (a + b)
+
+
+@njit(inline="always", error_model="numpy")
+def _atanh(t):
+    return math.atanh(min(max(t, -_LIM), _LIM))
+
+
+@njit(inline="always", error_model="numpy")
+def _lncosh(x):
+    x = abs(x)
+    return x + math.log1p(math.exp(-2.0 * x)) - math.log(2.0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _partner(x, shape, strides, walsh, digits, all_walsh, mask, part, tmp):
+    """``part[i] = <Phi_i Phi_y'>`` for every cell ``i`` of the sub-table ``x`` (flat), ``y'``
+    with sub-table ``digits``: one flat XOR (``all_walsh``) or the product rule axis by axis."""
+    n = x.shape[0]
+    if all_walsh:
+        for i in range(n):
+            part[i] = x[i ^ mask]
+        return
+    src = x
+    dst = part
+    first = True
+    for ax in range(shape.shape[0]):
+        b = digits[ax]
+        if b == 0:
+            continue
+        k = shape[ax]
+        s = strides[ax]
+        if not first:  # the last result becomes the source
+            for i in range(n):
+                tmp[i] = part[i]
+            src = tmp
+        if walsh[ax]:
+            for i in range(n):
+                a = (i // s) % k
+                dst[i] = src[i + ((a ^ b) - a) * s]
+        else:
+            for i in range(n):
+                a = (i // s) % k
+                base = i - a * s
+                if a == 0:
+                    dst[i] = src[base + b * s]
+                elif a == b:
+                    dst[i] = src[base]
+                else:
+                    dst[i] = -(src[i] + (src[base] + src[base + b * s]))
+        first = False
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _update(x, i, delta, shape, strides, walsh, all_walsh, part, tmp):
+    """The incremental dual update of the sub-table ``x`` (in place) by ``delta`` on cell ``i``;
+    returns ``ln`` of the normaliser (``cosh(delta) + sinh(delta) x[i]``)."""
+    nax = shape.shape[0]
+    digits = np.empty(nax, np.int64)
+    mask = np.int64(0)
+    rest = i
+    for ax in range(nax - 1, -1, -1):
+        digits[ax] = rest % shape[ax]
+        rest //= shape[ax]
+    if all_walsh:
+        sh_bits = 0
+        for ax in range(nax - 1, -1, -1):
+            mask |= digits[ax] << sh_bits
+            kk = shape[ax]
+            while kk > 1:
+                sh_bits += 1
+                kk >>= 1
+    t = x[i]
+    ch = math.cosh(delta)
+    sh = math.sinh(delta)
+    den = ch + sh * t
+    a = ch / den
+    b = sh / den
+    if all_walsh:
+        for j in range(x.shape[0]):
+            jj = j ^ mask
+            if jj < j:
+                continue
+            xj = x[j]
+            xjj = x[jj]
+            x[j] = xj * a + b * xjj
+            if jj != j:
+                x[jj] = xjj * a + b * xj
+    else:
+        _partner(x, shape, strides, walsh, digits, False, mask, part, tmp)
+        for j in range(x.shape[0]):
+            x[j] = x[j] * a + b * part[j]
+    return math.log(den)
+
+
+@njit(inline="always", error_model="numpy")
+def _price(fam_m_total, r0, n_samples, name, scale, m):
+    """:meth:`fsll_ooc.cost.TermCode.add` of the family code (``m`` members now)."""
+    if m >= fam_m_total:
+        return np.inf
+    x = r0 + (math.log(fam_m_total - m) - math.log(m + 1)) / n_samples + (name if m == 0 else 0.0)
+    return x if scale == 1.0 else scale * x
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _reprice(r, member, f, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, n_samples, scale):
+    m = fam_cnt[f]
+    M = fam_total[f]
+    if M <= 1:
+        return
+    add_m = _price(M, r0, n_samples, fam_name[f], scale, m)
+    add_less = _price(M, r0, n_samples, fam_name[f], scale, m - 1) if m else np.inf
+    for q in range(fam_ptr[f], fam_ptr[f + 1]):
+        c = fam_cells[q]
+        r[c] = add_less if member[c] else add_m
+
+
+@njit(inline="always", error_model="numpy")
+def _passes(x, d, ra, best):
+    """The division-free lower bound (:func:`fsll_ooc.cost.lower_bound` ``< best``)."""
+    return (ra - best) * (1.0 - x * x) < (x - d) * (x - d)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _replay(x, d, ra, a, m, best, bi):
+    """The exact append change of cells ``a .. a+m-1`` (whose bound may beat ``best``): the best
+    and its cell (ties: the lowest cell)."""
+    for j in range(a, a + m):
+        if _passes(x[j], d[j], ra[j], best):
+            ex = kl_to_optimum(x[j], d[j]) + ra[j]
+            if ex < best or (ex == best and j < bi):
+                best, bi = ex, np.int64(j)
+    return best, bi
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _scan(x, d, ra, run):
+    """The best append with a negative change (:func:`fsll_ooc.cost.delta_append`): ``(change,
+    cell)``, ``(0, -1)`` when none; runs of ``run`` cells through the bound first."""
+    best = 0.0
+    bi = np.int64(-1)
+    n = x.shape[0]
+    for a in range(0, n, run):
+        m = min(run, n - a)
+        hit = False
+        for j in range(a, a + m):
+            hit |= _passes(x[j], d[j], ra[j], best)
+        if hit:
+            best, bi = _replay(x, d, ra, a, m, best, bi)
+    return best, bi
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub):
+    """``x[j] = x[j] ca + sb x[j ^ mask]`` for every cell (pairs of runs read and written
+    together), each run scanned as :func:`_scan` right after; returns its ``(change, cell)``."""
+    n = x.shape[0]
+    lo = mask & (run - 1)
+    hi = mask & ~np.int64(run - 1)
+    best = 0.0
+    bi = np.int64(-1)
+    for a in range(0, n, run):
+        b = a ^ hi
+        if b < a:
+            continue
+        for i in range(run):
+            ua[i] = x[a + i]
+            ub[i] = x[b + i]
+        hit = False
+        for i in range(run):
+            v = ua[i] * ca + sb * ub[i ^ lo]
+            x[a + i] = v
+            hit |= _passes(v, d[a + i], ra[a + i], best)
+        if b != a:
+            for i in range(run):
+                v = ub[i] * ca + sb * ua[i ^ lo]
+                x[b + i] = v
+                hit |= _passes(v, d[b + i], ra[b + i], best)
+        if hit:
+            best, bi = _replay(x, d, ra, a, run, best, bi)
+            if b != a:
+                best, bi = _replay(x, d, ra, b, run, best, bi)
+    return best, bi
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _update_scan_part(x, d, ra, part, ca, sb, run):
+    """``x[j] = x[j] ca + sb part[j]`` for every cell, each run scanned right after."""
+    n = x.shape[0]
+    best = 0.0
+    bi = np.int64(-1)
+    for a in range(0, n, run):
+        m = min(run, n - a)
+        hit = False
+        for j in range(a, a + m):
+            v = x[j] * ca + sb * part[j]
+            x[j] = v
+            hit |= _passes(v, d[j], ra[j], best)
+        if hit:
+            best, bi = _replay(x, d, ra, a, m, best, bi)
+    return best, bi
+
+
+_RUN = 64  # cells per bound test
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
+               family, fam, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, n_samples, scale,
+               out_i, out_move, out_old, out_new, out_t, out_delta, out_logden):
+    """The greedy search on a sub-table (flat, C order over ``shape``), in place.
+
+    ``x``: the duals (updated), ``d``: the targets, ``r``: each cell's price (a member's:
+    what its removal gives back; updated under the family code), ``member``/``theta``: the
+    support on the sub-table (updated), ``walsh``: which axes use the Walsh-Hadamard basis.
+    Every step takes the best move (append at the 1-D optimum, adjust, remove; ties: the
+    lowest change, then the lowest cell, adjust before remove, an append before a support
+    move of equal change) while it gains at least ``eps``, at most ``max_steps``.
+    ``family``: re-price under the family code (``fam``: each cell's family, ``fam_cnt``
+    its members now, ``fam_total`` its possible members, ``fam_name`` the code length that
+    names it, ``fam_ptr``/``fam_cells`` its cells); ``r0``, ``n_samples``, ``scale`` of the code.
+    Writes step ``s``'s cell, move (0 append, 1 adjust, 2 remove), old and new value, dual
+    before it, predicted change and ``ln`` of its normaliser to the ``out_*`` arrays;
+    returns the number of steps.
+
+    Each step is one sweep over the cells that updates them and, while they are in cache,
+    looks for the next step's best append (the bound of a run of cells first, as the table
+    scans do); the members' adjust and remove are scored from their list.
+    """
+    n = x.shape[0]
+    nax = shape.shape[0]
+    strides = np.ones(nax, np.int64)
+    for ax in range(nax - 2, -1, -1):
+        strides[ax] = strides[ax + 1] * shape[ax + 1]
+    all_walsh = True
+    for ax in range(nax):
+        if not walsh[ax]:
+            all_walsh = False
+    run = min(n, _RUN)
+    part = np.empty(0)
+    tmp = np.empty(0)
+    if not all_walsh:
+        part = np.empty(n)
+        tmp = np.empty(n)
+    ua = np.empty(run)
+    ub = np.empty(run)
+    ra = np.empty(n)  # the append price: inf for members
+    mlist = np.empty(n, np.int64)
+    nm = 0
+    for j in range(n):
+        if member[j]:
+            ra[j] = np.inf
+            mlist[nm] = j
+            nm += 1
+        else:
+            ra[j] = r[j]
+    digits = np.empty(nax, np.int64)
+    ba, bi = _scan(x, d, ra, run)
+    steps = 0
+    while steps < max_steps:
+        bs = np.inf
+        si = np.int64(-1)
+        sm = np.int64(0)
+        for q in range(nm):  # cost.delta_adjust and cost.delta_remove (kernels.scan._support_moves' order)
+            i = mlist[q]
+            t = x[i]
+            di = d[i]
+            adj = kl_to_optimum(t, di)
+            a = _atanh(t)
+            th = theta[i]
+            rem = _lncosh(a - th) - _lncosh(a) + di * th - r[i]
+            if adj < bs or (adj == bs and i < si):
+                bs, si, sm = adj, i, np.int64(ADJUST)
+            if rem < bs or (rem == bs and i < si):
+                bs, si, sm = rem, i, np.int64(REMOVE)
+        delta, i, move = ba, bi, np.int64(APPEND)
+        if si >= 0 and (bs < delta or bi < 0):
+            delta, i, move = bs, si, sm
+        if not delta < -eps:
+            break
+        t = x[i]
+        old = theta[i]
+        new = 0.0 if move == REMOVE else (old + _atanh(d[i])) - _atanh(t)
+        theta[i] = new
+        if move == APPEND:
+            member[i] = True
+            ra[i] = np.inf
+            mlist[nm] = i
+            nm += 1
+        elif move == REMOVE:
+            member[i] = False
+            ra[i] = r[i]
+            for q in range(nm):
+                if mlist[q] == i:
+                    mlist[q] = mlist[nm - 1]
+                    break
+            nm -= 1
+        if family and move != ADJUST:
+            f = fam[i]
+            fam_cnt[f] += 1 if move == APPEND else -1
+            _reprice(r, member, f, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, n_samples, scale)
+            for q in range(fam_ptr[f], fam_ptr[f + 1]):
+                c = fam_cells[q]
+                ra[c] = np.inf if member[c] else r[c]
+        dl = new - old
+        ch = math.cosh(dl)
+        sh = math.sinh(dl)
+        den = ch + sh * t
+        ca = ch / den
+        sb = sh / den
+        rest = i
+        for ax in range(nax - 1, -1, -1):
+            digits[ax] = rest % shape[ax]
+            rest //= shape[ax]
+        if all_walsh:
+            mask = np.int64(0)
+            bits = 0
+            for ax in range(nax - 1, -1, -1):
+                mask |= digits[ax] << bits
+                kk = shape[ax]
+                while kk > 1:
+                    bits += 1
+                    kk >>= 1
+            ba, bi = _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub)
+        else:
+            _partner(x, shape, strides, walsh, digits, False, 0, part, tmp)
+            ba, bi = _update_scan_part(x, d, ra, part, ca, sb, run)
+        out_i[steps] = i
+        out_move[steps] = move
+        out_old[steps] = old
+        out_new[steps] = new
+        out_t[steps] = t
+        out_delta[steps] = delta
+        out_logden[steps] = math.log(den)
+        steps += 1
+    return steps
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def replay_sub(x, shape, walsh, cells, deltas, out_t):
+    """Apply the updates ``deltas`` on ``cells`` to the sub-table ``x`` (in place) in order;
+    ``out_t[j]``: the dual of ``cells[j]`` just before its update.  Returns the summed ``ln``
+    of the normalisers."""
+    nax = shape.shape[0]
+    strides = np.ones(nax, np.int64)
+    for ax in range(nax - 2, -1, -1):
+        strides[ax] = strides[ax + 1] * shape[ax + 1]
+    all_walsh = True
+    for ax in range(nax):
+        if not walsh[ax]:
+            all_walsh = False
+    n = x.shape[0]
+    part = np.empty(0)
+    tmp = np.empty(0)
+    if not all_walsh:
+        part = np.empty(n)
+        tmp = np.empty(n)
+    total = 0.0
+    for j in range(cells.shape[0]):
+        out_t[j] = x[cells[j]]
+        total += _update(x, cells[j], deltas[j], shape, strides, walsh, all_walsh, part, tmp)
+    return total
+
+
+def _examples():
+    """Arguments of the types a search passes (one specialisation of each kernel)."""
+    f, i, b = np.zeros(2), np.zeros(2, np.int64), np.zeros(2, np.bool_)
+    search = (f, f, f, b, f, i, b, 0.0, np.int64(1), True, i, i, i, f, i, i, 0.0, 0.0, 0.0, i, i, f, f, f, f, f)
+    return [(search_sub, search), (replay_sub, (f, i, b, i, f, f))]
+
+
+def ahead_kernels() -> list:
+    """``(dispatcher, argument types)`` of both kernels: what a fit with several steps per pass
+    compiles in a second process (:mod:`fsll_ooc.kernels.ahead`) while its first passes run."""
+    return [(disp, tuple(disp.typeof_pyval(x) for x in args)) for disp, args in _examples()]
+
+
+def warmup() -> None:
+    """Compile (or load from numba's cache) both kernels."""
+    for disp, sig in ahead_kernels():
+        disp.compile(sig)

@@ -1,0 +1,190 @@
+"""The compiled sub-table search against the cost's closed forms (fsll_ooc.cost, one step at a
+time in Python) bit for bit, and against brute force at the boundary of the duals."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fsll_ooc import basis, cost as C, datasets
+from fsll_ooc.learn import batch
+
+import oracle
+
+CASES = [((2, 3, 4, 5), 600, 0, (1, 3)), ((2, 3, 4, 5), 600, 1, (0, 1, 2, 3)), ((2, 2, 2, 2, 2), 500, 2, (0, 2, 4)),
+         ((3, 2, 5), 2000, 3, (0, 2)), ((4, 2, 2, 3), 800, 4, (0, 1, 3)), ((4, 8, 2), 3000, 5, (0, 1, 2))]
+
+
+def _reference(cards, V, tb, db, theta, weights, epsilon, max_steps, code):
+    """The sub-table search one step at a time on the scalar closed forms of fsll_ooc.cost and
+    the product rule of fsll_ooc.basis: what the compiled search must reproduce bit for bit."""
+    shape = tuple(cards[v] for v in V)
+    flats = batch.marginal_cells(cards, V).reshape(-1)
+    sub = np.array(tb, np.float64).reshape(shape)
+    d = np.asarray(db, np.float64).reshape(-1)
+    theta = dict(theta)
+    r_paper = batch.marginal_penalties(cards, V, weights).reshape(-1)
+    family = code is not None and code.kind == "family"
+
+    def axes(i):
+        return tuple(v for v, x in zip(V, np.unravel_index(i, shape)) if x)
+
+    def counts():
+        out = {}
+        for y in theta:
+            i = int(np.searchsorted(flats, y))
+            if i < flats.size and flats[i] == y:
+                out[axes(i)] = out.get(axes(i), 0) + 1
+        return out
+
+    touched = set()  # families whose count changed (or had members): priced by the family code
+
+    def price(i, m):
+        A = axes(i)
+        if family and code.members(A) > 1 and A in touched:
+            return code.add(A, m)
+        return float(r_paper[i])
+
+    touched.update(counts())
+    steps = []
+    for _ in range(max_steps):
+        tf = sub.reshape(-1)
+        cnt = counts()
+        app, sup = (math.inf, "append", -1), (math.inf, None, -1)  # ties: the lowest cell
+        for i in range(1, flats.size):
+            y = int(flats[i])
+            t, di = float(tf[i]), float(d[i])
+            m = cnt.get(axes(i), 0)
+            if y in theta:
+                r = price(i, m - 1) if m else math.inf
+                for dl, mv in ((C.delta_adjust(di, t), "adjust"), (C.delta_remove(di, t, theta[y], r), "remove")):
+                    if dl < sup[0]:  # adjust before remove
+                        sup = (dl, mv, i)
+            else:
+                r = price(i, m)
+                if C.lower_bound(di, t, r) < 0.0:
+                    dl = C.delta_append(di, t, r)
+                    if dl < app[0]:
+                        app = (dl, "append", i)
+        best = sup if sup[2] >= 0 and (sup[0] < app[0] or app[2] < 0) else app  # an equal append wins
+        delta, move, i = best
+        if not delta < -epsilon:
+            break
+        y = int(flats[i])
+        t, di = float(tf[i]), float(d[i])
+        old = theta.get(y, 0.0)
+        new = 0.0 if move == "remove" else C.optimum_theta(old, di, t)
+        part = sub
+        for ax, b in enumerate(np.unravel_index(i, shape)):
+            if b:
+                part = basis.apply_product(part, ax, int(b))
+        ch, sh = math.cosh(new - old), math.sinh(new - old)
+        den = ch + sh * t
+        sub = sub * (ch / den) + (sh / den) * part
+        if move == "remove":
+            del theta[y]
+        else:
+            theta[y] = new
+        if move != "adjust":
+            touched.add(axes(i))
+        steps.append((y, move, old, new, t, di, delta, math.log(den)))
+    return steps, sub.reshape(-1), theta
+
+
+def _setup(cards, n, seed, V):
+    p, _ = datasets.random_bayesnet(cards, 2, seed=seed)
+    X = datasets.sample_table(p, n, seed=seed + 100)
+    Phi = oracle.phi_matrix(cards)
+    q = oracle.target(X, cards)
+    rng = np.random.default_rng(seed)
+    theta = np.zeros(len(q))
+    sup = rng.choice(np.arange(1, len(q)), size=6, replace=False)
+    theta[sup] = rng.normal(0, 0.3, size=6)
+    cells = batch.marginal_cells(cards, V).reshape(-1)
+    th = {int(y): float(theta[y]) for y in np.nonzero(theta)[0]}
+    return (Phi @ oracle.model(theta, Phi))[cells], (Phi @ q)[cells], th
+
+
+@pytest.mark.parametrize("kind,scale", [("paper", 1.0), ("family", 1.0), ("family", 0.5)])
+@pytest.mark.parametrize("cards,n,seed,V", CASES)
+def test_compiled_search_is_the_closed_forms_bit_for_bit(cards, n, seed, V, kind, scale):
+    tb, db, th = _setup(cards, n, seed, V)
+    code = C.TermCode(cards, n, kind, scale)
+    weights = C.penalty_weights(cards, n, scale)
+    want, want_sub, want_theta = _reference(cards, V, tb, db, th, weights, 1e-5, 200, code)
+    sub = tb.copy()
+    got = [(s.flat, s.move, s.old, s.new, s.t, s.d, s.delta, s.log_den)
+           for s in batch.search_marginal(cards, V, sub, db, th, weights, 1e-5, 200, code=code)]
+    assert want, "the reference took no step"
+    assert got == want
+    assert np.array_equal(sub, want_sub)
+    assert th == want_theta and list(th) == list(want_theta)  # the same values, appends in the same order
+
+
+def test_max_steps_bounds_the_search_and_a_later_search_continues_it():
+    cards, n, seed, V = (2, 3, 4, 5), 600, 1, (0, 1, 2, 3)
+    tb, db, th = _setup(cards, n, seed, V)
+    weights = C.penalty_weights(cards, n)
+    whole = list(batch.search_marginal(cards, V, tb.copy(), db, dict(th), weights, 1e-5, 200))
+    sub, th2 = tb.copy(), dict(th)
+    first = list(batch.search_marginal(cards, V, sub, db, th2, weights, 1e-5, 3))
+    rest = list(batch.search_marginal(cards, V, sub, db, th2, weights, 1e-5, 200))
+    assert len(first) == 3 < len(whole)
+    assert [s.flat for s in first + rest] == [s.flat for s in whole]
+
+
+def test_merge_steps_replays_the_sub_table():
+    cards, n, seed, V = (2, 3, 4, 5), 600, 0, (1, 3)
+    tb, db, th = _setup(cards, n, seed, V)
+    sub = tb.copy()
+    steps = list(batch.search_marginal(cards, V, sub, db, th, C.penalty_weights(cards, n), 1e-5, 200))
+    factors, dlogz = batch.merge_steps(cards, V, tb, steps)
+    replay = np.array(tb).reshape(tuple(cards[v] for v in V))
+    total = 0.0
+    for digits, delta, t in factors:
+        sd = tuple(digits[v] for v in V)
+        assert t == replay[sd]
+        part = replay
+        for ax, b in enumerate(sd):
+            if b:
+                part = basis.apply_product(part, ax, b)
+        den = math.cosh(delta) + math.sinh(delta) * t
+        replay = replay * (math.cosh(delta) / den) + (math.sinh(delta) / den) * part
+        total += math.log(den)
+    assert dlogz == total
+    np.testing.assert_allclose(replay.reshape(-1), sub, atol=1e-12)
+
+
+@pytest.mark.parametrize("where", ["target", "dual-and-target"])
+@pytest.mark.parametrize("value", [1.0, -1.0])
+def test_a_dual_or_target_of_exactly_one_does_not_stop_the_search(where, value):
+    """A target (or a dual and its target) of exactly +-1, reachable only by rounding, takes the
+    limit ``0 ln 0 = 0`` of the closed forms: the cell is scored by a number, and the search
+    still takes the other cells' moves (it used to score the cell NaN and stop)."""
+    cards, n = (2, 2, 2), 500
+    V = (0, 1, 2)
+    rng = np.random.default_rng(7)
+    x = np.array(np.unravel_index(np.arange(8), cards)).T
+    q = rng.uniform(0.5, 1.5, 8) * ((x[:, 1] == x[:, 2]) == (value == 1.0))  # Phi_3 = value on q's support
+    db = oracle.phi_matrix(cards) @ (q / q.sum())
+    db[3] = value
+    tb = np.zeros(8)
+    tb[0] = 1.0
+    if where == "dual-and-target":
+        tb[3] = value
+    weights = C.penalty_weights(cards, n)
+    sub, th = tb.copy(), {}
+    steps = list(batch.search_marginal(cards, V, sub, db, th, weights, 1e-6, 500))
+    assert steps and all(math.isfinite(s.new) for s in steps)
+    assert any(s.flat != 3 for s in steps)
+    # it ended where no move gains epsilon by the closed forms (not on a NaN)
+    assert np.isfinite(sub).all()
+    more, _, _ = _reference(cards, V, sub, db, th, weights, 1e-6, 1, None)
+    assert more == []
+    # the closed form at the boundary is the limit, and the reference agrees
+    t = 0.25
+    want = 0.5 * (1.0 + value) * (math.log1p(value * t) - math.log(2.0)) if value == 1.0 else \
+        0.5 * (1.0 - value) * (math.log1p(-t) - math.log(2.0))
+    assert C.kl_step(value, t, value) == pytest.approx(want, rel=1e-15)
+    assert C.kl_step(value, value, value) == 0.0
