@@ -10,10 +10,7 @@ graph_tool = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(graph_tool)
 
 #: Private names still shared across modules, each with its reason.
-ALLOWED_PRIVATE = {
-    # the learner's files belong to the learner's own restructuring
-    ("learn.greedy", "learn.corrective._Products"),
-}
+ALLOWED_PRIVATE: set = set()
 
 
 def test_graph_sees_the_package():

@@ -262,7 +262,8 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     Every step takes the best move (append at the 1-D optimum, adjust, remove; ties: the
     lowest change, then the lowest cell, adjust before remove, an append before a support
     move of equal change) while it gains at least ``eps``, at most ``max_steps``.
-    ``family``: re-price under the family code (``fam``: each cell's family, ``fam_cnt``
+    ``family``: price under the family code, the families with members first, then every
+    family whose count changes (``fam``: each cell's family, ``fam_cnt``
     its members now, ``fam_total`` its possible members, ``fam_name`` the code length that
     names it, ``fam_ptr``/``fam_cells`` its cells); ``r0``, ``n_samples``, ``scale`` of the code.
     Writes step ``s``'s cell, move (0 append, 1 adjust, 2 remove), old and new value, dual
@@ -290,6 +291,10 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
         tmp = np.empty(n)
     ua = np.empty(run)
     ub = np.empty(run)
+    if family:  # the families with members: their marginal prices
+        for f in range(fam_cnt.shape[0]):
+            if fam_cnt[f]:
+                _reprice(r, member, f, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, n_samples, scale)
     ra = np.empty(n)  # the append price: inf for members
     mlist = np.empty(n, np.int64)
     nm = 0

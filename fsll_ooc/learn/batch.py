@@ -332,10 +332,6 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
     r = marginal_penalties(cards, V, weights).reshape(-1)
     r[0] = np.inf  # y = 0 is the constant, never a parameter
     fam = _family_tables(cards, V, code, member)
-    if fam is not None:
-        for f in np.flatnonzero(fam[1]).tolist():  # the families with members: their marginal prices
-            _kernels_search._reprice(r, member, f, fam[1], fam[2], fam[3], fam[4], fam[5], code.r0, code.N,
-                                     code.scale)
     n = int(max_steps)
     out_i, out_move = np.empty(n, np.int64), np.empty(n, np.int64)
     out_old, out_new, out_t, out_delta, out_logden = (np.empty(n) for _ in range(5))

@@ -45,7 +45,7 @@ from .. import basis
 from ..engine import Table
 from .cells import unique_inverse
 
-__all__ = ["pair_products", "moment_matrix", "RefineResult", "refine", "write_duals", "closure_candidates", "joint_append",
+__all__ = ["Products", "pair_products", "moment_matrix", "RefineResult", "refine", "write_duals", "closure_candidates", "joint_append",
            "family_terms", "family_move"]
 
 
@@ -147,7 +147,7 @@ def _fresh_pairs(old: np.ndarray, fresh: np.ndarray):
     return I.astype(np.int64), fresh[q]
 
 
-class _Products:
+class Products:
     """Expansion of all pairs ``i <= j`` of a support, cached across corrective phases.
 
     When the support changes, pairs of surviving members are kept (re-indexed) and
@@ -200,7 +200,7 @@ class _Products:
         self.support = support.copy()
 
 
-def moment_matrix(prod: _Products, cells: np.ndarray) -> np.ndarray:
+def moment_matrix(prod: Products, cells: np.ndarray) -> np.ndarray:
     """``M[i, j] = <Phi_i Phi_j>_p`` of the support from ``cells[k] = thetabar[prod.flat[k]]``."""
     m = len(prod.support)
     s = np.bincount(prod.pair, weights=prod.coef * cells, minlength=len(prod.I))
@@ -284,7 +284,7 @@ MAX_SUPPORT = 4000
 
 
 def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int = 12,
-           max_step: float = 4.0, products: _Products | None = None, top: int | None = None,
+           max_step: float = 4.0, products: Products | None = None, top: int | None = None,
            joint: int = 0, sweep: bool = False, write: bool = True, table_current: bool = True) -> RefineResult:
     """Damped Newton on ``theta`` restricted to the support of ``state`` (in place).
 
@@ -329,7 +329,7 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
         return out
     # insertion order: appends extend the support at the end, so the pair cache only grows
     support = np.fromiter(state.theta.keys(), dtype=np.int64, count=m)
-    prod = products if products is not None else _Products(state.cards)
+    prod = products if products is not None else Products(state.cards)
     prod.update(support)
     theta = np.array([state.theta[int(y)] for y in support])
     dbar = np.array([state.dbar[int(y)] for y in support])
@@ -478,8 +478,8 @@ def closure_candidates(cards, support: np.ndarray, limit: int) -> np.ndarray:
 
 
 def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int = 256, max_new: int = 32,
-                 max_rounds: int = 8, products: _Products | None = None, n_closure: int = 0,
-                 cand_products: _Products | None = None, top: int | None = None, scan=None,
+                 max_rounds: int = 8, products: Products | None = None, n_closure: int = 0,
+                 cand_products: Products | None = None, top: int | None = None, scan=None,
                  joint: int = 0, sweep: bool = False) -> JointResult:
     """Append the candidates that pay for themselves *jointly*, then refine (in place).
 
@@ -510,7 +510,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     if m + n_candidates + n_closure > MAX_SUPPORT:
         return out
     support = np.fromiter(state.theta.keys(), dtype=np.int64, count=m)
-    prod = products if products is not None else _Products(state.cards)
+    prod = products if products is not None else Products(state.cards)
     prod.update(support)
     with engine.purpose_of("joint-top"):
         flat_c, _ = engine.top_candidates(n_candidates + m, scan=scan)
@@ -527,7 +527,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     cards = state.cards
     cs_pair, cs_flat, cs_coef = _cross_moments(cards, flat_c, support) if m else (np.zeros(0, np.int64),) * 2 + (
         np.zeros(0),)
-    cc = cand_products if cand_products is not None else _Products(cards)
+    cc = cand_products if cand_products is not None else Products(cards)
     cc.update(flat_c)  # a cache kept across calls expands only the pairs of new candidates
     n1, n2, n3 = len(prod.flat), len(cs_flat), len(cc.flat)
     uniq, inv = unique_inverse(np.concatenate([prod.flat, cs_flat, cc.flat, support, flat_c]), math.prod(cards))

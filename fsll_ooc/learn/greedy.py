@@ -302,8 +302,8 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     since_sync = 0
     n_batches = 0
     refined = False  # a corrective phase ran since the last append/remove
-    products = corrective._Products(state.cards) if mode != "off" else None
-    cand_products = corrective._Products(state.cards) if mode != "off" else None  # joint candidates' pairs
+    products = corrective.Products(state.cards) if mode != "off" else None
+    cand_products = corrective.Products(state.cards) if mode != "off" else None  # joint candidates' pairs
 
     def record(entry, persist_now=True):
         entry["passes"] = engine.passes
