@@ -181,11 +181,12 @@ def test_a_batch_whose_changes_keep_to_one_band_kind_is_one_pass(cards, layout, 
     eng, state = _engine(cards, X, layout)
     L = eng.layout
     spans, kept = [], []
-    real = greedy._batch_step
+    real = greedy.Search.batch
 
-    def spy(engine, st, V, *a, **k):  # a batch over V: did it span, and how many passes did it take?
+    def spy(self, V):  # a batch over V: did it span, and how many passes did it take?
+        engine, st = self.engine, self.state
         before, n0 = engine.passes, len(st.history)
-        out = real(engine, st, V, *a, **k)
+        out = real(self, V)
         changed = {i for h in st.history[n0:] for i, x in enumerate(h["y"]) if x}
         if engine.batch_pass(V) is None and engine.batch_pass(tuple(changed)) is not None:
             spans.append(engine.passes - before)
@@ -196,7 +197,7 @@ def test_a_batch_whose_changes_keep_to_one_band_kind_is_one_pass(cards, layout, 
         kept.append(V)
         return out
 
-    monkeypatch.setattr(greedy, "_batch_step", spy)
+    monkeypatch.setattr(greedy.Search, "batch", spy)
     learn(eng, state, LearnOptions(epsilon=1e-5, batch=batch.BatchOptions(max_cells=cells, factor=50.0)))
     assert kept and L.a > 0
     assert spans and all(n == 1 for n in spans), spans
@@ -622,3 +623,50 @@ def test_corrective_phase_after_every_batch(cards, n, seed, layout):
     (e0, s0), (e1, s1) = runs
     assert any("in_batch" in h for h in s1.history) and not any("in_batch" in h for h in s0.history)
     assert e1.sweeps > 0
+
+
+@pytest.mark.parametrize("scan_in_resync", [True, False])
+def test_corrective_phase_in_a_batch_without_a_scan_in_its_re_derivation(scan_in_resync, monkeypatch):
+    """Where a re-derivation does not scan (``Engine.one_band_scan_in_resync = False``), a batch
+    whose corrective phase moved the parameters scans the re-derived table itself: the same
+    fit as with the scan inside the re-derivation, ending at an axis minimum."""
+    from fsll_ooc.engine import Engine
+    from fsll_ooc.learn import LearnOptions, learn
+
+    monkeypatch.setattr(Engine, "one_band_scan_in_resync", scan_in_resync)
+    cards, n, seed = (2, 3, 4, 5), 3000, 0
+    X, Phi, q, size, vec = _bn_problem(cards, n, seed)
+    eng, state = _engine(cards, X, (0, 0))
+    state.penalty_code = "family"
+    opts = batch.BatchOptions(max_cells=20, factor=8.0, refine_in_batch=True)
+    learn(eng, state, LearnOptions(epsilon=1e-5, refine="adjust", batch=opts))
+    assert state.converged and any("in_batch" in h for h in state.history)
+    family = lambda th_: oracle.brute_cost(th_, q, Phi, cards, n, "family")  # noqa: E731
+    assert state.cost() == pytest.approx(oracle.assert_axis_minimum(vec(state), q, Phi, None, 1e-5, cost_fn=family),
+                                         abs=1e-10)
+    np.testing.assert_allclose(eng.gather(np.arange(size)), Phi @ oracle.model(vec(state), Phi), atol=1e-10)
+
+
+def test_a_batch_that_takes_no_step_falls_back_to_one_step(monkeypatch):
+    """A sub-table search that takes no step changes nothing and costs no pass; the search then
+    takes the best move alone, so it cannot repeat the same batch for ever, and it ends at an
+    axis minimum as without batches."""
+    from fsll_ooc.learn import LearnOptions, greedy, learn
+
+    cards, n, seed = (2, 3, 4, 5), 3000, 0
+    X, Phi, q, size, vec = _bn_problem(cards, n, seed)
+    calls = []
+
+    def no_step(*a, **k):
+        calls.append(1)
+        return iter(())
+
+    monkeypatch.setattr(greedy.B, "search_marginal", no_step)
+    eng, state = _engine(cards, X, (0, 0))
+    learn(eng, state, LearnOptions(epsilon=1e-5, batch=batch.BatchOptions(max_cells=20, factor=8.0)))
+    assert state.converged and calls
+    assert not any("batch" in h for h in state.history)
+    assert len(state.history) - 1 == state.n_iter  # every iteration one single step
+    r = oracle.r_vec(cards, n)
+    assert state.cost() == pytest.approx(oracle.assert_axis_minimum(vec(state), q, Phi, r, 1e-5), abs=1e-10)
+    np.testing.assert_allclose(eng.gather(np.arange(size)), Phi @ oracle.model(vec(state), Phi), atol=1e-10)

@@ -35,7 +35,7 @@ from .. import basis, cost as C
 from ..engine import Engine, Step, Table
 from ..kernels import ahead, search as kernels_search
 
-__all__ = ["LearnOptions", "learn", "auto_epsilon", "resolve_epsilon", "resolve_refine", "AUTO_C",
+__all__ = ["LearnOptions", "learn", "Search", "auto_epsilon", "resolve_epsilon", "resolve_refine", "AUTO_C",
            "REFINE_MODES"]
 
 
@@ -264,177 +264,313 @@ def learn(engine: Engine, state: FitState, options: LearnOptions | None = None, 
     are not local to one kind of band).  Every step is one history entry (``"batch"``:
     the number of the pass that applied it); ``"passes"`` counts table passes so far.
     """
-    if options is None:
-        options = LearnOptions()
-    elif not isinstance(options, LearnOptions):
-        raise TypeError(f"options must be a LearnOptions, got {type(options).__name__}")
-    o = options
-    epsilon, max_iter, resync_every, refine = o.epsilon, o.max_iter, o.resync_every, o.refine
-    refine_tol, refine_rounds, joint = o.refine_tol, o.refine_rounds, o.joint
-    joint_candidates, joint_closure, joint_max_new = o.joint_candidates, o.joint_closure, o.joint_max_new
-    eps = resolve_epsilon(epsilon, state.n_samples)
-    mode = resolve_refine(refine, epsilon)
-    batch = B.resolve_batch(o.batch, epsilon, cells=math.prod(state.cards))
-    if batch is not None:  # the sub-table search's kernels compile meanwhile (the first use after installing)
-        ahead.start(kernels_search.__name__)
-    # a corrective phase's scans keep a joint selection's candidates (no top-k pass of its own)
-    joint_k = joint_candidates if batch is not None and batch.joint_in_scan and joint and mode != "off" else 0
-    # a corrective phase's trials as compute sweeps, one re-derivation at its end
-    sweep = batch is not None and batch.sweep_trials
-    support = lambda: np.fromiter(state.theta.keys(), dtype=np.int64, count=len(state.theta))  # noqa: E731
-    values = lambda: np.fromiter(state.theta.values(), dtype=np.float64, count=len(state.theta))  # noqa: E731
-    # history times count fitting seconds since the start, across resumed sessions
-    t0 = time.perf_counter() - (state.history[-1]["time"] if state.history else 0.0)
-    if not fresh:
-        state.log_z = engine.resync(support(), values(), state.log_z)
-    if not state.history:
-        state.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0,
-                              "cost": state.cost(), "n_bases": 0, "time": 0.0})
-    def checked(r):  # the duals every scan hands over lie in [-1, 1] (docs/design.md, "The learner's invariants")
-        checks.check_scan(engine, r, state.n_iter)
+    return Search(engine, state, options, fresh=fresh, progress=progress, callback=callback).run()
+
+
+class Search:
+    """The learner of one fit: the engine, the fit state, the options and the last scan.
+
+    One method per phase, each leaving the scan of the table after it in :attr:`scan`
+    (and returning it): :meth:`step` (one greedy move, one pass), :meth:`batch` (several
+    moves on a marginal sub-table, one pass or re-derivation), :meth:`refine` (a fully
+    corrective phase) and :meth:`joint` (a joint selection); :meth:`run` chooses between
+    them until no move gains ``epsilon`` (:func:`learn`, which builds one and runs it).
+    """
+
+    def __init__(self, engine: Engine, state: FitState, options: LearnOptions | None = None, *, fresh: bool = True,
+                 progress=None, callback: Callable[[FitState], None] | None = None):
+        if options is None:
+            options = LearnOptions()
+        elif not isinstance(options, LearnOptions):
+            raise TypeError(f"options must be a LearnOptions, got {type(options).__name__}")
+        self.engine, self.state, self.options = engine, state, options
+        self.progress, self.callback = progress, callback
+        o = options
+        self.eps = resolve_epsilon(o.epsilon, state.n_samples)
+        self.mode = resolve_refine(o.refine, o.epsilon)
+        self.batch_options = B.resolve_batch(o.batch, o.epsilon, cells=math.prod(state.cards))
+        bo = self.batch_options
+        if bo is not None:  # the sub-table search's kernels compile meanwhile (the first use after installing)
+            ahead.start(kernels_search.__name__)
+        # a corrective phase's scans keep a joint selection's candidates (no top-k pass of its own)
+        self.joint_k = o.joint_candidates if bo is not None and bo.joint_in_scan and o.joint and self.mode != "off" \
+            else 0
+        # a corrective phase's trials as compute sweeps, one re-derivation at its end
+        self.sweep = bo is not None and bo.sweep_trials
+        self.top = None if bo is None else bo.top
+        # history times count fitting seconds since the start, across resumed sessions
+        self.t0 = time.perf_counter() - (state.history[-1]["time"] if state.history else 0.0)
+        self.fresh = fresh
+        self.scan = None  # the scan of the table as it is now
+        self.since_sync = 0  # moves applied incrementally since the last exact re-derivation
+        self.n_batches = 0
+        self.refined = False  # a corrective phase ran since the last append/remove
+        self.joint_tried = False  # a joint selection was tried on the current state
+        self.products = corrective.Products(state.cards) if self.mode != "off" else None
+        self.cand_products = corrective.Products(state.cards) if self.mode != "off" else None  # joint candidates' pairs
+
+    # ----------------------------------------------------------------- bookkeeping
+    def support(self) -> np.ndarray:
+        """The support's flat indices, in insertion order."""
+        return np.fromiter(self.state.theta.keys(), dtype=np.int64, count=len(self.state.theta))
+
+    def values(self) -> np.ndarray:
+        """The support's parameters, in the order of :meth:`support`."""
+        return np.fromiter(self.state.theta.values(), dtype=np.float64, count=len(self.state.theta))
+
+    def _checked(self, r):
+        """``r``, after checking that the duals it hands over lie in [-1, 1] (docs/design.md,
+        "The learner's invariants"); it becomes :attr:`scan`."""
+        checks.check_scan(self.engine, r, self.state.n_iter)
+        self.scan = r
         return r
 
-    def scan():
-        return checked(engine.update_scan(None, support()) if batch is None else engine.update_scan_batch(
-            [], support(), batch.top))
+    def full_scan(self):
+        """A scan pass of the table as it is (no move)."""
+        e = self.engine
+        return self._checked(e.update_scan(None, self.support()) if self.batch_options is None else
+                             e.update_scan_batch([], self.support(), self.top))
 
-    res = scan()
-    since_sync = 0
-    n_batches = 0
-    refined = False  # a corrective phase ran since the last append/remove
-    products = corrective.Products(state.cards) if mode != "off" else None
-    cand_products = corrective.Products(state.cards) if mode != "off" else None  # joint candidates' pairs
+    def _scan_or_rescan(self, r):
+        return self.full_scan() if r is None else self._checked(r)
 
-    def record(entry, persist_now=True):
-        entry["passes"] = engine.passes
-        state.history.append(entry)
-        if progress is not None:
-            progress.update(1)
-            progress.set_postfix(cost=f"{entry['cost']:.6f}", bases=len(state.theta), refresh=False)
-        if callback is not None and persist_now:
-            callback(state)
+    def record(self, entry: dict, persist_now: bool = True) -> None:
+        """Append a history entry (with the passes so far); persist unless told not to."""
+        entry["passes"] = self.engine.passes
+        self.state.history.append(entry)
+        if self.progress is not None:
+            self.progress.update(1)
+            self.progress.set_postfix(cost=f"{entry['cost']:.6f}", bases=len(self.state.theta), refresh=False)
+        if self.callback is not None and persist_now:
+            self.callback(self.state)
 
-    def persist():
-        if callback is not None:
-            callback(state)
+    def persist(self) -> None:
+        """Hand the state to the caller's callback (persistence)."""
+        if self.callback is not None:
+            self.callback(self.state)
 
-    joint_tried = False  # a joint selection was tried on the current state
-    while max_iter is None or state.n_iter < max_iter:
-        delta, move, y, t, d = _best_move(state, res)
-        if state.penalty_code != "paper":  # the family code: re-price the scan, try the named families
-            delta, move, y, t, d = corrective.family_move(engine, state, (delta, move, y, t, d), o.family_terms)
-        stop = not delta < -eps
-        if mode != "off" and not refined and state.theta and (stop or (mode == "adjust" and move == "adjust")):
-            refined = True
-            before = state.cost()
-            with engine.purpose_of("refine"):
-                rr = corrective.refine(engine, state, tol=refine_tol * eps, max_rounds=refine_rounds,
-                                       products=products, top=None if batch is None else batch.top,
-                                       joint=joint_k, sweep=sweep)
-            if rr.rounds:
-                since_sync = 0
-                joint_tried = False
-                state.n_iter += 1
-                res = scan() if rr.scan is None else checked(rr.scan)
-                c = state.cost()
-                record({"iter": state.n_iter, "move": "refine", "y": None, "value": float(rr.rounds),
-                        "delta": c - before, "cost": c, "n_bases": len(state.theta),
-                        "time": time.perf_counter() - t0, "trials": rr.trials})
-                continue
-        if stop and mode != "off" and joint and not joint_tried:
-            joint_tried = True
-            before = state.cost()
-            with engine.purpose_of("joint"):
-                ja = corrective.joint_append(engine, state, epsilon=eps, tol=refine_tol * eps,
-                                             n_candidates=joint_candidates, max_rounds=refine_rounds,
-                                             products=products, n_closure=joint_closure, max_new=joint_max_new,
-                                             cand_products=cand_products, top=None if batch is None else batch.top,
-                                             scan=res, joint=joint_k, sweep=sweep)
-            if ja.added:
-                since_sync = 0
-                refined = True
-                joint_tried = False
-                state.n_iter += 1
-                res = scan() if ja.refine.scan is None else checked(ja.refine.scan)
-                c = state.cost()
-                record({"iter": state.n_iter, "move": "joint-append", "y": None, "value": float(len(ja.added)),
-                        "delta": c - before, "cost": c, "n_bases": len(state.theta),
-                        "time": time.perf_counter() - t0, "added": [list(state.digits(a)) for a in ja.added],
-                        "added_gain": ja.gains, "estimate": -ja.estimate})
-                continue
-        if stop:
-            state.converged = True
-            break
-        if batch is not None:
-            V = B.choose_variables(state.cards, _batch_moves(state, res, delta, y, batch.support_moves),
-                                   factor=batch.factor, max_cells=batch.cells_for(math.prod(state.cards)))
-            if V is not None:
-                n_batches += 1
-                phase = None
-                if mode != "off" and sweep and batch.refine_in_batch:
-                    def phase():  # a corrective phase on the batch's parameters, before its re-derivation
-                        with engine.purpose_of("batch-refine"):
-                            return corrective.refine(engine, state, tol=refine_tol * eps, max_rounds=refine_rounds,
-                                                     products=products, top=batch.top, joint=joint_k, sweep=True,
-                                                     table_current=False)
-                with engine.purpose_of("batch"):
-                    since_sync, res, rr = _batch_step(engine, state, V, eps, batch, max_iter, since_sync,
-                                                      resync_every, support, values, record, persist, t0, n_batches,
-                                                      phase)
-                checked(res)
-                refined = False
-                joint_tried = False
-                if rr is not None and rr.rounds:
-                    refined = True
-                    state.n_iter += 1
-                    c = state.cost()
-                    record({"iter": state.n_iter, "move": "refine", "y": None, "value": float(rr.rounds),
-                            "delta": rr.delta, "cost": c, "n_bases": len(state.theta),
-                            "time": time.perf_counter() - t0, "trials": rr.trials, "in_batch": n_batches})
-                continue
-        old = state.theta.get(y, 0.0)
+    def _refine_kwargs(self) -> dict:
+        o = self.options
+        return dict(tol=o.refine_tol * self.eps, max_rounds=o.refine_rounds, products=self.products, top=self.top,
+                    joint=self.joint_k, sweep=self.sweep)
+
+    # ----------------------------------------------------------------- phases
+    def refine(self):
+        """A fully corrective phase on the support; the scan after it, or None when it did
+        not move (the table and :attr:`scan` unchanged)."""
+        st = self.state
+        self.refined = True
+        before = st.cost()
+        with self.engine.purpose_of("refine"):
+            rr = corrective.refine(self.engine, st, **self._refine_kwargs())
+        if not rr.rounds:
+            return None
+        self.since_sync = 0
+        self.joint_tried = False
+        st.n_iter += 1
+        self._scan_or_rescan(rr.scan)
+        c = st.cost()
+        self.record({"iter": st.n_iter, "move": "refine", "y": None, "value": float(rr.rounds), "delta": c - before,
+                     "cost": c, "n_bases": len(st.theta), "time": time.perf_counter() - self.t0, "trials": rr.trials})
+        return self.scan
+
+    def joint(self):
+        """A joint selection (:func:`fsll_ooc.learn.corrective.joint_append`); the scan after it,
+        or None when it appended nothing."""
+        st, o = self.state, self.options
+        self.joint_tried = True
+        before = st.cost()
+        kw = self._refine_kwargs()
+        with self.engine.purpose_of("joint"):
+            ja = corrective.joint_append(self.engine, st, epsilon=self.eps, tol=kw["tol"],
+                                         n_candidates=o.joint_candidates, max_rounds=o.refine_rounds,
+                                         products=self.products, n_closure=o.joint_closure, max_new=o.joint_max_new,
+                                         cand_products=self.cand_products, top=self.top, scan=self.scan,
+                                         joint=self.joint_k, sweep=self.sweep)
+        if not ja.added:
+            return None
+        self.since_sync = 0
+        self.refined = True
+        self.joint_tried = False
+        st.n_iter += 1
+        self._scan_or_rescan(ja.refine.scan)
+        c = st.cost()
+        self.record({"iter": st.n_iter, "move": "joint-append", "y": None, "value": float(len(ja.added)),
+                     "delta": c - before, "cost": c, "n_bases": len(st.theta), "time": time.perf_counter() - self.t0,
+                     "added": [list(st.digits(a)) for a in ja.added], "added_gain": ja.gains,
+                     "estimate": -ja.estimate})
+        return self.scan
+
+    def step(self, move: str, y: int, t: float, d: float, delta: float):
+        """One greedy move (``append``, ``adjust`` or ``remove`` of term ``y`` whose dual is ``t``
+        and target ``d``, predicted change ``delta``) and the pass that applies it; the scan."""
+        st, e, bo = self.state, self.engine, self.batch_options
+        old = st.theta.get(y, 0.0)
+        new = 0.0 if move == "remove" else C.optimum_theta(old, d, t)
+        step = Step(st.digits(y), new - old, t)
+        st.log_z += math.log(math.cosh(step.delta) + math.sinh(step.delta) * t)
         if move == "remove":
-            new = 0.0
+            del st.theta[y]
+            st.dbar.pop(y, None)
         else:
-            new = C.optimum_theta(old, d, t)
-        step = Step(state.digits(y), new - old, t)
-        state.log_z += math.log(math.cosh(step.delta) + math.sinh(step.delta) * t)
-        if move == "remove":
-            del state.theta[y]
-            state.dbar.pop(y, None)
-        else:
-            state.theta[y] = new
-            state.dbar[y] = d
+            st.theta[y] = new
+            st.dbar[y] = d
         if move != "adjust":
-            refined = False
-        joint_tried = False
-        state.n_iter += 1
-        since_sync += 1
-        engine.purpose = "step"
-        if since_sync >= resync_every:
+            self.refined = False
+        self.joint_tried = False
+        st.n_iter += 1
+        self.since_sync += 1
+        e.purpose = "step"
+        if self.since_sync >= self.options.resync_every:
             # a few support duals by the incremental identity, against the exact re-derivation
-            engine.purpose = "periodic"
-            probe = np.fromiter(state.theta, np.int64, len(state.theta))[-checks.PROBE_CELLS:]
-            predicted = checks.predict_step(state.cards, engine, probe, step)
-            if batch is None:
-                state.log_z = engine.resync(support(), values(), state.log_z)
-                res = scan()
+            e.purpose = "periodic"
+            probe = np.fromiter(st.theta, np.int64, len(st.theta))[-checks.PROBE_CELLS:]
+            predicted = checks.predict_step(st.cards, e, probe, step)
+            if bo is None:
+                st.log_z = e.resync(self.support(), self.values(), st.log_z)
+                res = self.full_scan()
             else:  # the scan in the re-derivation's last pass (out of core; in core the same two passes)
-                state.log_z, res = engine.resync_scan(support(), values(), state.log_z, batch.top)
-                checked(res)
-            checks.check_support(engine, res, probe, predicted, state.n_iter, "after a re-derivation")
-            since_sync = 0
-        elif batch is not None and engine.batch_pass(step.axes) is not None:
-            res = checked(engine.update_scan_batch([step], support(), batch.top))
+                st.log_z, res = e.resync_scan(self.support(), self.values(), st.log_z, bo.top)
+                self._checked(res)
+            checks.check_support(e, res, probe, predicted, st.n_iter, "after a re-derivation")
+            self.since_sync = 0
+        elif bo is not None and e.batch_pass(step.axes) is not None:
+            self._checked(e.update_scan_batch([step], self.support(), bo.top))
         else:
-            res = checked(engine.update_scan(step, support()))
-        engine.purpose = None
-        record({"iter": state.n_iter, "move": move, "y": list(step.digits), "value": new,
-                "delta": delta, "cost": state.cost(), "n_bases": len(state.theta),
-                "time": time.perf_counter() - t0})
-    if o.on_finish is not None:
-        o.on_finish(engine, state)
-    return state
+            self._checked(e.update_scan(step, self.support()))
+        e.purpose = None
+        self.record({"iter": st.n_iter, "move": move, "y": list(step.digits), "value": new, "delta": delta,
+                     "cost": st.cost(), "n_bases": len(st.theta), "time": time.perf_counter() - self.t0})
+        return self.scan
+
+    def batch(self, V):
+        """Steps on the marginal sub-table over the variables ``V``, then one pass that applies
+        them (or an exact re-derivation); the scan after it, or None when the sub-table search
+        took no step (nothing changed, no pass: the caller takes the best move alone, so a
+        batch that cannot move never repeats).
+
+        With corrective phases between passes (``refine_in_batch``), a corrective phase on the
+        batch's parameters runs first, by compute sweeps (:func:`fsll_ooc.learn.corrective.refine`
+        with ``table_current=False``); when it moves them, the table is brought up to date by
+        one re-derivation of its result instead of the batch's pass (docs/design.md,
+        "Corrective phases between passes")."""
+        st, e, opts, o = self.state, self.engine, self.batch_options, self.options
+        max_iter = o.max_iter
+        cells = B.marginal_cells(st.cards, V).reshape(-1)
+        tb0 = e.gather(cells)
+        db = e.gather(cells, table=Table.DBAR)
+        checks.check_range(e, cells, tb0, st.n_iter, "dual")
+        checks.check_range(e, cells, db, st.n_iter, "target")
+        sub = tb0.copy()
+        limit = opts.max_steps if max_iter is None else min(opts.max_steps, max_iter - st.n_iter)
+        weights = C.penalty_weights(st.cards, st.n_samples, st.penalty_scale)
+        steps = []
+        self.n_batches += 1
+        for s in B.search_marginal(st.cards, V, sub, db, st.theta, weights, self.eps, limit, code=st.term_code()):
+            steps.append(s)
+            if s.move == "remove":
+                st.dbar.pop(s.flat, None)
+            else:
+                st.dbar[s.flat] = s.d
+            st.log_z += s.log_den
+            st.n_iter += 1
+            self.record({"iter": st.n_iter, "move": s.move, "y": list(st.digits(s.flat)), "value": s.new,
+                         "delta": s.delta, "cost": st.cost(), "n_bases": len(st.theta),
+                         "time": time.perf_counter() - self.t0, "batch": self.n_batches}, persist_now=False)
+        if not steps:
+            self.n_batches -= 1
+            return None
+        factors, _ = B.merge_steps(st.cards, V, tb0, steps)
+        # the variables of the terms that changed: a batch over variables on both sides of the
+        # layout's cut whose changes keep to one side is still one pass
+        U = B.changed_variables(factors)
+        one_pass = e.batch_pass(U) is not None
+        self.since_sync += len(factors)
+        rr = None
+        if self.mode != "off" and self.sweep and opts.refine_in_batch and st.theta:
+            with e.purpose_of("batch-refine"):  # a corrective phase on the batch's parameters, before its re-derivation
+                rr = corrective.refine(e, st, **self._refine_kwargs(), table_current=False)
+        if rr is not None and rr.rounds:  # the phase re-derived the table (with its scan where the engine scans there)
+            res = rr.scan if rr.scan is not None else e.update_scan_batch([], self.support(), opts.top)
+            # the phase moved the parameters: the sub-table is checked against its first sweep
+            sub_inc, sub = sub, None
+            self.since_sync = 0
+        elif self.since_sync >= o.resync_every or not one_pass:
+            with e.purpose_of("batch-periodic" if one_pass else "batch-span"):
+                st.log_z, res = e.resync_scan(self.support(), self.values(), st.log_z, opts.top)
+            self.since_sync = 0
+        elif len(factors) >= B.MULTIPLIER_MIN_FACTORS and all(basis.is_walsh(st.cards[v]) for v in U):
+            m = B.marginal_multiplier(st.cards, U, B.sub_table(st.cards, V, tb0, U), factors)
+            res = e.update_scan_batch([], self.support(), opts.top, multiplier=(U, m))
+        else:
+            res = e.update_scan_batch([Step(dg, dl, t) for dg, dl, t in factors], self.support(), opts.top)
+        # the table after its pass (or re-derivation) against the sub-table's incremental duals;
+        # after a corrective phase, the exact duals of its first sweep (the parameters of the batch)
+        if sub is not None:
+            checks.check_support(e, res, cells, sub, st.n_iter, "after a batch pass")
+        elif rr.swept is not None:
+            common, i_cells, i_swept = np.intersect1d(cells, rr.swept[0], return_indices=True)
+            checks.check_agree(e, common, np.asarray(sub_inc).reshape(-1)[i_cells], rr.swept[1][i_swept],
+                               st.n_iter, "after a batch's steps")
+        st.history[-1]["passes"] = e.passes
+        if rr is None or not rr.rounds:  # (after a phase its record persists)
+            self.persist()
+        self._checked(res)
+        self.refined = False
+        self.joint_tried = False
+        if rr is not None and rr.rounds:
+            self.refined = True
+            st.n_iter += 1
+            self.record({"iter": st.n_iter, "move": "refine", "y": None, "value": float(rr.rounds), "delta": rr.delta,
+                         "cost": st.cost(), "n_bases": len(st.theta), "time": time.perf_counter() - self.t0,
+                         "trials": rr.trials, "in_batch": self.n_batches})
+        return self.scan
+
+    # ----------------------------------------------------------------- the search
+    def best_move(self) -> tuple[float, str, int, float, float]:
+        """``(delta, move, flat, t, d)`` of the best single move by the last scan (under the
+        family code re-priced, with the named families' terms tried)."""
+        st = self.state
+        best = _best_move(st, self.scan)
+        if st.penalty_code != "paper":  # the family code: re-price the scan, try the named families
+            best = corrective.family_move(self.engine, st, best, self.options.family_terms)
+        return best
+
+    def run(self) -> FitState:
+        """Search until no move gains ``epsilon`` (or ``max_iter``); returns the state."""
+        st, e, o, bo = self.state, self.engine, self.options, self.batch_options
+        if not self.fresh:
+            st.log_z = e.resync(self.support(), self.values(), st.log_z)
+        if not st.history:
+            st.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0,
+                               "cost": st.cost(), "n_bases": 0, "time": 0.0})
+        self.full_scan()
+        cells = math.prod(st.cards)
+        while o.max_iter is None or st.n_iter < o.max_iter:
+            delta, move, y, t, d = self.best_move()
+            stop = not delta < -self.eps
+            if self.mode != "off" and not self.refined and st.theta and \
+                    (stop or (self.mode == "adjust" and move == "adjust")):
+                if self.refine() is not None:
+                    continue
+            if stop and self.mode != "off" and o.joint and not self.joint_tried:
+                if self.joint() is not None:
+                    continue
+            if stop:
+                st.converged = True
+                break
+            if bo is not None:
+                V = B.choose_variables(st.cards, _batch_moves(st, self.scan, delta, y, bo.support_moves),
+                                       factor=bo.factor, max_cells=bo.cells_for(cells))
+                if V is not None:
+                    with e.purpose_of("batch"):
+                        moved = self.batch(V)
+                    if moved is not None:
+                        continue
+            self.step(move, y, t, d, delta)
+        if o.on_finish is not None:
+            o.on_finish(e, st)
+        return st
 
 
 def _batch_moves(state: FitState, res, delta: float, y: int, support_moves: bool = True):
@@ -465,68 +601,3 @@ def _batch_moves(state: FitState, res, delta: float, y: int, support_moves: bool
         pos, gain = np.concatenate([pos, sp[keep]]), np.concatenate([gain, g[keep]])
     for i in np.lexsort((pos, -gain)).tolist():
         yield float(gain[i]), int(pos[i])
-
-
-def _batch_step(engine: Engine, state: FitState, V, eps: float, opts: B.BatchOptions, max_iter, since_sync: int,
-                resync_every: int, support, values, record, persist, t0: float, n_batch: int, phase=None):
-    """Steps on the marginal sub-table over ``V``, then one pass that applies them (or an exact
-    re-derivation); returns ``(since_sync, scan result, corrective phase result or None)``.
-
-    ``phase``: a corrective phase on the batch's parameters runs first, by compute sweeps
-    (:func:`fsll_ooc.learn.corrective.refine` with ``table_current=False``); when it moves
-    them, the table is brought up to date by one re-derivation of its result instead of the
-    batch's pass (docs/design.md, "Corrective phases between passes")."""
-    cells = B.marginal_cells(state.cards, V).reshape(-1)
-    tb0 = engine.gather(cells)
-    db = engine.gather(cells, table=Table.DBAR)
-    checks.check_range(engine, cells, tb0, state.n_iter, "dual")
-    checks.check_range(engine, cells, db, state.n_iter, "target")
-    sub = tb0.copy()
-    limit = opts.max_steps if max_iter is None else min(opts.max_steps, max_iter - state.n_iter)
-    steps = []
-    weights = C.penalty_weights(state.cards, state.n_samples, state.penalty_scale)
-    for s in B.search_marginal(state.cards, V, sub, db, state.theta, weights, eps, limit, code=state.term_code()):
-        steps.append(s)
-        if s.move == "remove":
-            state.dbar.pop(s.flat, None)
-        else:
-            state.dbar[s.flat] = s.d
-        state.log_z += s.log_den
-        state.n_iter += 1
-        record({"iter": state.n_iter, "move": s.move, "y": list(state.digits(s.flat)), "value": s.new,
-                "delta": s.delta, "cost": state.cost(), "n_bases": len(state.theta),
-                "time": time.perf_counter() - t0, "batch": n_batch}, persist_now=False)
-    factors, _ = B.merge_steps(state.cards, V, tb0, steps)
-    # the variables of the terms that changed: a batch over variables on both sides of the
-    # layout's cut whose changes keep to one side is still one pass
-    U = B.changed_variables(factors)
-    one_pass = engine.batch_pass(U) is not None
-    since_sync += len(factors)
-    rr = phase() if phase is not None and steps and state.theta else None
-    if rr is not None and rr.rounds:  # the phase re-derived the table (with its scan)
-        res = rr.scan
-        # the phase moved the parameters: the sub-table is checked against its first sweep
-        sub_inc, sub = sub, None
-        since_sync = 0
-    elif since_sync >= resync_every or not one_pass:
-        with engine.purpose_of("batch-periodic" if one_pass else "batch-span"):
-            state.log_z, res = engine.resync_scan(support(), values(), state.log_z, opts.top)
-        since_sync = 0
-    elif len(factors) >= B.MULTIPLIER_MIN_FACTORS and all(basis.is_walsh(state.cards[v]) for v in U):
-        m = B.marginal_multiplier(state.cards, U, B.sub_table(state.cards, V, tb0, U), factors)
-        res = engine.update_scan_batch([], support(), opts.top, multiplier=(U, m))
-    else:
-        res = engine.update_scan_batch([Step(dg, dl, t) for dg, dl, t in factors], support(), opts.top)
-    # the table after its pass (or re-derivation) against the sub-table's incremental duals;
-    # after a corrective phase, the exact duals of its first sweep (the parameters of the batch)
-    if sub is not None:
-        checks.check_support(engine, res, cells, sub, state.n_iter, "after a batch pass")
-    elif rr.swept is not None:
-        common, i_cells, i_swept = np.intersect1d(cells, rr.swept[0], return_indices=True)
-        checks.check_agree(engine, common, np.asarray(sub_inc).reshape(-1)[i_cells], rr.swept[1][i_swept],
-                           state.n_iter, "after a batch's steps")
-    if steps:
-        state.history[-1]["passes"] = engine.passes
-    if rr is None or not rr.rounds:  # (after a phase the learner records it, and persists then)
-        persist()
-    return since_sync, res, rr

@@ -1,0 +1,150 @@
+#!/usr/bin/env python
+"""The learner's own work: default fits timed on the tables where the search, not the passes, is the cost.
+
+Cases (``--cases``):
+
+* ``24``, ``22``: ``bench/scale.py``'s binary networks (``2^24``/``2^22`` cells, 10^5 rows), in core;
+* ``survey``: a survey-like table, cardinalities 7,5,9,9,3,4,4,2,2,2,3,2 (``2^22.6`` cells),
+  13,000 training rows and 3,000 held-out rows from a random Bayesian network with strong
+  conditional tables (:func:`strong_bn`: up to 2 parents, rows drawn from a Dirichlet(0.3));
+* ``sachs-like``: 11 ternary variables (``3^11`` cells), 7,466 + 2,000 rows, the same kind of network;
+* ``nltcs-like``: 16 binary variables, 16,181 + 3,236 rows (NLTCS's shape; the data set
+  itself is not available here).
+
+Each fit is timed warm (a first fit of the same case compiles and loads the kernels, then
+``--repeats`` timed fits; the fastest is kept) and scored on the held-out rows (mean
+log-likelihood per row, nats).  ``--roots A B`` runs each case under several checkouts of the
+project, interleaved (A, B, A, B, ...) in child processes, for before/after figures on a
+shared machine; ``--threads`` sets ``NUMBA_NUM_THREADS`` (and the fit's helper threads) of
+the children.
+
+Usage::
+
+    python bench/learner.py --cases 24 survey --threads 1 2 --roots /path/old /path/new --rounds 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SURVEY_CARDS = (7, 5, 9, 9, 3, 4, 4, 2, 2, 2, 3, 2)
+CASES = {"survey": (SURVEY_CARDS, 13_000, 3_000), "sachs-like": ((3,) * 11, 7_466, 2_000),
+         "nltcs-like": ((2,) * 16, 16_181, 3_236)}
+
+
+def strong_bn(cards, n_parents=2, alpha=0.3, seed=0):
+    """A random Bayesian network with strong dependencies: each variable has up to ``n_parents``
+    parents among the earlier ones, and each row of its conditional table is drawn from a
+    symmetric Dirichlet(``alpha``) (``alpha < 1``: most rows put most mass on one value)."""
+    rng = np.random.default_rng(seed)
+    parents, cpts = [], []
+    for i, k in enumerate(cards):
+        ps = sorted(rng.choice(i, size=min(i, n_parents), replace=False).tolist()) if i else []
+        shape = [cards[p] for p in ps] + [k]
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        cpts.append(rng.dirichlet(np.full(k, alpha), size=rows).reshape(shape))
+        parents.append(ps)
+    return parents, cpts
+
+
+def sample(cards, parents, cpts, n, seed):
+    """``n`` rows by ancestral sampling."""
+    rng = np.random.default_rng(seed)
+    X = np.zeros((n, len(cards)), np.int64)
+    for i, (ps, cpt) in enumerate(zip(parents, cpts)):
+        probs = cpt[tuple(X[:, p] for p in ps)] if ps else np.broadcast_to(cpt, (n, cards[i]))
+        cdf = np.cumsum(probs, axis=1)
+        X[:, i] = np.minimum((rng.random((n, 1)) * cdf[:, -1:] > cdf).sum(axis=1), cards[i] - 1)
+    return X
+
+
+def case_data(case: str, seed: int = 0):
+    """``(train, test, cards)`` of a case."""
+    if case in CASES:
+        cards, n_train, n_test = CASES[case]
+        parents, cpts = strong_bn(cards, seed=seed)
+        return sample(cards, parents, cpts, n_train, seed + 1), sample(cards, parents, cpts, n_test, seed + 2), cards
+    sys.path.insert(0, HERE)
+    from scale import ancestral_sample, random_bn
+
+    cards = (2,) * int(case)
+    parents, cpts = random_bn(cards, 3, 0)
+    return ancestral_sample(cards, parents, cpts, 100_000, 1), ancestral_sample(cards, parents, cpts, 10_000, 2), cards
+
+
+def child(case: str, repeats: int, kw: dict) -> dict:
+    """One case in this process: a warm-up fit, then the timed ones."""
+    from fsll_ooc import FSLL
+
+    Xtr, Xte, cards = case_data(case)
+    FSLL(cardinalities=cards, progress=False, **kw).fit(Xtr[: max(len(Xtr) // 10, 200)])
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        m = FSLL(cardinalities=cards, progress=False, **kw).fit(Xtr)
+        times.append(time.perf_counter() - t0)
+    ll = float(np.mean(m.log_prob(Xte)))
+    return {"case": case, "time": min(times), "times": times, "ll": ll, "terms": int(m.n_bases_),
+            "iters": int(m.n_iter_)}
+
+
+def run_child(root: str, case: str, threads: int, repeats: int, kw: dict) -> dict:
+    env = dict(os.environ, PYTHONPATH=root, NUMBA_NUM_THREADS=str(threads),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", case, "--repeats", str(repeats),
+           "--kw", json.dumps(kw)]
+    out = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return {"case": case, "error": out.stderr.strip().splitlines()[-1:] or ["?"]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def commit_of(root: str) -> str:
+    try:
+        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:
+        return "?"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", nargs="+", default=["24", "survey"])
+    ap.add_argument("--roots", nargs="+", default=[os.path.dirname(HERE)], help="project checkouts to compare")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds over the roots")
+    ap.add_argument("--repeats", type=int, default=2, help="timed fits per child (the fastest is kept)")
+    ap.add_argument("--kw", default="{}", help="FSLL keyword arguments as JSON (default: the defaults)")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    kw = json.loads(args.kw)
+    if args.child:
+        print(json.dumps(child(args.child, args.repeats, kw)))
+        return
+    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load {os.getloadavg()[0]:.2f}, "
+          f"{os.cpu_count()} CPUs; fits {kw or 'default'}")
+    print("| case | threads | root (commit) | round | fit s (best of repeats) | held-out LL | terms | load |")
+    print("|---|---|---|---|---|---|---|---|")
+    for case in args.cases:
+        for threads in args.threads:
+            for rnd in range(args.rounds):
+                for root in args.roots:
+                    r = run_child(root, case, threads, args.repeats, kw)
+                    load = os.getloadavg()[0]
+                    if "error" in r:
+                        print(f"| {case} | {threads} | {root} ({commit_of(root)}) | {rnd} | error: {r['error'][0]} | | | |")
+                        continue
+                    print(f"| {case} | {threads} | {root} ({commit_of(root)}) | {rnd} | {r['time']:.2f} "
+                          f"({', '.join(f'{t:.2f}' for t in r['times'])}) | {r['ll']:.5f} | {r['terms']} | {load:.2f} |",
+                          flush=True)
+
+
+if __name__ == "__main__":
+    main()
