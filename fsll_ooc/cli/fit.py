@@ -80,7 +80,9 @@ def register(sub) -> None:
     p.add_argument("--storage-options", type=common.storage_options, metavar="JSON", help=common.STORAGE_OPTIONS_HELP)
     p.add_argument("--memory-limit", metavar="SIZE",
                    help="memory budget such as 4GiB; the planner picks a chunk layout within it "
-                        "(default: the machine's RAM in core; 2 GiB out of core)")
+                        "(default: in core the machine's RAM; out of core the control group's limit if "
+                        "one is set, else none: the layout with the fewest chunks, whose peak "
+                        "'fsll-ooc plan --out-of-core' shows)")
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="run the chunk passes on a dask.distributed cluster, e.g. tcp://host:8786 "
                         "(every worker must see the --store directory or URL)")
