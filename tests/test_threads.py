@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fsll_ooc import FSLL, datasets
+from fsll_ooc.engine import engine
 from fsll_ooc.executors import DaskExecutor, PoolExecutor, SerialExecutor, make_executor
 from fsll_ooc.kernels import bandops, threadpool
 
@@ -88,11 +89,15 @@ def test_scatter_add_is_add_at():
 
 @pytest.fixture
 def small_pieces(monkeypatch):
-    """The threaded paths on tiny tables: every band split into leaves of 128 cells, on 3 threads."""
+    """The threaded paths on tiny tables: every band split into leaves of 128 cells, score
+    blocks and top-k pieces of a few rows, on 3 threads."""
     monkeypatch.setattr(bandops, "PARALLEL_MIN", 1)
     monkeypatch.setattr(bandops, "LEAF", 128)
-    from fsll_ooc.engine import tasks
+    from fsll_ooc.engine import engine, tasks
+    from fsll_ooc.kernels import scan
     monkeypatch.setattr(tasks, "SCORE_BLOCK", 64)
+    monkeypatch.setattr(engine, "PARALLEL_SCAN_MIN_CELLS", 1)  # the scans' kernels and top-k on threads
+    monkeypatch.setattr(scan, "TOP_PIECE", 32)
     threadpool.set_num_threads(3)
     yield
     threadpool.set_num_threads(None)
@@ -116,6 +121,7 @@ def test_threaded_band_ops_give_the_serial_fit(cards, n, seed, epsilon, small_pi
     _, got = _fit(cards, n, seed, epsilon)
     threadpool.set_num_threads(1)
     bandops.PARALLEL_MIN = 2**62
+    engine.PARALLEL_SCAN_MIN_CELLS = 2**62
     _, want = _fit(cards, n, seed, epsilon)
     assert (got.cost_, got.log_z_, got.n_iter_, got.theta_) == (want.cost_, want.log_z_, want.n_iter_, want.theta_)
 
@@ -231,7 +237,9 @@ def test_engine_stats_are_a_snapshot(tmp_path):
     eng.update_scan(None, np.zeros(0, np.int64))
     eng.sweep(np.zeros(1, np.int64), np.zeros(1), float(np.log(24)), np.arange(3))
     st = eng.stats
-    assert (st.passes, st.sweeps, st.gathers) == (eng.passes, eng.sweeps, 0) and st.passes >= 3 and st.sweeps == 1
+    # the setup (targets and the duals of theta = 0) in one pass, then the scan
+    assert (st.passes, st.sweeps, st.gathers) == (eng.passes, eng.sweeps, 0) == (2, 1, 0)
+    assert eng.passes_by(3) == {"other/A/task_fill_and_uniform_duals": 1, "other/A/task_update_scan": 1}
     assert st.bytes_moved == eng.bytes_moved > 0
     assert st.table_seconds == st.pass_seconds + st.sweep_seconds > 0
     assert st.host_share(st.table_seconds * 2) == pytest.approx(0.5)
@@ -240,3 +248,24 @@ def test_engine_stats_are_a_snapshot(tmp_path):
     assert eng.stats.gathers == 1 and st.gathers == 0  # a snapshot: the old one stays as it was
     with pytest.raises(AttributeError):
         st.passes = 0
+
+
+@pytest.mark.parametrize("shape,k,skip", [((37, 19), 5, 0), ((8, 64), 12, -1), ((200, 3), 40, 0), ((5, 7), 50, -1)])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_top_appends_on_threads_keep_the_same_candidates(shape, k, skip, n_threads, monkeypatch):
+    """The threaded top-k (pieces of a few rows, merged) is the one-thread kernel's, ties included."""
+    from fsll_ooc.kernels import scan
+
+    monkeypatch.setattr(scan, "TOP_PIECE", 16)
+    rng = np.random.default_rng(sum(shape) + k)
+    P, Q = shape
+    t = rng.uniform(-0.6, 0.6, shape)
+    d = np.where(rng.random(shape) < 0.3, t, rng.uniform(-0.9, 0.9, shape))
+    d[1::3] = d[0]  # repeated rows: equal changes, decided by position
+    t[1::3] = t[0]
+    rP, rQ = np.zeros(P), rng.uniform(0.0, 0.05, Q)
+    want = scan.top_appends(t, d, rP, rQ, 0.01, k, skip)
+    got = scan.top_appends_threads(t, d, rP, rQ, 0.01, k, skip, n_threads)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    assert (want[1] >= 0).sum() > 0

@@ -27,7 +27,8 @@ from ..kernels import ahead
 from ..kernels import scan as scan_kernels
 from ..planner import Layout
 from .bands import global_to_band, n_bands
-from .tasks import (DBAR, SCRATCH, THETABAR, Context, ScanResult, Step, Table, combine, task_fill, task_gather,
+from .tasks import (DBAR, SCRATCH, THETABAR, Context, ScanResult, Step, Table, combine, task_fill,
+                    task_fill_and_uniform_duals, task_gather,
                     task_map, task_partner, task_top_candidates, task_uniform_duals, task_update_many,
                     task_update_scan)
 
@@ -128,8 +129,7 @@ class Engine:
             if ahead.start(scan_kernels.__name__) and progress:
                 print("fsll-ooc: compiling the kernels (the first fit after installing; later runs load "
                       "them)", file=sys.stderr, flush=True)
-            engine.compute_targets(sample_flat, n_samples)
-            engine.init_duals()
+            engine.compute_targets(sample_flat, n_samples, init_duals=True)
         return engine
 
     @property
@@ -220,13 +220,15 @@ class Engine:
         return out
 
     # -- passes
-    def compute_targets(self, sample_flat: np.ndarray, n_samples: int, weights: np.ndarray | None = None) -> None:
+    def compute_targets(self, sample_flat: np.ndarray, n_samples: int, weights: np.ndarray | None = None,
+                        init_duals: bool = False) -> None:
         """``dbar = T(q)`` with ``q = (counts + 1/|X|) / (N + 1)``: the positivity rule of
         :mod:`fsll_ooc.cost` (one pseudo-sample spread uniformly).
 
         ``weights``: soft counts (EM, :mod:`fsll_ooc.missing`): ``sample_flat`` are then
         distinct cells and ``weights`` their (real, non-negative) counts, summing to
-        ``n_samples``."""
+        ``n_samples``.  ``init_duals``: the same pass also writes the duals of ``theta = 0``
+        (:meth:`init_duals`) into its bands: a new fit's setup in one pass fewer."""
         L = self.layout
         if weights is None:
             flat, counts = np.unique(np.asarray(sample_flat, np.int64), return_counts=True)
@@ -240,7 +242,7 @@ class Engine:
             loc, _, val = groups.get(i, (empty[0], None, empty[1]))
             return (self.ctx, "A", i, DBAR, loc, val, ops_a)
 
-        self._run("A", task_fill, arg)
+        self._run("A", task_fill_and_uniform_duals if init_duals else task_fill, arg)
         if L.a > 0:
             self._run("B", task_map, lambda i: (self.ctx, "B", i, DBAR, DBAR, (("T", tuple(range(L.a)), False),)))
 
@@ -530,5 +532,6 @@ class Engine:
 
 
 #: Whole tables each kind of band pass reads plus writes (for ``Engine.bytes_moved``).
-_TABLES_MOVED = {task_fill: 1, task_uniform_duals: 1, task_map: 2, task_partner: 2, task_update_scan: 3,
+_TABLES_MOVED = {task_fill: 1, task_fill_and_uniform_duals: 2, task_uniform_duals: 1, task_map: 2, task_partner: 2,
+                 task_update_scan: 3,
                  task_update_many: 3}

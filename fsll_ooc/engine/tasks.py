@@ -22,7 +22,8 @@ from ..planner import Layout
 from .bands import band_geometry, band_key, band_vars, fixed_digits, local_to_global, xor_mask, xor_perm
 
 __all__ = ["Table", "DBAR", "THETABAR", "SCRATCH", "Context", "ScanResult", "Step", "combine", "uniform_dual_vector",
-           "task_fill", "task_uniform_duals", "task_map", "task_update_scan", "task_partner", "task_gather",
+           "task_fill", "task_fill_and_uniform_duals", "task_uniform_duals", "task_map", "task_update_scan",
+           "task_partner", "task_gather",
            "task_top_candidates", "task_update_many", "second_order_top"]
 
 
@@ -227,6 +228,14 @@ def task_uniform_duals(ctx: Context, kind: str, idx: int) -> ScanResult:
             band = np.multiply.outer(band, uniform_dual_vector(ctx.cards[v]))
     storage.write(ctx.specs[THETABAR], band_key(ctx.layout, kind, idx), np.ascontiguousarray(band))
     return ScanResult()
+
+
+def task_fill_and_uniform_duals(ctx: Context, kind: str, idx: int, table: Table, local: np.ndarray,
+                                values: np.ndarray, ops: tuple) -> ScanResult:
+    """:func:`task_uniform_duals` and :func:`task_fill` of the same band in one task (a new
+    fit's setup: the duals of ``theta = 0`` and the targets, in one pass)."""
+    task_uniform_duals(ctx, kind, idx)
+    return task_fill(ctx, kind, idx, table, local, values, ops)
 
 
 def task_map(ctx: Context, kind: str, idx: int, src: Table, dst: Table, ops: tuple) -> ScanResult:
@@ -446,7 +455,8 @@ def task_update_many(ctx: Context, kind: str, idx: int, steps: tuple, supp_local
         _update_band(ctx, kind, key, geom, t, d, r_const, step, THETABAR, step.axes, -math.inf, skip, parallel)
     if (steps or multiplier is not None or source is not None) and not in_place:
         storage.write(ctx.specs[THETABAR], key, t.reshape(geom.shape))
-    val, pos = kernels.top_appends(t, d, geom.rP, geom.rQ, r_const, max(int(top), 1), skip)
+    val, pos = kernels.top_appends_threads(t, d, geom.rP, geom.rQ, r_const, max(int(top), 1), skip,
+                                           threadpool.num_threads() if parallel else 1)
     used = pos >= 0
     val, pos = val[used], pos[used]
     tf, df = t.reshape(-1), d.reshape(-1)

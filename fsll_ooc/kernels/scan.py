@@ -62,6 +62,7 @@ from numba.core.extending import intrinsic
 from . import ahead, threadpool
 
 __all__ = ["update_scan_xor", "update_scan_perm", "update_scan_explicit", "reduce_rows", "support_moves",
+           "top_appends_threads",
            "top_appends", "warmup", "fit_kernels", "ahead_kernels", "PassArgs", "SUB", "CHUNK", "BLOCK_CELLS"]
 
 SUB = 64  # cells per branch-free bound test
@@ -572,6 +573,40 @@ def top_appends(t, d, rP, rQ, r_const, k, skip):
             pos[i:j + 1] = seg[o]
         i = j + 1
     return val, pos
+
+
+#: :func:`top_appends_threads` gives each piece about this many cells (whole rows).
+TOP_PIECE = 2**17
+
+
+def top_appends_threads(t, d, rP, rQ, r_const, k, skip, n_threads):
+    """:func:`top_appends` of the whole block on ``n_threads`` threads: each piece of rows
+    (about :data:`TOP_PIECE` cells) keeps its own ``k`` best, and the pieces' candidates are
+    merged by change, then position, into the same ``k`` (``top_appends`` keeps the same set
+    for every block decomposition)."""
+    P, Q = t.shape
+    rows = max(1, TOP_PIECE // max(Q, 1))
+    starts = list(range(0, P, rows))
+    if n_threads <= 1 or len(starts) <= 1:
+        return top_appends(t, d, rP, rQ, r_const, k, skip)
+    parts = [None] * len(starts)
+
+    def piece(i):
+        p0 = starts[i]
+        p1 = min(P, p0 + rows)
+        off = np.int64(p0) * Q
+        sk = skip - off if 0 <= skip - off < (p1 - p0) * Q else -1
+        val, pos = top_appends(t[p0:p1], d[p0:p1], rP[p0:p1], rQ, r_const, k, np.int64(sk))
+        used = pos >= 0
+        parts[i] = (val[used], pos[used] + off)
+
+    threadpool.parallel_for(n_threads, len(starts), piece)
+    val = np.concatenate([v for v, _ in parts])
+    pos = np.concatenate([q for _, q in parts])
+    order = np.lexsort((pos, val))[:k]
+    out_val, out_pos = np.zeros(k), np.full(k, -1, dtype=np.int64)
+    out_val[:order.size], out_pos[:order.size] = val[order], pos[order]
+    return out_val, out_pos
 
 
 def _example_pass() -> PassArgs:
