@@ -254,7 +254,7 @@ def test_passes_counted_by_purpose(layout):
     state.penalty_code = "family"
     learn(eng, state, LearnOptions(batch=batch.BatchOptions(max_cells=20)))
     by = eng.passes_by()
-    assert sum(by.values()) == eng.passes and by["other"] >= 3  # the setup passes and the first scan
+    assert sum(by.values()) == eng.passes and by["other"] >= 2  # the setup pass(es) and the first scan
     assert by.get("batch", 0) + by.get("batch-span", 0) + by.get("batch-refine", 0) >= 1
     assert by.get("refine", 0) + by.get("batch-refine", 0) >= 1
     fine = eng.passes_by(3)
