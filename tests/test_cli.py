@@ -438,6 +438,37 @@ def test_fit_out_of_core_and_use_the_store(capsys, data_csv, tmp_path):
                        "cannot read 'x' as a size")
 
 
+def test_resume_takes_a_memory_limit(capsys, data_csv, tmp_path, monkeypatch):
+    """`resume --memory-limit` replaces the fit's own limit for that run, as FSLL.resume does."""
+    from fsll_ooc import FSLL
+    from fsll_ooc.storage.fit_store import FitStore
+
+    store = tmp_path / "s"
+    orig, calls = FitStore.write_state, [0]
+
+    def write_state(self, *a):
+        orig(self, *a)
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt  # as a user's Ctrl-C
+
+    monkeypatch.setattr(FitStore, "write_state", write_state)
+    assert run(capsys, "fit", data_csv, "-o", tmp_path / "m.json", "--store", store, "--quiet")[0] == 130
+    monkeypatch.undo()
+    assert_usage_error(*run(capsys, "resume", store, "--memory-limit", "lots"), "cannot read 'lots' as a size")
+    seen, resume = [], FSLL.resume.__func__
+
+    def spy(cls, *a, **k):
+        seen.append(k.get("memory_limit"))
+        return resume(cls, *a, **k)
+
+    monkeypatch.setattr(FSLL, "resume", classmethod(spy))
+    rc, _, _ = run(capsys, "resume", store, "--memory-limit", "2GiB", "-o", tmp_path / "m.json", "--quiet")
+    assert rc == 0 and seen == [2 * 2**30]
+    monkeypatch.undo()
+    assert FSLL.load(tmp_path / "m.json").theta_ == FSLL.resume(store, progress=False).theta_
+
+
 def test_labels_of_a_cli_fit_live_in_its_store(capsys, data_csv, tmp_path, monkeypatch):
     """A CLI fit stopped midway and resumed in Python keeps its names and labels; a later
     library fit into the same store does not show them."""

@@ -23,6 +23,8 @@ def register(sub) -> None:
                    help="rebuild the tables from the data kept in the store and fit again (for a store "
                         "whose tables were damaged)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="run the passes on a dask.distributed cluster")
+    p.add_argument("--memory-limit", metavar="SIZE",
+                   help="memory budget such as 4GiB for this run, in place of the one the fit was started with")
     p.add_argument("--storage-options", type=common.storage_options, metavar="JSON", help=common.STORAGE_OPTIONS_HELP)
     p.add_argument("--force", action="store_true", help="replace MODEL even if fsll-ooc did not write it")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -31,7 +33,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..planner import PlanError
+    from ..planner import PlanError, parse_bytes
 
     from ..storage.url_store import local_path
 
@@ -41,13 +43,16 @@ def run(args) -> int:
         raise DataError(f"'{args.store}' is not an fsll-ooc store (no fit state in it)")
     if args.out is not None:
         common.check_output(args.out, "model", args.force, kind="model", store=args.store)
+    with common.user_input():
+        memory = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
     common.RESUME_STORE = (args.store, args.out)
     client = common.connect(args.scheduler) if args.scheduler else None
     t0 = time.perf_counter()
     try:
         with common.user_input():
             model = common.model_class().resume(args.store, scheduler=client, progress=common.show_progress(args),
-                                          restart=args.restart, storage_options=args.storage_options)
+                                          restart=args.restart, memory_limit=memory,
+                                          storage_options=args.storage_options)
     except PlanError as exc:
         raise DataError(str(exc)) from exc
     finally:
