@@ -438,9 +438,8 @@ def test_fit_out_of_core_and_use_the_store(capsys, data_csv, tmp_path):
                        "cannot read 'x' as a size")
 
 
-def test_resume_takes_a_memory_limit(capsys, data_csv, tmp_path, monkeypatch):
-    """`resume --memory-limit` replaces the fit's own limit for that run, as FSLL.resume does."""
-    from fsll_ooc import FSLL
+def _interrupted_cli_fit(capsys, data_csv, tmp_path, monkeypatch):
+    """The store of a CLI fit stopped by a Ctrl-C after its third state write."""
     from fsll_ooc.storage.fit_store import FitStore
 
     store = tmp_path / "s"
@@ -455,6 +454,14 @@ def test_resume_takes_a_memory_limit(capsys, data_csv, tmp_path, monkeypatch):
     monkeypatch.setattr(FitStore, "write_state", write_state)
     assert run(capsys, "fit", data_csv, "-o", tmp_path / "m.json", "--store", store, "--quiet")[0] == 130
     monkeypatch.undo()
+    return store
+
+
+def test_resume_takes_a_memory_limit(capsys, data_csv, tmp_path, monkeypatch):
+    """`resume --memory-limit` replaces the fit's own limit for that run, as FSLL.resume does."""
+    from fsll_ooc import FSLL
+
+    store = _interrupted_cli_fit(capsys, data_csv, tmp_path, monkeypatch)
     assert_usage_error(*run(capsys, "resume", store, "--memory-limit", "lots"), "cannot read 'lots' as a size")
     seen, resume = [], FSLL.resume.__func__
 
@@ -473,20 +480,8 @@ def test_labels_of_a_cli_fit_live_in_its_store(capsys, data_csv, tmp_path, monke
     """A CLI fit stopped midway and resumed in Python keeps its names and labels; a later
     library fit into the same store does not show them."""
     from fsll_ooc import FSLL
-    from fsll_ooc.storage.fit_store import FitStore
 
-    store = tmp_path / "s"
-    orig, calls = FitStore.write_state, [0]
-
-    def write_state(self, *a):
-        orig(self, *a)
-        calls[0] += 1
-        if calls[0] == 3:
-            raise KeyboardInterrupt  # as a user's Ctrl-C
-
-    monkeypatch.setattr(FitStore, "write_state", write_state)
-    assert run(capsys, "fit", data_csv, "-o", tmp_path / "m.json", "--store", store, "--quiet")[0] == 130
-    monkeypatch.undo()
+    store = _interrupted_cli_fit(capsys, data_csv, tmp_path, monkeypatch)
     assert not (tmp_path / "m.json").exists() and not (store / "fsll_cli_labels.json").exists()
     m = FSLL.resume(store, progress=False)
     assert m.feature_names_in_ == ["colour", "size", "ok"]
