@@ -598,6 +598,16 @@ def _runnable(path: Path) -> bool:
     return any(b.lang in ("python", "bash") and not b.skip for b in parse(path))
 
 
+def _keep_pictures(drawn_in: Path, pictures: dict, stored: dict) -> None:
+    """Copy the pictures whose data changed (or that are missing) into docs/ and record their data;
+    a picture whose data did not change keeps its PNG (pixels vary between matplotlib versions)."""
+    for name, data in pictures.items():
+        if compare_figure(stored.get(name), data, "") is not None or not (DOCS / name).is_file():
+            (DOCS / name).parent.mkdir(exist_ok=True)
+            shutil.copy2(drawn_in / name, DOCS / name)
+    save_figure_data({k: v for k, v in pictures.items() if compare_figure(stored.get(k), v, "") is not None})
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", help="Markdown files in docs/ (default: all, and README.md)")
@@ -629,10 +639,7 @@ def main(argv=None) -> int:
                 print("\n".join(f"DIFFERS {d}" for d in diffs) if diffs else f"ok      {f.name}")
                 continue
             changed = rewrite_outputs(f, result)
-            for k in pictures:
-                (DOCS / "img").mkdir(exist_ok=True)
-                shutil.copy2(Path(tmp) / k, DOCS / k)
-            save_figure_data(pictures)
+            _keep_pictures(Path(tmp), pictures, stored)
             print(f"{'updated' if changed else 'ok     '} {f.name}"
                   + (f" ({len(pictures)} picture(s) -> docs/img/)" if pictures else ""))
     if args.figures or not args.files:
@@ -640,14 +647,10 @@ def main(argv=None) -> int:
             drawn = draw_bench_figures(Path(tmp))
             for name, data in drawn.items():
                 why = compare_figure(stored.get(name), data, "")
-                if args.check:
-                    failed |= why is not None
-                    print(f"DIFFERS {name}{why}" if why else f"ok      {name}")
-                else:
-                    shutil.copy2(Path(tmp) / name, DOCS / name)
+                failed |= args.check and why is not None
+                print(f"{('DIFFERS' if args.check else 'redrawn') if why else 'ok     '} {name}{why or ''}")
             if not args.check:
-                save_figure_data(drawn)
-                print(f"drew    {', '.join(drawn)}")
+                _keep_pictures(Path(tmp), drawn, stored)
     return 1 if failed else 0
 
 
