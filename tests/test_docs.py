@@ -348,6 +348,30 @@ def test_benchmark_figures_name_script_machine_load_and_commit():
     assert not problems, "\n".join(problems)
 
 
+def _provenance(text: str) -> tuple[bool, bool, bool]:
+    commits = [h for h in HASH.findall(text) if re.search(r"\d", h) and re.search(r"[a-f]", h)]
+    return bool(re.search(r"bench/\w+\.py", text)), bool(commits), bool(re.search(r"\bload\b", text))
+
+
+def test_benchmark_tables_name_script_commit_and_load():
+    """Every table of measurements on the benchmark pages has, in its subsection, its section's
+    opening or the page's opening, the script that measured it, a commit and the load."""
+    problems = []
+    for path in sorted(DOCS.glob("benchmarks*.md")):
+        text = _text(path)
+        preamble = re.split(r"^## ", text, flags=re.M)[0]
+        for heading, body in _sections(text)[1:]:
+            parts = re.split(r"^(### .+)$", body, flags=re.M)
+            for sub, part in [(heading, parts[0])] + list(zip(parts[1::2], parts[2::2])):
+                if "|---" not in part:
+                    continue
+                found = [any(t) for t in zip(_provenance(part), _provenance(parts[0]), _provenance(preamble))]
+                missing = [what for what, ok in zip(("the bench/ script", "the commit", "the load"), found) if not ok]
+                if missing:
+                    problems.append(f"{path.name}, {sub.strip()}: does not name {' or '.join(missing)}")
+    assert not problems, "\n".join(problems)
+
+
 def test_reliability_promises_cite_tests_that_exist():
     text = _text(DOCS / "reliability.md")
     start = text.index("\n## 5.")
