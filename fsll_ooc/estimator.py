@@ -296,6 +296,21 @@ class FSLL(queries.QueryMethods):
             missing.finished_attributes(m, fs)
         return m
 
+    # ------------------------------------------------------------------ read-only views
+    @property
+    def fit_state_(self) -> FitState:
+        """The fitted learner state (parameters, targets on the support, history, penalty),
+        for inspection: the model reads it, so changing it changes the model."""
+        self._check_fitted()
+        return self._state
+
+    @property
+    def engine_(self):
+        """The engine over the fitted tables (what answers queries), for inspection; ``None``
+        for a model read from a file."""
+        self._check_fitted()
+        return self._engine
+
     # ------------------------------------------------------------------ using the model
     def _check_fitted(self):
         if not hasattr(self, "theta_"):

@@ -48,7 +48,7 @@ def test_members_are_fits_on_distinct_four_fifths(avg, codes):
     assert [m.n_samples_ for m in avg.members_] == [480] * 3
     tables = [brute_member(m) for m in avg.members_]
     assert all(m.n_bases_ > 0 for m in avg.members_)
-    assert all(m._engine is None for m in avg.members_)  # in core the members' working tables are dropped
+    assert all(m.engine_ is None for m in avg.members_)  # in core the members' working tables are dropped
     assert max(np.abs(tables[0] - t).max() for t in tables[1:]) > 1e-4  # different rows, different models
     again = FSLLAverage(n_members=3, random_state=5, progress=False).fit(codes)  # seeded: repeatable
     np.testing.assert_array_equal(again.probabilities(), avg.probabilities())

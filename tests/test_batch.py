@@ -316,7 +316,7 @@ def test_batched_default_fit_under_the_family_code():
     p, _ = datasets.random_bayesnet(cards, 2, seed=7)
     X = datasets.sample_table(p, n, seed=107)
     m = FSLL(cardinalities=cards, progress=False, learn_options=LearnOptions(batch=True)).fit(X)
-    assert m._state.penalty_code == "family" and any("batch" in h for h in m.history_)
+    assert m.fit_state_.penalty_code == "family" and any("batch" in h for h in m.history_)
     Phi, q = oracle.phi_matrix(cards), oracle.target(X, cards)
     theta = np.zeros(math.prod(cards))
     for y, v in m.theta_.items():

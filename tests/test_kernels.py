@@ -257,7 +257,7 @@ def test_uniform_duals_equal_the_outer_product(cards):
 
     X = np.random.default_rng(0).integers(0, 2, size=(50, len(cards)))
     m = FSLL(cardinalities=cards, epsilon=1e-4, max_iter=0, progress=False).fit(X)
-    got = np.array(storage.open_table(m._engine.ctx.spec(Table.THETABAR)))
+    got = np.array(storage.open_table(m.engine_.ctx.spec(Table.THETABAR)))
     want = np.full((), 1.0)
     for k in cards:
         want = np.multiply.outer(want, tasks.uniform_dual_vector(k))

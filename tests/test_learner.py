@@ -106,12 +106,12 @@ def test_log_prob_and_probabilities_match_theta():
     # data (the path taken when a target is missing) gives the same number
     flat = np.ravel_multi_index(tuple(X.T), cards)
     _, cnt = np.unique(flat, return_counts=True)
-    saved = dict(m._state.dbar)
-    m._state.dbar.clear()
+    saved = dict(m.fit_state_.dbar)
+    m.fit_state_.dbar.clear()
     try:
         assert fitting.kl_data(m, flat, cnt, len(X)) == pytest.approx(m.kl_data_, abs=1e-12)
     finally:
-        m._state.dbar.update(saved)
+        m.fit_state_.dbar.update(saved)
 
 
 def test_cost_monotone_and_history_consistent():
@@ -136,7 +136,7 @@ def test_incremental_duals_agree_with_exact_resync():
         assert a.theta_[y] == pytest.approx(b.theta_[y], abs=1e-10)
     assert a.log_z_ == pytest.approx(b.log_z_, abs=1e-10)
     # and the incremental table itself matches a transform of p_theta
-    tb = b._engine.ctx.spec(Table.THETABAR).array
+    tb = b.engine_.ctx.spec(Table.THETABAR).array
     exact = basis.transform(b.probabilities())
     np.testing.assert_allclose(tb, exact, atol=1e-10)
 
@@ -161,8 +161,8 @@ def test_unseen_categories_and_constant_columns_stay_positive():
 def test_fit_state_json_roundtrip():
     X, _ = _data((2, 3), 100, 1)
     m = FSLL(progress=False).fit(X)
-    s = FitState.from_json(m._state.to_json())
-    assert s.theta == m._state.theta and s.cost() == pytest.approx(m.cost_)
+    s = FitState.from_json(m.fit_state_.to_json())
+    assert s.theta == m.fit_state_.theta and s.cost() == pytest.approx(m.cost_)
 
 
 @pytest.mark.parametrize("bad,msg", [
@@ -228,7 +228,7 @@ def _started(X, cards):
     """An engine with its targets and uniform duals, and the state of a fit at iteration 0."""
     m = FSLL(cardinalities=cards, epsilon=1e-4, max_iter=0, progress=False).fit(X)
     assert m.n_iter_ == 0 and not m.theta_
-    return m._engine, m._state
+    return m.engine_, m.fit_state_
 
 
 def test_learn_options_reach_the_learner():
@@ -238,7 +238,7 @@ def test_learn_options_reach_the_learner():
     eng, st = _started(X, cards)
     learn(eng, st, LearnOptions(epsilon=1e-4))
     ref = FSLL(cardinalities=cards, epsilon=1e-4, progress=False).fit(X)
-    assert st.theta == ref._state.theta and st.cost() == ref.cost_ and st.n_iter == ref.n_iter_
+    assert st.theta == ref.fit_state_.theta and st.cost() == ref.cost_ and st.n_iter == ref.n_iter_
     # the default options (FSLL's defaults) use corrective phases and the joint selection ...
     eng, st = _started(X, cards)
     learn(eng, st)

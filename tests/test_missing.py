@@ -235,7 +235,7 @@ def test_em_objective_never_increases(data, em_model):
     assert len(objs) >= 3 and em_model.em_converged_
     assert all(b <= a + 1e-12 * abs(a) for a, b in zip(objs, objs[1:]))
     assert objs[-1] < objs[0]
-    assert em_model._state.penalty_code == "family"  # the code of an ordinary default fit
+    assert em_model.fit_state_.penalty_code == "family"  # the code of an ordinary default fit
     assert math.isclose(em_model.em_objective_, _brute_objective(em_model, Xm), rel_tol=1e-10)
     # the family code is shorter than the paper's for a support with several terms in a family
     assert _brute_objective(em_model, Xm, "paper") > em_model.em_objective_
@@ -248,7 +248,7 @@ def test_em_objective_never_increases(data, em_model):
 def test_em_uses_a_numeric_penalty_scale(data, em_model, scale):
     _, Xm = data
     m = FSLL(progress=False, missing="em", penalty_scale=scale).fit(Xm)
-    assert m._state.penalty_scale == scale and m.penalty_scale_ == scale
+    assert m.fit_state_.penalty_scale == scale and m.penalty_scale_ == scale
     objs = [h["objective"] for h in m.em_history_]
     assert all(b <= a + 1e-12 * abs(a) for a, b in zip(objs, objs[1:]))
     assert math.isclose(m.em_objective_, _brute_objective(m, Xm, scale=scale), rel_tol=1e-10)
@@ -271,12 +271,12 @@ def test_em_with_hidden_objective_never_increases(penalty):
     assert all(b <= a + 1e-12 * abs(a) for a, b in zip(objs, objs[1:]))
     Xh = np.c_[X, np.full(len(X), M.MISSING)]
     kind = penalty or "family"
-    assert m._state.penalty_code == kind
+    assert m.fit_state_.penalty_code == kind
     assert math.isclose(m.em_objective_, _brute_objective(m, Xh, kind), rel_tol=1e-10)
 
 
 def test_soft_targets_equal_the_transform_of_the_weighted_cells(em_model):
-    eng = em_model._engine
+    eng = em_model.engine_
     size = math.prod(CARDS)
     rng = np.random.default_rng(0)
     cells = np.sort(rng.choice(size, 50, replace=False))

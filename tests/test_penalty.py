@@ -68,7 +68,7 @@ def test_paper_epsilon_keeps_the_paper_cost():
     X, _ = _data(cards, n, 0)
     want, costs = oracle.learn(X, cards)
     m = FSLL(cardinalities=cards, epsilon=1e-4, progress=False).fit(X)
-    assert m._state.penalty_code == "paper"
+    assert m.fit_state_.penalty_code == "paper"
     flat = {int(np.ravel_multi_index(y, cards)): v for y, v in m.theta_.items()}
     assert set(flat) == set(np.nonzero(want)[0].tolist())
     assert m.cost_ == pytest.approx(costs[-1], abs=1e-10)
@@ -84,7 +84,7 @@ def test_family_fit_is_an_axis_minimum_of_the_family_cost(cards, n, seed):
     code's change) gains epsilon."""
     X, _ = _data(cards, n, seed)
     m = FSLL(cardinalities=cards, progress=False).fit(X)
-    assert m._state.penalty_code == "family"
+    assert m.fit_state_.penalty_code == "family"
     eps = auto_epsilon(n)
     Phi = oracle.phi_matrix(cards)
     q = oracle.target(X, cards)
@@ -113,13 +113,13 @@ def test_family_code_survives_resume_save_and_load(tmp_path, monkeypatch):
 
     X, _ = _data((3, 4, 2, 5), 3000, 4)
     ref = FSLL(progress=False, penalty_scale=1.0).fit(X)  # a fit from scratch, long enough to stop in
-    assert any(h["move"] == "append" for h in ref.history_) and ref._state.penalty_code == "family"
+    assert any(h["move"] == "append" for h in ref.history_) and ref.fit_state_.penalty_code == "family"
     interrupts.stop_after(monkeypatch, 6)
     with pytest.raises(interrupts.Crash):
         FSLL(progress=False, penalty_scale=1.0, store=tmp_path / "s", layout=(1, 2), scheduler="serial").fit(X)
     monkeypatch.undo()
     m = FSLL.resume(tmp_path / "s", progress=False)
-    assert m._state.penalty_code == "family"
+    assert m.fit_state_.penalty_code == "family"
     assert set(m.theta_) == set(ref.theta_) and m.cost_ == pytest.approx(ref.cost_, abs=1e-10)
     paper = FSLL(penalty="paper", penalty_scale=ref.penalty_scale_, progress=False).fit(X)
     assert paper.cost_ > ref.cost_  # the family code is never longer than the paper's for one support

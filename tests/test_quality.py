@@ -129,7 +129,7 @@ def test_refine_reaches_the_support_optimum_and_never_raises_cost():
     cards = (3, 4, 2, 5)
     X, _ = _data(cards, 3000, 4, n_parents=3)
     m = FSLL(cardinalities=cards, epsilon=1e-3, progress=False).fit(X)  # a coarse greedy fit
-    st, eng = m._state, m._engine
+    st, eng = m.fit_state_, m.engine_
     before = st.cost()
     rr = corrective.refine(eng, st, tol=1e-14, max_rounds=30)
     assert rr.rounds >= 1 and rr.delta < 0 and st.cost() == pytest.approx(before + rr.delta, abs=1e-12)
@@ -151,7 +151,7 @@ def test_top_candidates_match_dense_scores():
     cards = (2, 3, 4, 5)
     X, _ = _data(cards, 500, 8)
     m = FSLL(cardinalities=cards, epsilon=1e-3, progress=False).fit(X)
-    eng = m._engine
+    eng = m.engine_
     t = eng.ctx.spec(Table.THETABAR).array.reshape(-1)
     d = eng.ctx.spec(Table.DBAR).array.reshape(-1)
     r = oracle.r_vec(cards, 500)
@@ -190,7 +190,7 @@ def test_joint_selection_from_closure_candidates_lowers_the_exact_cost():
     n = 20000
     X = datasets.sample_table(p, n, seed=6)
     m = FSLL(cardinalities=cards, epsilon=3e-3, refine="final", progress=False).fit(X)
-    st, eng = m._state, m._engine
+    st, eng = m.fit_state_, m.engine_
     support = np.array(list(st.theta), dtype=np.int64)
     sets = [_axes(cards, y) for y in support]
     eps = auto_epsilon(n)
@@ -212,7 +212,7 @@ def test_joint_selection_bounds_the_candidate_support_pairs(monkeypatch):
     p, _ = datasets.random_bayesnet(cards, 2, seed=5)
     X = datasets.sample_table(p, 20000, seed=6)
     m = FSLL(cardinalities=cards, epsilon=3e-3, refine="final", progress=False).fit(X)
-    st, eng = m._state, m._engine
+    st, eng = m.fit_state_, m.engine_
     size = len(st.theta)
     monkeypatch.setattr(corrective, "MAX_CROSS_PAIRS", 10 * size)
     ja = corrective.joint_append(eng, st, epsilon=1.0, tol=1e-5, n_candidates=4, n_closure=500)
