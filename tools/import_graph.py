@@ -8,6 +8,7 @@ reported.
 
     python tools/import_graph.py          # the report
     python tools/import_graph.py --dot    # the graph for graphviz
+    python tools/import_graph.py --map    # every module: layer, lines, job (docs/design.md)
 """
 from __future__ import annotations
 
@@ -184,8 +185,32 @@ def unplaced(graph: dict[str, set]) -> list[str]:
     return sorted(m for m in graph if layer_of(m) is None)
 
 
+def job(path: Path) -> str:
+    """The first sentence of a module's docstring (its job), on one line."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    text = " ".join(doc.split("\n\n")[0].split())
+    cut = text.find(". ")
+    return text if cut < 0 else text[:cut + 1]
+
+
+def package_map(root: Path = ROOT) -> str:
+    """A markdown table of every module: its layer, lines and job, lowest layer first."""
+    mods = modules(root)
+    rows = sorted(mods, key=lambda m: (layer_of(m) if layer_of(m) is not None else -1, m))
+    out = ["| layer | module | lines | job |", "|---|---|---|---|"]
+    for m in rows:
+        i = layer_of(m)
+        name = str(mods[m].relative_to(root / PACKAGE))
+        lines = len(mods[m].read_text().splitlines())
+        out.append(f"| {LAYERS[i][0] if i is not None else '?'} | `{name}` | {lines} | {job(mods[m]).replace('|', '/')} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--map" in argv:
+        print(package_map())
+        return 0
     graph = edges()
     if "--dot" in argv:
         print("digraph fsll_ooc {")
