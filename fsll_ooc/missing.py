@@ -46,6 +46,7 @@ on a dense in-core table and on a model whose table is a dask array over a store
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -442,7 +443,7 @@ def _unnum(x, default: float) -> float:
 
 def run_em(learner, rows: np.ndarray, counts: np.ndarray, cards: Sequence[int], *, n_hidden: int = 0, tol: float,
            max_rounds: int = 100, seed=None, progress: Callable[[dict], None] | None = None, keeper=None,
-           resume: dict | None = None) -> EMResult:
+           resume: dict | None = None, warm: bool = False) -> EMResult:
     """EM from the first round's model (:func:`initial_model` with ``seed``) to convergence.
 
     ``rows`` (``-1`` at missing cells and hidden columns) occur ``counts`` times
@@ -460,6 +461,10 @@ def run_em(learner, rows: np.ndarray, counts: np.ndarray, cards: Sequence[int], 
     ``keeper`` (out of core: the store) is told each round's soft counts before the
     M-step (``soft``) and the end of each M-step (``m_done``); ``resume`` is what it
     kept (:meth:`StoreKeeper.resume_run`), to continue a run from there.
+
+    ``warm``: the learner's state holds the first round's model already (a warm start,
+    :meth:`MStep.start_from`, or a run continued under another penalty scale), so the
+    first E-step reads that model instead of :func:`initial_model`'s (``seed`` unused).
     """
     cards = tuple(int(k) for k in cards)
     N = int(np.asarray(counts).sum())
@@ -468,9 +473,14 @@ def run_em(learner, rows: np.ndarray, counts: np.ndarray, cards: Sequence[int], 
     res = EMResult(learner=learner, seed=None if seed is None else int(seed))
     t0 = time.perf_counter()
     if resume is None:
-        first = initial_values(initial_model(rows, counts, cards, n_hidden, seed), cards, n_hidden, needed)
+        shift = None
+        if warm:  # the E-step of the model the learner holds (its duals re-derived on the way)
+            shift = learner.state.log_z
+            first = learner.values(needed)
+        else:
+            first = initial_values(initial_model(rows, counts, cards, n_hidden, seed), cards, n_hidden, needed)
         cells, weights, _, _ = soft_counts(groups, cards, needed, first)
-        prev, before, shift, phase = math.inf, learner.n_iter, None, "m-step"
+        prev, before, phase = math.inf, learner.n_iter, "m-step"
         if keeper is not None:
             keeper.soft(learner, res, cells, weights, prev, before, shift)
     else:
@@ -563,6 +573,26 @@ class MStep:
             self.run(eng, st, self.synced)
         self.fresh = self.synced = False
 
+    def start_from(self, start: dict) -> None:
+        """Start from ``start`` (:func:`start_of` of a fit of the same variables): its terms and
+        parameters become the state's, and the first E-step reads that model
+        (:func:`run_em` with ``warm``).  The history records the uniform start (``init``)
+        and the step to ``start`` as the first iteration (``warm-start``: its terms under
+        ``added``, their gains in ``start``'s own fit under ``added_gain``; its ``delta`` is
+        minus their sum and its ``cost`` the start's cost in its own fit)."""
+        st = self.state
+        st.theta = {int(y): float(v) for y, v in start["theta"]}
+        st.log_z = float(start["log_z"])
+        st.dbar = {}
+        gains = [float(g) for g in start.get("gain") or ()]
+        st.history += [{"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0,
+                        "cost": float(start.get("cost", 0.0)) + sum(gains), "n_bases": 0, "time": 0.0},
+                       {"iter": 1, "move": "warm-start", "y": None, "value": float(len(st.theta)),
+                        "delta": -sum(gains), "cost": float(start.get("cost", 0.0)), "n_bases": len(st.theta),
+                        "time": 0.0, "added": [list(st.digits(y)) for y in st.theta], "added_gain": gains}]
+        st.n_iter = 1
+        self.fresh = self.synced = False
+
     def values(self, cells: np.ndarray) -> np.ndarray:
         """``p_theta`` at flat ``cells``, read in the passes that re-derive the duals exactly."""
         st = self.state
@@ -588,23 +618,27 @@ def restart_seeds(random_state, n_restarts: int) -> list[int]:
 
 def fit_em(make_learner: Callable[..., MStep], rows: np.ndarray, counts: np.ndarray, cards: Sequence[int], *,
            n_hidden: int = 0, seeds: Sequence[int], tol: float, max_rounds: int = 100,
-           progress: Callable[[dict], None] | None = None, keeper=None, resume: dict | None = None) -> EMResult:
+           progress: Callable[[dict], None] | None = None, keeper=None, resume: dict | None = None,
+           start: dict | None = None) -> EMResult:
     """:func:`run_em` from the first-round seeds ``seeds`` (:func:`restart_seeds`); returns the
     run with the lowest final objective (its ``state`` holds the model).
 
     ``make_learner(state=None)``: an :class:`MStep` over a new fit state (or, resuming, the
     stored ``state``).  ``keeper``/``resume``: see :func:`run_em`; the keeper is also told
-    the best run after each restart (``restart_done``).
+    the best run after each restart (``restart_done``).  ``start``: every run starts from
+    that model (:meth:`MStep.start_from`; :func:`choose` passes one seed then).
     """
     best = resume.get("best") if resume else None
-    start = resume["restart"] if resume else 0
-    for r in range(start, len(seeds)):
-        run = resume if resume is not None and r == start and resume.get("phase") != "start" else None
+    first = resume["restart"] if resume else 0
+    for r in range(first, len(seeds)):
+        run = resume if resume is not None and r == first and resume.get("phase") != "start" else None
         learner = make_learner(state=run["state"], fresh=run["fresh"]) if run else make_learner()
+        if start is not None and run is None:
+            learner.start_from(start)
         if keeper is not None:
             keeper.restart = r
         res = run_em(learner, rows, counts, cards, n_hidden=n_hidden, tol=tol, max_rounds=max_rounds,
-                     seed=seeds[r], keeper=keeper, resume=run,
+                     seed=seeds[r], keeper=keeper, resume=run, warm=start is not None and run is None,
                      progress=None if progress is None else (lambda e, r=r: progress({**e, "restart": r})))
         res.restart = r
         if best is None or res.objective < best.objective:
@@ -612,6 +646,179 @@ def fit_em(make_learner: Callable[..., MStep], rows: np.ndarray, counts: np.ndar
         if keeper is not None:
             keeper.restart_done(r, best)
     return best
+
+
+# --------------------------------------------------------------------------- held-out choices
+
+#: With ``hidden=["auto"]`` the hidden variable's number of states is tried from 2 up to this.
+HIDDEN_MAX = 10
+#: ... and the trial stops after this many numbers in a row that score no better than the best.
+HIDDEN_PATIENCE = 2
+
+
+@dataclass
+class EMChoice:
+    """What the held-out rows chose for an EM fit (:func:`choose`)."""
+
+    #: the penalty scale of the fit
+    scale: float
+    #: the hidden variables' cardinalities (``"auto"`` replaced by the chosen number)
+    hidden: list
+    #: mean held-out observed-data log-likelihood per row of each scale tried, for the chosen ``hidden``
+    scores: dict = field(default_factory=dict)
+    #: the same per number of states of the ``"auto"`` hidden variable (its best scale's)
+    hidden_scores: dict = field(default_factory=dict)
+    #: the chosen model on the training rows, where the fit on every row starts (:func:`start_of`)
+    start: dict | None = None
+    #: why nothing was compared (``""`` when it was)
+    reason: str = ""
+
+
+def start_of(state) -> dict:
+    """The model of ``state`` as a start for another fit (plain JSON, :meth:`MStep.start_from`):
+    its parameters, ``log Z``, its cost and each term's share of its cost reduction (``gain``)."""
+    from .queries import term_contributions
+
+    contrib, _ = term_contributions(state.history)
+    return {"theta": [[int(y), float(v)] for y, v in state.theta.items()], "log_z": float(state.log_z),
+            "gain": [float(contrib.get(state.digits(y), 0.0)) for y in state.theta], "cost": float(state.cost())}
+
+
+def held_out_loglik(learner, rows: np.ndarray, counts: np.ndarray, cards: Sequence[int]) -> float:
+    """Mean observed-data log-likelihood per row (nats) of ``rows`` (``-1`` at missing cells and
+    hidden columns, each occurring ``counts`` times) under the learner's model."""
+    groups = group_rows(rows, cards, counts)
+    needed = needed_cells(groups, cards)
+    _, _, ll, _ = soft_counts(groups, cards, needed, learner.values(needed))
+    return ll / float(np.sum(counts))
+
+
+def split_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, held_out)`` counts of each distinct row: the data's rows (each distinct row
+    repeated ``counts`` times) split as :func:`fsll_ooc.learn.select.holdout_split` splits them."""
+    from .learn.select import holdout_split
+
+    counts = np.asarray(counts, np.int64)
+    owner = np.repeat(np.arange(len(counts)), counts)
+    train, held = holdout_split(len(owner))
+    return (np.bincount(owner[train], minlength=len(counts)).astype(np.int64),
+            np.bincount(owner[held], minlength=len(counts)).astype(np.int64))
+
+
+def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], hidden: Sequence, seeds) -> EMChoice:
+    """The penalty scale (``penalty_scale="auto"``) and the number of states of an ``"auto"``
+    hidden variable of an EM fit, chosen on held-out rows as an ordinary fit chooses its
+    scale (:mod:`fsll_ooc.learn.select`): one row in five is held out; on the rest, EM (with
+    every restart of ``seeds``) under the first scale of :data:`fsll_ooc.cost.PENALTY_SCALES`,
+    then continued under each further one; each model scores the held-out rows by their
+    observed-data log-likelihood (missing cells and hidden variables marginalised), and the
+    best scale (ties to the full code) and number of states (ties to the fewer) win.  The
+    number of states is tried from 2 up, until :data:`HIDDEN_PATIENCE` numbers in a row
+    score no better (at most :data:`HIDDEN_MAX`).  The chosen model is where the fit on
+    every row starts (``start``).  The sub-fits hold their tables in memory.
+
+    With a numeric scale and no ``"auto"``, nothing is compared.  With fewer than
+    :data:`fsll_ooc.learn.select.MIN_ROWS` rows, or tables that do not fit in memory, the
+    scale is 1 (an ``"auto"`` hidden variable is then an error).
+    """
+    from . import storage
+    from .machine import total_memory
+    from .learn import learn, resolve_epsilon
+    from .learn.select import MIN_ROWS
+    from .planner import PlanError, plan as make_plan
+    from .storage.fit_store import TABLE_NAMES
+
+    want = C.resolve_penalty_scale(est.penalty_scale, est.epsilon)
+    auto = [j for j, k in enumerate(hidden) if isinstance(k, str)]
+    if want != "auto" and not auto:
+        return EMChoice(want, list(hidden))
+    scales = C.PENALTY_SCALES if want == "auto" else (want,)
+    N = int(np.sum(counts))
+    reason = ""
+    if N < MIN_ROWS:
+        reason = f"only {N} rows (fewer than {MIN_ROWS})"
+    ks = list(range(2, HIDDEN_MAX + 1)) if auto else [None]
+
+    def cards_of(k):
+        return tuple(obs_cards) + tuple(k if isinstance(h, str) else int(h) for h in hidden)
+
+    def plan_for(cards):  # the sub-fits' tables in memory, within the fit's memory limit
+        p = make_plan(cards, memory_limit=est.memory_limit if est.memory_limit is not None else total_memory(),
+                      disk_free=None, workers=1, out_of_core=None)
+        if not (p.feasible and p.layout.a == 0):
+            raise PlanError("the tables do not fit in memory")
+        return p
+
+    try:
+        plan_of = {ks[0]: plan_for(cards_of(ks[0]))}
+    except PlanError:
+        reason = reason or "the tables do not fit in memory"
+    if reason:
+        if auto:
+            raise ValueError(f"hidden=['auto'] chooses the number of states on held-out rows, but {reason}; "
+                             "give the number, e.g. hidden=[3]")
+        return EMChoice(scales[0], list(hidden), reason=reason)
+    tc, hc = split_counts(counts)
+    rows_t, tc = rows[tc > 0], tc[tc > 0]
+    rows_h, hc = rows[hc > 0], hc[hc > 0]
+    n_hidden = len(hidden)
+    Nt = int(tc.sum())
+    opts = dataclasses.replace(fitting.options(est), on_finish=None)
+    tol = est.em_tol if est.em_tol is not None else resolve_epsilon(est.epsilon, Nt)
+    code = C.resolve_penalty(est.penalty, est.epsilon)
+
+    def run(engine, state, fresh):
+        learn(engine, state, opts, fresh=fresh, progress=None, callback=None)
+
+    best = None  # (score, k, scale, start, scores)
+    hidden_scores: dict = {}
+    since = 0
+    for k in ks:
+        cards = cards_of(k)
+        try:
+            plan = plan_of.get(k) or plan_for(cards)
+        except PlanError:
+            break  # more states do not fit in memory: the numbers tried so far decide
+
+        def make(state=None, fresh=True, cards=cards, plan=plan):
+            specs = [storage.create_table("numpy", None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
+            st = _fit_state(cards, Nt, code, scales[0])
+            return MStep(fitting.make_engine(est, plan, specs, Nt, penalty_scale=scales[0]), st, run)
+
+        learner = fit_em(make, rows_t, tc, cards, n_hidden=n_hidden, seeds=seeds, tol=tol,
+                         max_rounds=est.em_max_rounds).learner
+        scores, starts = {}, {}
+        for i, s in enumerate(scales):
+            if i:  # the search continued under the next scale, from the model it has
+                learner.state.set_penalty_scale(s)
+                learner.state.converged = False
+                learner.engine = fitting.make_engine(est, plan, learner.engine.ctx.specs, Nt, penalty_scale=s)
+                run_em(learner, rows_t, tc, cards, n_hidden=n_hidden, tol=tol, max_rounds=est.em_max_rounds,
+                       warm=True)
+            scores[s] = held_out_loglik(learner, rows_h, hc, cards)
+            starts[s] = start_of(learner.state)
+        s_best = scales[0]
+        for s in scales[1:]:
+            if scores[s] > scores[s_best]:
+                s_best = s
+        hidden_scores[k] = scores[s_best]
+        if best is None or scores[s_best] > best[0]:
+            best, since = (scores[s_best], k, s_best, starts[s_best], scores), 0
+        else:
+            since += 1
+            if since >= HIDDEN_PATIENCE:
+                break
+    _, k, scale, start, scores = best
+    chosen = [k if isinstance(h, str) else int(h) for h in hidden]
+    return EMChoice(scale, chosen, scores, hidden_scores if auto else {}, start)
+
+
+def _fit_state(cards, N: int, code: str, scale: float):
+    """A new EM fit state (the M-step's): ``log Z`` of the uniform model, no target entropy yet."""
+    from .learn import FitState
+
+    return FitState(tuple(cards), int(N), 0.0, log_z=math.log(math.prod(cards)), penalty_code=code,
+                    penalty_scale=scale)
 
 
 class StoreKeeper:
@@ -666,7 +873,7 @@ class StoreKeeper:
         before = int(em["before"])
         out.update(run=run, prev=_unnum(em["prev"], math.inf), before=before, state=state,
                    shift=em["shift"] if state.n_iter == before else None,
-                   fresh=em["phase"] == "m-step" and run.rounds == 0 and state.n_iter == 0)
+                   fresh=em["phase"] == "m-step" and run.rounds == 0 and state.n_iter == 0 and not state.theta)
         if em["phase"] == "m-step":
             soft = self.fs.read_kept("soft")
             out.update(cells=soft[0].astype(np.int64), weights=np.ascontiguousarray(soft[1]))
@@ -841,7 +1048,7 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
     from .validation import validate_data
 
     Xf, mask = split_missing(X)
-    hidden = [int(k) for k in (est.hidden or ())]
+    hidden = [k if isinstance(k, str) else int(k) for k in (est.hidden or ())]
     if mask is None and not hidden:
         return False
     codes_, cards, names, categories = fitting.encoded(est, Xf, feature_names, categories)
@@ -849,20 +1056,28 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
     if mask is not None:
         codes_[mask] = MISSING
     N = codes_.shape[0]
+    obs_cards = tuple(cards)
     if hidden:
         codes_ = np.concatenate([codes_, np.full((N, len(hidden)), MISSING, np.int64)], axis=1)
-        cards = tuple(cards) + tuple(hidden)
         names = list(names) if names is not None else [f"X{i}" for i in range(codes_.shape[1] - len(hidden))]
         taken = set(names)
         names += [f"H{j}" if f"H{j}" not in taken else f"_H{j}" for j in range(len(hidden))]
-        if categories is not None:
-            categories = list(categories) + [list(range(k)) for k in hidden]
-        validate_data(np.zeros((1, len(cards)), np.int64), cards)  # the joint table's limits
+        fixed = tuple(2 if isinstance(k, str) else k for k in hidden)
+        validate_data(np.zeros((1, len(cards) + len(hidden)), np.int64), tuple(cards) + fixed)  # the table's limits
     rows, counts = distinct_rows(codes_)
     del codes_
     seeds = restart_seeds(est.random_state, est.n_restarts if est.n_restarts is not None else (3 if hidden else 1))
+    choice = choose(est, rows, counts, obs_cards, hidden, seeds)
+    if choice.start is not None:  # the restarts ran on the training rows: one run from the chosen model
+        seeds = seeds[:1]
+    hidden = choice.hidden
+    cards = obs_cards + tuple(hidden)
+    if hidden:
+        validate_data(np.zeros((1, len(cards)), np.int64), cards)  # the joint table's limits
+        if categories is not None:
+            categories = list(categories) + [list(range(k)) for k in hidden]
     if backend.persistent:
-        _fit_in_store(est, backend, rows, counts, tuple(cards), len(hidden), seeds, names, categories)
+        _fit_in_store(est, backend, rows, counts, tuple(cards), len(hidden), seeds, names, categories, choice)
         return True
     from . import storage
     from .machine import total_memory
@@ -877,35 +1092,22 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
 
     def make(state=None, fresh=True):
         specs = [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
-        return MStep(fitting.make_engine(est, plan, specs, N, penalty_scale=_em_penalty_scale(est)),
-                     state or _new_state(est, cards, N),
-                     run, fresh, state is None)
+        return MStep(fitting.make_engine(est, plan, specs, N, penalty_scale=choice.scale),
+                     state or _new_state(est, cards, N, choice.scale), run, fresh, state is None)
 
-    res = _run_restarts(est, make, rows, counts, tuple(cards), len(hidden), seeds)
-    _set_fitted(est, res, plan, res.learner.engine, names, categories, len(hidden))
+    res = _run_restarts(est, make, rows, counts, tuple(cards), len(hidden), seeds, start=choice.start)
+    _set_fitted(est, res, plan, res.learner.engine, names, categories, len(hidden), choice)
     return True
 
 
-def _em_penalty_scale(est) -> float:
-    """The penalty scale of an EM fit: ``est.penalty_scale`` when it is a number, else 1
-    (``"auto"`` compares scales on held-out complete rows, which an EM fit does not have)."""
-    from . import cost as C
-
-    scale = C.resolve_penalty_scale(est.penalty_scale, est.epsilon)
-    return scale if isinstance(scale, float) else 1.0
-
-
-def _new_state(est, cards, N: int):
+def _new_state(est, cards, N: int, scale: float):
     """A new fit state under ``est``'s code of the terms (``penalty``: the family code by
-    default) and its penalty scale (:func:`_em_penalty_scale`)."""
-    from . import cost as C
-    from .learn import FitState
-
-    return FitState(tuple(cards), int(N), 0.0, log_z=math.log(math.prod(cards)),
-                    penalty_code=C.resolve_penalty(est.penalty, est.epsilon), penalty_scale=_em_penalty_scale(est))
+    default) and the penalty scale ``scale`` (:func:`choose`)."""
+    return _fit_state(cards, N, C.resolve_penalty(est.penalty, est.epsilon), scale)
 
 
-def _run_restarts(est, make, rows, counts, cards, n_hidden: int, seeds, keeper=None, resume=None) -> EMResult:
+def _run_restarts(est, make, rows, counts, cards, n_hidden: int, seeds, keeper=None, resume=None,
+                  start=None) -> EMResult:
     """:func:`fit_em` with ``est``'s EM parameters and its progress bar (rounds, objective,
     and each round's table passes: E-step and M-step)."""
     from .learn import resolve_epsilon
@@ -928,30 +1130,37 @@ def _run_restarts(est, make, rows, counts, cards, n_hidden: int, seeds, keeper=N
     tol = est.em_tol if est.em_tol is not None else resolve_epsilon(est.epsilon, N)
     try:
         return fit_em(make, rows, counts, cards, n_hidden=n_hidden, seeds=seeds, tol=tol,
-                      max_rounds=est.em_max_rounds, progress=shown, keeper=keeper, resume=resume)
+                      max_rounds=est.em_max_rounds, progress=shown, keeper=keeper, resume=resume, start=start)
     finally:
         if bar is not None:
             bar.close()
 
 
-def _set_fitted(est, res: EMResult, plan, engine, names, categories, n_hidden: int) -> None:
+def _set_fitted(est, res: EMResult, plan, engine, names, categories, n_hidden: int, choice: EMChoice) -> None:
     st = res.state
     est._set_fitted(st, plan=plan, engine=engine, cost=st.cost(), kl_data=res.kl_soft, feature_names=names,
                     categories=categories)
-    _set_em_attributes(est, res, n_hidden)
+    _set_em_attributes(est, res, n_hidden, choice.scores, choice.hidden_scores)
 
 
-def _set_em_attributes(est, res: EMResult, n_hidden: int) -> None:
+def _set_em_attributes(est, res: EMResult, n_hidden: int, scores: dict, hidden_scores: dict) -> None:
     est.em_objective_, est.em_loglik_ = res.objective, res.loglik
     est.em_history_, est.em_converged_, est.em_rounds_ = res.history, res.converged, res.rounds
     est.n_hidden_ = n_hidden
+    est.penalty_scale_scores_ = {float(k): float(v) for k, v in scores.items()}
+    est.hidden_scores_ = {int(k): float(v) for k, v in hidden_scores.items()}
 
 
 # --------------------------------------------------------------------------- out of core
 
-def _fit_in_store(est, backend, rows, counts, cards, n_hidden: int, seeds, names, categories) -> None:
+#: the key under which an EM store keeps the model its fit starts from, and the held-out scores
+EM_CHOICE = "em_choice"
+
+
+def _fit_in_store(est, backend, rows, counts, cards, n_hidden: int, seeds, names, categories, choice) -> None:
     """A new EM fit in ``est.store``: the data kept as distinct rows and counts (file
-    ``rows``), then :func:`_learn_in_store` from new tables."""
+    ``rows``), what :func:`choose` chose (under :data:`EM_CHOICE`), then
+    :func:`_learn_in_store` from new tables."""
     from .machine import free_disk
     from .model_file import json_or_none, jsonable_categories
     from .storage.fit_store import FitStore
@@ -961,12 +1170,14 @@ def _fit_in_store(est, backend, rows, counts, cards, n_hidden: int, seeds, names
     fs.check_new()  # never replace or delete a user's files
     plan = fs.account(plan)
     N = int(counts.sum())
-    state = _new_state(est, cards, N)
+    state = _new_state(est, cards, N, choice.scale)
     empty = np.zeros(0, np.int64)
     with fs.writing("fit", "fitting", plan):
         fs.begin(plan, fitting.stored_params(est), (names, json_or_none(jsonable_categories(categories))), empty, empty,
                  state, files={"rows": np.concatenate([rows, counts[:, None]], axis=1)},
-                 extra={"em": {"seeds": [int(x) for x in seeds], "restart": 0, "phase": "start", "best": None}})
+                 extra={"em": {"seeds": [int(x) for x in seeds], "restart": 0, "phase": "start", "best": None},
+                        EM_CHOICE: {"start": choice.start, "scores": [[float(k), float(v)] for k, v in choice.scores.items()],
+                                    "hidden_scores": [[int(k), float(v)] for k, v in choice.hidden_scores.items()]}})
         _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, categories, state, fresh=True)
 
 
@@ -986,22 +1197,32 @@ def _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, 
     else:  # every table is rewritten before it is read: dbar's chunks are not looked at
         specs = fs.open_tables(cards, chunks, check_targets=False)
         resume = keeper.resume_run(state)
-    engine = fitting.make_engine(est, plan, specs, N, penalty_scale=_em_penalty_scale(est))
+    engine = fitting.make_engine(est, plan, specs, N, penalty_scale=state.penalty_scale)
     options = fitting.options(est)
+    choice = stored_choice(fs, state.penalty_scale)
 
     def run(eng, st, fresh_):
         learn(eng, st, options, fresh=fresh_, progress=None, callback=fs.checkpoint)
 
-    def make(state=None, fresh=True):
-        return MStep(engine, state or _new_state(est, cards, N), run, fresh, state is None)
+    def make(state=None, fresh=True, scale=state.penalty_scale):
+        return MStep(engine, state or _new_state(est, cards, N, scale), run, fresh, state is None)
 
     with fs.damage_hint():
-        res = _run_restarts(est, make, rows, counts, cards, n_hidden, seeds, keeper=keeper, resume=resume)
+        res = _run_restarts(est, make, rows, counts, cards, n_hidden, seeds, keeper=keeper, resume=resume,
+                            start=choice.start)
     reader = Engine.create(plan, fs.open_tables(cards, chunks, reader_owner=est), N, est.scheduler)
-    _set_fitted(est, res, plan, reader, names, categories, n_hidden)
+    _set_fitted(est, res, plan, reader, names, categories, n_hidden, choice)
     fs.set_extra("em", {"seeds": [int(x) for x in seeds], "result": {k: v for k, v in res.to_json().items()
                                                                      if k != "state"}})
     fs.complete(res.state, est.kl_data_)
+
+
+def stored_choice(fs, scale: float) -> EMChoice:
+    """What :func:`choose` chose for the EM fit of store ``fs`` (kept under :data:`EM_CHOICE`;
+    an older store has none: no start, no scores)."""
+    kept = fs.extra(EM_CHOICE) or {}
+    return EMChoice(scale, [], {float(k): float(v) for k, v in kept.get("scores") or ()},
+                    {int(k): float(v) for k, v in kept.get("hidden_scores") or ()}, kept.get("start"))
 
 
 def resume_in_store(est, fs, stored, restart: bool) -> None:
@@ -1022,7 +1243,7 @@ def resume_in_store(est, fs, stored, restart: bool) -> None:
     seeds = fs.extra("em")["seeds"]
     fresh = stored.status == "starting" or restart
     if fresh:
-        state = _new_state(est, cards, N)
+        state = _new_state(est, cards, N, state.penalty_scale)  # the scale chosen when the fit began
         fs.set_extra("em", {"seeds": seeds, "restart": 0, "phase": "start", "best": None})
         fs.restart(state)
     _learn_in_store(est, fs, plan, rows, counts, cards, len(est.hidden or ()), seeds, stored.feature_names,
@@ -1033,7 +1254,9 @@ def finished_attributes(est, fs) -> None:
     """The EM attributes of a finished out-of-core fit opened for reading."""
     em = fs.extra("em") or {}
     if em.get("result") is not None:
-        _set_em_attributes(est, EMResult.from_json({**em["result"], "state": None}), len(est.hidden or ()))
+        choice = stored_choice(fs, est.penalty_scale_)
+        _set_em_attributes(est, EMResult.from_json({**em["result"], "state": None}), len(est.hidden or ()),
+                           choice.scores, choice.hidden_scores)
 
 
 def codes(est, X) -> tuple[np.ndarray, bool]:

@@ -283,13 +283,15 @@ def check_missing(missing) -> None:
 
 
 def check_hidden(hidden) -> None:
-    """``hidden``: None or a sequence of cardinalities, each an int >= 2."""
+    """``hidden``: None or a sequence of cardinalities, each an int >= 2 or ``"auto"`` (at most one)."""
     if hidden is not None:
         if isinstance(hidden, (str, bytes)) or not hasattr(hidden, "__iter__"):
             raise ValueError(f"hidden must be a sequence of cardinalities, e.g. [3], got {hidden!r}")
         for k in hidden:
-            if not _is_int(k) or k < 2:
-                raise ValueError(f"hidden cardinalities must be integers >= 2, got {k!r} in {list(hidden)!r}")
+            if not (isinstance(k, str) and k == "auto") and (not _is_int(k) or k < 2):
+                raise ValueError(f"hidden cardinalities must be integers >= 2 or 'auto', got {k!r} in {list(hidden)!r}")
+        if sum(isinstance(k, str) for k in hidden) > 1:
+            raise ValueError(f"at most one hidden cardinality can be 'auto', got {list(hidden)!r}")
 
 
 def check_n_restarts(n_restarts) -> None:

@@ -226,6 +226,12 @@ def _brute_objective(m, Xm, kind="family", scale=1.0):
 @pytest.fixture(scope="module")
 def em_model(data):
     _, Xm = data
+    return FSLL(progress=False, missing="em", penalty_scale=1.0).fit(Xm)
+
+
+@pytest.fixture(scope="module")
+def em_default(data):
+    _, Xm = data
     return FSLL(progress=False, missing="em").fit(Xm)
 
 
@@ -257,7 +263,34 @@ def test_em_uses_a_numeric_penalty_scale(data, em_model, scale):
         assert len(m.theta_) > len(em_model.theta_)
     else:
         assert len(m.theta_) < len(em_model.theta_)
-    assert em_model.penalty_scale_ == 1.0  # "auto" has no held-out complete rows to compare on
+    assert m.penalty_scale_scores_ == {}  # a numeric scale: nothing compared
+
+
+def test_em_chooses_its_scale_on_held_out_rows(data, em_default):
+    """The default EM fit compares the scales as an ordinary fit does: EM on four fifths of the
+    rows, each model scoring the held-out rows by their observed-data log-likelihood (brute
+    force: every completion of each held-out row); the final fit starts from the chosen
+    model, under the family code and the chosen scale, with a monotone objective."""
+    _, Xm = data
+    m = em_default
+    scores = m.penalty_scale_scores_
+    assert set(scores) == {1.0, 0.5}
+    assert m.penalty_scale_ == max(scores, key=lambda s: (scores[s], s))  # ties to the full code
+    rows, counts = M.distinct_rows(Xm)
+    tc, hc = M.split_counts(counts)
+    assert tc.sum() + hc.sum() == len(Xm) and hc.sum() == len(Xm) // 5
+    # the first scale's model is EM under scale 1 on the training rows alone
+    sub = FSLL(progress=False, missing="em", penalty_scale=1.0).fit(np.repeat(rows, tc, axis=0))
+    P = sub.probabilities()
+    held = np.repeat(rows, hc, axis=0)
+    ll = np.mean([math.log(sum(P[c] for c in completions(row, CARDS))) for row in held])
+    assert scores[1.0] == pytest.approx(ll, rel=1e-10)
+    # the fit on every row starts from the chosen model and lowers the brute-force objective
+    assert [h["move"] for h in m.history_[:2]] == ["init", "warm-start"]
+    objs = [h["objective"] for h in m.em_history_]
+    assert all(b <= a + 1e-12 * abs(a) for a, b in zip(objs, objs[1:]))
+    assert m._state.penalty_code == "family" and m._state.penalty_scale == m.penalty_scale_
+    assert math.isclose(m.em_objective_, _brute_objective(m, Xm, scale=m.penalty_scale_), rel_tol=1e-10)
 
 
 @pytest.mark.parametrize("penalty", [None, "paper"])

@@ -35,7 +35,8 @@ def Xh():
     return _holes(X, 0.1, seed=5)
 
 
-HIDDEN = dict(hidden=[4], n_restarts=2, random_state=0)
+#: the restarts run on every row under a numeric scale (under "auto" on the training rows of the choice)
+HIDDEN = dict(hidden=[4], n_restarts=2, random_state=0, penalty_scale=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +92,13 @@ def test_out_of_core_em_under_a_numeric_penalty_scale_is_the_in_core_em(Xm, tmp_
     assert again.penalty_scale_ == 0.5 and again.theta_ == m.theta_
 
 
-def test_out_of_core_em_with_a_hidden_variable_is_the_in_core_em(Xh, ref_hidden, tmp_path):
-    m = _ooc(Xh, tmp_path / "s", "memmap", **HIDDEN)
+@pytest.mark.parametrize("scale", [1.0, "auto"])
+def test_out_of_core_em_with_a_hidden_variable_is_the_in_core_em(Xh, ref_hidden, tmp_path, scale):
+    if scale == "auto":  # the choice on held-out rows, then one run from the chosen model
+        ref_hidden = FSLL(progress=False, **{**HIDDEN, "penalty_scale": scale}).fit(Xh)
+        assert set(ref_hidden.penalty_scale_scores_) == {1.0, 0.5}
+    m = _ooc(Xh, tmp_path / "s", "memmap", **{**HIDDEN, "penalty_scale": scale})
+    assert m.penalty_scale_scores_ == ref_hidden.penalty_scale_scores_
     assert m.cardinalities_ == (2, 3, 5, 4) and m.n_hidden_ == 1
     assert_same(m, ref_hidden)
     np.testing.assert_allclose(m.predict_hidden(Xh[:20]), ref_hidden.predict_hidden(Xh[:20]), rtol=1e-8, atol=1e-12)
@@ -159,16 +165,21 @@ def _stop_and_resume(monkeypatch, fit, store, n):
     return FSLL.resume(store, progress=False)
 
 
-def test_resume_after_a_stop_at_each_kind_of_state_write(Xm, ref, tmp_path, monkeypatch):
+@pytest.mark.parametrize("scale", ["auto", 1.0])
+def test_resume_after_a_stop_at_each_kind_of_state_write(Xm, ref, tmp_path, monkeypatch, scale):
+    """"auto": the first round starts from the model chosen on held-out rows; 1.0: from theta = 0."""
     store = tmp_path / "s"
-    fit = lambda: _ooc(Xm, store)  # noqa: E731
+    if scale != "auto":
+        ref = FSLL(progress=False, missing="em", penalty_scale=scale).fit(Xm)
+    fit = lambda: _ooc(Xm, store, penalty_scale=scale)  # noqa: E731
     writes, whole = _state_writes(monkeypatch, fit)
     assert_same(whole, ref)
+    assert ref.history_[1]["move"] == "warm-start" if scale == "auto" else ref.history_[1]["move"] != "warm-start"
     first = lambda pred: 1 + next(i for i, w in enumerate(writes) if pred(*w))  # noqa: E731
     points = {
         "starting": 1,
-        "first M-step not begun": first(lambda s, ph, r, rd, it, b: ph == "m-step" and rd == 0 and it == 0),
-        "first M-step under way": first(lambda s, ph, r, rd, it, b: ph == "m-step" and rd == 0 and it > 0),
+        "first M-step not begun": first(lambda s, ph, r, rd, it, b: ph == "m-step" and rd == 0 and it == b),
+        "first M-step under way": first(lambda s, ph, r, rd, it, b: ph == "m-step" and rd == 0 and it > b),
         "an M-step done": first(lambda s, ph, r, rd, it, b: ph == "e-step" and rd == 2),
         "a later M-step not begun": first(lambda s, ph, r, rd, it, b: ph == "m-step" and rd == 2 and it == b),
         "a later M-step under way": first(lambda s, ph, r, rd, it, b: ph == "m-step" and rd == 2 and it > b),
