@@ -14,6 +14,19 @@ Parts (``--parts``):
   with "missing" as one more category of every incomplete variable ("category":
   ``p`` is its table restricted to the real categories and renormalised; only where
   that table fits, ``(k+1)^n`` cells), and EM's rounds and seconds per round.
+* ``mechanisms``: the survey-like case: pgmpy's ``survey`` network (6 variables, 2-3
+  states) and a random Bayesian network over cardinalities 2-4 (``MECH_CARDS``, two
+  parents per node), N = 20,000, 6 % (and 20 %) of the cells removed completely at
+  random (MCAR), at random given the first two columns (MAR, as above), or not at random
+  (MNAR: a cell is removed with 1.6 times the rate when its own value is 0, 0.4 times
+  otherwise); seeds 0, 1, 2.  ``KL(p* || p)`` of EM (``FSLL(missing="em")``), the fit
+  on the complete rows (``FSLL()``), the fit on the rows with each missing cell set to its
+  column's mode, and pgmpy's hill climbing (BIC, BDeu(1) parameters) on the complete
+  rows; seconds of EM, of the complete-row fit and of a default fit of the full table.
+* ``hidden``: ``FSLL(hidden=["auto"])`` on data from a latent-class model with 2, 3, 4, 5
+  planted classes (6 observed variables, cards 3,4,5,3,4,5; each class puts 0.8 of its
+  mass on a value of its own per variable); the number of states chosen, the held-out
+  score of each number tried, and the adjusted Rand index of the posterior's argmax.
 * ``latent``: a latent-class model: a hidden variable with 3 states over 12
   observed ones (cards 2 and 3 alternating), each observed variable's conditional
   ``Dirichlet(0.5)`` given the class; 3000 training and 3000 test rows.  Held-out
@@ -32,7 +45,7 @@ Parts (``--parts``):
 
 Usage::
 
-    python bench/missing.py [--parts synth latent adult ooc] [--quick] [--json out.json]
+    python bench/missing.py [--parts synth mechanisms hidden latent adult ooc] [--quick] [--json out.json]
                             [--adult ../shared/data/adult/adult.csv]
 
 Prints a markdown report (for ``docs/benchmarks_quality.md``).
@@ -52,8 +65,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for _p in (ROOT, HERE):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
 from fsll_ooc import FSLL, datasets  # noqa: E402
 from fsll_ooc.datasets import kl_divergence as kl  # noqa: E402
@@ -67,11 +81,14 @@ CATEGORY_LIMIT = 2**22  # largest "missing as a category" table fitted
 
 
 def remove_cells(X: np.ndarray, rate: float, mechanism: str, seed: int) -> np.ndarray:
-    """``X`` with cells removed (``-1``): MCAR, or MAR given columns 0 and 1 (kept)."""
+    """``X`` with cells removed (``-1``): MCAR, MAR given columns 0 and 1 (kept), or MNAR (a
+    cell's chance depends on its own value: 1.6 times the rate at 0, 0.4 times elsewhere)."""
     rng = np.random.default_rng(seed)
     u = rng.random(X.shape)
     if mechanism == "MCAR":
         drop = u < rate
+    elif mechanism == "MNAR":
+        drop = u < np.where(X == 0, 1.6 * rate, 0.4 * rate).clip(max=0.95)
     else:
         prob = np.where(X[:, :1] == 0, 0.4 * rate, 1.6 * rate).clip(max=0.95)
         drop = u < prob
@@ -135,6 +152,113 @@ def synth(quick: bool) -> list[dict]:
                    "em_rounds": em.em_rounds_, "em_converged": bool(em.em_converged_),
                    "em_first_round_s": rounds[0]["time"], "em_round_s": per_round, "em_s": t_em,
                    "drop_s": t_drop, "category_s": t_cat if pc is not None else None, "full_s": t_full}
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
+MECH_CARDS = (2, 3, 4, 2, 3, 4, 2, 3, 4, 3)
+MECH_N = 20_000
+
+
+def survey_network():
+    """``p*`` of pgmpy's ``survey`` network (its variables in pgmpy's order), or None without pgmpy."""
+    import logging
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logging.getLogger("pgmpy").setLevel(logging.ERROR)
+            from pgmpy.utils import get_example_model
+
+            net = get_example_model("survey")
+    except Exception:  # noqa: BLE001 - no pgmpy, or its file not shipped
+        return None
+    nodes = list(net.nodes())
+    cards = [int(net.get_cardinality(v)) for v in nodes]
+    p = np.ones(cards)
+    for cpd in net.get_cpds():
+        axes = [nodes.index(v) for v in cpd.variables]
+        t = np.asarray(cpd.values, np.float64).reshape([cards[a] for a in axes]).transpose(np.argsort(axes))
+        shape = [1] * len(cards)
+        for a in sorted(axes):
+            shape[a] = cards[a]
+        p = p * t.reshape(shape)
+    return p / p.sum()
+
+
+def mode_filled(Xm: np.ndarray) -> np.ndarray:
+    """Each missing cell set to its column's most frequent observed value."""
+    out = Xm.copy()
+    for j in range(Xm.shape[1]):
+        col = Xm[:, j]
+        seen = col[col >= 0]
+        out[col < 0, j] = np.bincount(seen).argmax() if len(seen) else 0
+    return out
+
+
+def mechanisms(quick: bool) -> list[dict]:
+    from reproduce_paper import fit_pgmpy
+
+    cases = []
+    ps = survey_network()
+    if ps is not None:
+        cases.append(("survey", lambda seed: ps))
+    cases.append(("BN 2-4", lambda seed: datasets.random_bayesnet(MECH_CARDS, 2, seed=np.random.SeedSequence([seed, 21]))[0]))
+    seeds = (0,) if quick else (0, 1, 2)
+    rows = []
+    for name, net in cases:
+        for seed in seeds:
+            p_true = net(seed)
+            cards = p_true.shape
+            X = datasets.sample_table(p_true, MECH_N, seed=np.random.SeedSequence([seed, 22]))
+            full, t_full = fit_timed(FSLL(progress=False, cardinalities=cards), X)
+            for mech in ("MCAR", "MAR", "MNAR"):
+                for rate in ((0.06,) if quick else (0.06, 0.2)):
+                    Xm = remove_cells(X, rate, mech, seed=1000 * seed + int(rate * 100) + 7 * ("MCAR", "MAR", "MNAR").index(mech))
+                    keep = (Xm >= 0).all(axis=1)
+                    em, t_em = fit_timed(FSLL(progress=False, missing="em", cardinalities=cards), Xm)
+                    cc, t_cc = fit_timed(FSLL(progress=False, cardinalities=cards), Xm[keep])
+                    mo, t_mo = fit_timed(FSLL(progress=False, cardinalities=cards), mode_filled(Xm))
+                    t = time.perf_counter()
+                    p_hc, _, _ = fit_pgmpy("HC-BIC+BDeu", Xm[keep], cards)
+                    t_hc = time.perf_counter() - t
+                    row = {"data": name, "seed": seed, "N": MECH_N, "mechanism": mech, "rate": rate,
+                           "cells_missing": float((Xm < 0).mean()), "rows_incomplete": float(1 - keep.mean()),
+                           "kl_full": kl(p_true, full.probabilities()), "kl_em": kl(p_true, em.probabilities()),
+                           "kl_cc": kl(p_true, cc.probabilities()), "kl_mode": kl(p_true, mo.probabilities()),
+                           "kl_hc_cc": kl(p_true, p_hc), "em_scale": em.penalty_scale_, "cc_scale": cc.penalty_scale_,
+                           "em_rounds": em.em_rounds_, "em_s": t_em, "cc_s": t_cc, "mode_s": t_mo, "hc_s": t_hc,
+                           "full_s": t_full, "load": os.getloadavg()[0]}
+                    rows.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def planted_classes(k: int, n: int, seed: int, cards=(3, 4, 5, 3, 4, 5)):
+    """Rows of a latent-class model with ``k`` classes, each putting 0.8 of its mass on a value
+    of its own per variable (the rest spread), and their classes."""
+    rng = np.random.default_rng(seed)
+    z = rng.integers(0, k, n)
+    X = np.empty((n, len(cards)), np.int64)
+    for i, c in enumerate(cards):
+        top = rng.permutation(max(c, k))[:k] % c
+        prof = np.full((k, c), 0.2 / c)
+        prof[np.arange(k), top] += 0.8
+        X[:, i] = np.minimum((rng.random(n)[:, None] > prof[z].cumsum(axis=1)).sum(axis=1), c - 1)
+    return X, z
+
+
+def hidden_auto(quick: bool) -> list[dict]:
+    rows = []
+    for k in ((3,) if quick else (2, 3, 4, 5)):
+        for seed in ((0,) if quick else (0, 1)):
+            X, z = planted_classes(k, 3000, seed=100 * k + seed)
+            m, t = fit_timed(FSLL(progress=False, hidden=["auto"], random_state=seed), X[:2000])
+            row = {"planted": k, "seed": seed, "chosen": int(m.cardinalities_[-1]), "scores": m.hidden_scores_,
+                   "scale": m.penalty_scale_, "ari_test": ari(z[2000:], m.predict_hidden(X[2000:]).argmax(axis=1)),
+                   "s": t, "load": os.getloadavg()[0]}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     return rows
@@ -247,6 +371,32 @@ def fmt(v, nd=4):
 
 def report(res: dict) -> str:
     L = []
+    if "mechanisms" in res:
+        L += ["| data | mechanism | cells removed | rows incomplete | KL full data | KL EM | KL complete rows | "
+              "KL mode-imputed | KL pgmpy HC+BDeu, complete rows | EM ≤ complete rows | scale EM / complete rows | "
+              "EM rounds | s EM | s complete rows | s full-table fit |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        groups: dict = {}
+        for r in res["mechanisms"]:
+            groups.setdefault((r["data"], r["mechanism"], r["rate"]), []).append(r)
+        mean = lambda rs, k: float(np.mean([r[k] for r in rs]))  # noqa: E731
+        for (d, mech, rate), rs in groups.items():
+            wins = sum(r["kl_em"] <= r["kl_cc"] for r in rs)
+            L.append(f"| {d} (N={rs[0]['N']:,}) | {mech} | {100 * mean(rs, 'cells_missing'):.1f} % | "
+                     f"{100 * mean(rs, 'rows_incomplete'):.0f} % | {mean(rs, 'kl_full'):.5f} | {mean(rs, 'kl_em'):.5f} | "
+                     f"{mean(rs, 'kl_cc'):.5f} | {mean(rs, 'kl_mode'):.5f} | {mean(rs, 'kl_hc_cc'):.5f} | "
+                     f"{wins}/{len(rs)} | {' '.join('%g/%g' % (r['em_scale'], r['cc_scale']) for r in rs)} | "
+                     f"{' '.join(str(r['em_rounds']) for r in rs)} | {mean(rs, 'em_s'):.2f} | {mean(rs, 'cc_s'):.2f} | "
+                     f"{mean(rs, 'full_s'):.2f} |")
+        L.append("")
+    if "hidden" in res:
+        L += ["| planted classes | seed | states chosen | held-out LL per number of states tried | scale | ARI (test rows) "
+              "| s |", "|---|---|---|---|---|---|---|"]
+        for r in res["hidden"]:
+            sc = ", ".join(f"{k}: {v:.4f}" for k, v in sorted(r["scores"].items(), key=lambda kv: int(kv[0])))
+            L.append(f"| {r['planted']} | {r['seed']} | {r['chosen']} | {sc} | {r['scale']:g} | {r['ari_test']:.3f} "
+                     f"| {r['s']:.1f} |")
+        L.append("")
     if "synth" in res:
         L += ["| data | mechanism | cells removed | complete rows | KL full data | KL EM | KL drop rows | "
               "KL 'missing' category | EM rounds | s first round | s per later round |",
@@ -290,8 +440,8 @@ def report(res: dict) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--parts", nargs="+", default=["synth", "latent", "adult"],
-                    choices=["synth", "latent", "adult", "ooc"])
+    ap.add_argument("--parts", nargs="+", default=["synth", "mechanisms", "hidden", "latent", "adult"],
+                    choices=["synth", "mechanisms", "hidden", "latent", "adult", "ooc"])
     ap.add_argument("--ooc-layout", default="4,8", help="chunk layout 'a,c' of the out-of-core fits of --parts ooc")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", help="also write the raw results here")
@@ -307,6 +457,10 @@ def main(argv=None):
                    "load_before": os.getloadavg()}
     if "synth" in a.parts:
         res["synth"] = synth(a.quick)
+    if "mechanisms" in a.parts:
+        res["mechanisms"] = mechanisms(a.quick)
+    if "hidden" in a.parts:
+        res["hidden"] = hidden_auto(a.quick)
     if "latent" in a.parts:
         res["latent"] = latent(a.quick)
     if "ooc" in a.parts:

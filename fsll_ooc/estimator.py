@@ -106,7 +106,8 @@ class FSLL(queries.QueryMethods):
         the sub-fits hold their tables in memory, also out of core; with fewer than 100
         rows, or tables that do not fit in memory within ``memory_limit``, the scale is 1).  ``None`` (default): ``"auto"`` with
         ``epsilon="auto"``, ``1.0`` with a numeric epsilon (the paper's algorithm).  An EM
-        fit (``missing``, ``hidden``) uses 1.
+        fit (``missing``, ``hidden``) chooses it the same way, scoring the held-out rows by
+        their observed-data log-likelihood (:func:`fsll_ooc.missing.choose`).
     missing : None or "em"
         ``"em"``: rows with missing cells (NaN, None, ``pd.NA``; ``-1`` in an integer
         code array) are fitted by expectation-maximisation (:mod:`fsll_ooc.missing`):
@@ -115,10 +116,14 @@ class FSLL(queries.QueryMethods):
         core, or out of core with ``store`` (the store keeps the rounds; ``resume``
         continues an interrupted EM fit).  ``None`` (default): a missing cell is an
         error that names it.
-    hidden : sequence of int, optional
+    hidden : sequence of int or "auto", optional
         Cardinalities of hidden (latent) variables, appended after the observed ones
         (named ``H0, H1, ...``) and fitted by the same EM; :meth:`predict_hidden` gives
-        each row's posterior over their states.
+        each row's posterior over their states.  One of them may be ``"auto"``: its
+        number of states is chosen on held-out rows (latent-class models of 2, 3, ...
+        states scored by the observed-data log-likelihood of one row in five, the fewest
+        within one standard error of the best; :func:`fsll_ooc.missing.latent_states`);
+        ``hidden_scores_`` keeps the scores.
     n_restarts : int, optional
         EM runs from different seeded first rounds, the best (lowest objective) kept;
         default 3 with ``hidden``, 1 without (the first round is then deterministic).

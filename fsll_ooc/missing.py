@@ -59,7 +59,8 @@ from . import basis, cost as C, fitting, queries
 __all__ = ["MISSING", "Group", "EMResult", "MStep", "StoreKeeper", "group_rows", "distinct_rows", "needed_cells",
            "soft_counts", "e_step", "objective", "uniform_mean_log_p", "initial_model", "initial_values",
            "initial_table", "restart_seeds", "run_em", "fit_em", "split_missing", "log_prob", "impute",
-           "posterior", "CHUNK_CELLS"]
+           "posterior", "CHUNK_CELLS", "EMChoice", "choose", "latent_states", "split_counts", "row_logliks",
+           "start_of", "stored_choice", "EM_CHOICE", "HIDDEN_MAX", "HIDDEN_PATIENCE"]
 
 #: The code of a missing cell.
 MISSING = -1
@@ -653,7 +654,7 @@ def fit_em(make_learner: Callable[..., MStep], rows: np.ndarray, counts: np.ndar
 #: With ``hidden=["auto"]`` the hidden variable's number of states is tried from 2 up to this.
 HIDDEN_MAX = 10
 #: ... and the trial stops after this many numbers in a row that score no better than the best.
-HIDDEN_PATIENCE = 2
+HIDDEN_PATIENCE = 3
 
 
 @dataclass
@@ -676,21 +677,25 @@ class EMChoice:
 
 def start_of(state) -> dict:
     """The model of ``state`` as a start for another fit (plain JSON, :meth:`MStep.start_from`):
-    its parameters, ``log Z``, its cost and each term's share of its cost reduction (``gain``)."""
-    from .queries import term_contributions
-
-    contrib, _ = term_contributions(state.history)
-    return {"theta": [[int(y), float(v)] for y, v in state.theta.items()], "log_z": float(state.log_z),
-            "gain": [float(contrib.get(state.digits(y), 0.0)) for y in state.theta], "cost": float(state.cost())}
+    :func:`fsll_ooc.fitting.start_of` (its parameters, ``log Z``, each term's share of its
+    cost reduction) and its cost."""
+    return {**fitting.start_of(state), "cost": float(state.cost())}
 
 
-def held_out_loglik(learner, rows: np.ndarray, counts: np.ndarray, cards: Sequence[int]) -> float:
-    """Mean observed-data log-likelihood per row (nats) of ``rows`` (``-1`` at missing cells and
-    hidden columns, each occurring ``counts`` times) under the learner's model."""
-    groups = group_rows(rows, cards, counts)
+def row_logliks(learner, rows: np.ndarray, cards: Sequence[int]) -> np.ndarray:
+    """Observed-data log-likelihood (nats) of each of the distinct ``rows`` (``-1`` at missing
+    cells and hidden columns) under the learner's model, read as the E-step reads it."""
+    groups = group_rows(rows, cards)
     needed = needed_cells(groups, cards)
-    _, _, ll, _ = soft_counts(groups, cards, needed, learner.values(needed))
-    return ll / float(np.sum(counts))
+    P = learner.values(needed)
+    st = _strides(cards)
+    out = np.empty(len(rows))
+    for g in groups:
+        lp = np.empty(len(g.codes))
+        for sl in _row_chunks(len(g.codes), g.size):
+            lp[sl] = np.log(P[np.searchsorted(needed, _cells(g, sl, st))].sum(axis=1))
+        out[g.rows] = lp[g.inverse]
+    return out
 
 
 def split_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -706,20 +711,24 @@ def split_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], hidden: Sequence, seeds) -> EMChoice:
-    """The penalty scale (``penalty_scale="auto"``) and the number of states of an ``"auto"``
-    hidden variable of an EM fit, chosen on held-out rows as an ordinary fit chooses its
-    scale (:mod:`fsll_ooc.learn.select`): one row in five is held out; on the rest, EM (with
-    every restart of ``seeds``) under the first scale of :data:`fsll_ooc.cost.PENALTY_SCALES`,
-    then continued under each further one; each model scores the held-out rows by their
-    observed-data log-likelihood (missing cells and hidden variables marginalised), and the
-    best scale (ties to the full code) and number of states (ties to the fewer) win.  The
-    number of states is tried from 2 up, until :data:`HIDDEN_PATIENCE` numbers in a row
-    score no better (at most :data:`HIDDEN_MAX`).  The chosen model is where the fit on
-    every row starts (``start``).  The sub-fits hold their tables in memory.
+    """The number of states of an ``"auto"`` hidden variable and the penalty scale
+    (``penalty_scale="auto"``) of an EM fit, chosen on held-out rows as an ordinary fit
+    chooses its scale (:mod:`fsll_ooc.learn.select`): one row in five is held out
+    (:func:`split_counts`).
 
-    With a numeric scale and no ``"auto"``, nothing is compared.  With fewer than
+    * The number of states: :func:`latent_states` (latent-class models of 2, 3, ...
+      states on the other rows, scored by the held-out rows' observed-data
+      log-likelihood).
+    * The scale: on the other rows, EM (with every restart of ``seeds``) under the first
+      scale of :data:`fsll_ooc.cost.PENALTY_SCALES`, then continued under each further
+      one; each model scores the held-out rows by their observed-data log-likelihood
+      (missing cells and hidden variables marginalised, :func:`row_logliks`), the best
+      wins (ties to the full code).  The chosen model is where the fit on every row
+      starts (``start``).  The sub-fits hold their tables in memory.
+
+    With a numeric scale no scale is compared.  With fewer than
     :data:`fsll_ooc.learn.select.MIN_ROWS` rows, or tables that do not fit in memory, the
-    scale is 1 (an ``"auto"`` hidden variable is then an error).
+    scale is 1 (an ``"auto"`` hidden variable with too few rows is an error).
     """
     from . import storage
     from .machine import total_memory
@@ -729,39 +738,31 @@ def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], 
     from .storage.fit_store import TABLE_NAMES
 
     want = C.resolve_penalty_scale(est.penalty_scale, est.epsilon)
-    auto = [j for j, k in enumerate(hidden) if isinstance(k, str)]
+    auto = any(isinstance(k, str) for k in hidden)
     if want != "auto" and not auto:
         return EMChoice(want, list(hidden))
-    scales = C.PENALTY_SCALES if want == "auto" else (want,)
     N = int(np.sum(counts))
-    reason = ""
     if N < MIN_ROWS:
-        reason = f"only {N} rows (fewer than {MIN_ROWS})"
-    ks = list(range(2, HIDDEN_MAX + 1)) if auto else [None]
-
-    def cards_of(k):
-        return tuple(obs_cards) + tuple(k if isinstance(h, str) else int(h) for h in hidden)
-
-    def plan_for(cards):  # the sub-fits' tables in memory, within the fit's memory limit
-        p = make_plan(cards, memory_limit=est.memory_limit if est.memory_limit is not None else total_memory(),
-                      disk_free=None, workers=1, out_of_core=None)
-        if not (p.feasible and p.layout.a == 0):
-            raise PlanError("the tables do not fit in memory")
-        return p
-
-    try:
-        plan_of = {ks[0]: plan_for(cards_of(ks[0]))}
-    except PlanError:
-        reason = reason or "the tables do not fit in memory"
-    if reason:
         if auto:
-            raise ValueError(f"hidden=['auto'] chooses the number of states on held-out rows, but {reason}; "
-                             "give the number, e.g. hidden=[3]")
-        return EMChoice(scales[0], list(hidden), reason=reason)
+            raise ValueError(f"hidden=['auto'] chooses the number of states on held-out rows, but there are only "
+                             f"{N} rows (fewer than {MIN_ROWS}); give the number, e.g. hidden=[3]")
+        return EMChoice(C.PENALTY_SCALES[0], list(hidden), reason=f"only {N} rows (fewer than {MIN_ROWS})")
     tc, hc = split_counts(counts)
     rows_t, tc = rows[tc > 0], tc[tc > 0]
     rows_h, hc = rows[hc > 0], hc[hc > 0]
-    n_hidden = len(hidden)
+    hidden_scores: dict = {}
+    if auto:  # the restarts ran on the latent-class models: EM starts from the chosen one's seed
+        hidden, hidden_scores, seed = latent_states(rows_t, tc, rows_h, hc, obs_cards, hidden, seeds)
+        seeds = [seed]
+    hidden = [int(k) for k in hidden]
+    if want != "auto":
+        return EMChoice(want, hidden, {}, hidden_scores)
+    cards = tuple(obs_cards) + tuple(hidden)
+    plan = make_plan(cards, memory_limit=est.memory_limit if est.memory_limit is not None else total_memory(),
+                     disk_free=None, workers=1, out_of_core=None)
+    if not (plan.feasible and plan.layout.a == 0):  # the sub-fits' tables in memory, within the fit's limit
+        return EMChoice(C.PENALTY_SCALES[0], hidden, {}, hidden_scores, reason="the tables do not fit in memory")
+    scales = C.PENALTY_SCALES
     Nt = int(tc.sum())
     opts = dataclasses.replace(fitting.options(est), on_finish=None)
     tol = est.em_tol if est.em_tol is not None else resolve_epsilon(est.epsilon, Nt)
@@ -770,47 +771,90 @@ def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], 
     def run(engine, state, fresh):
         learn(engine, state, opts, fresh=fresh, progress=None, callback=None)
 
-    best = None  # (score, k, scale, start, scores)
-    hidden_scores: dict = {}
-    since = 0
-    for k in ks:
-        cards = cards_of(k)
-        try:
-            plan = plan_of.get(k) or plan_for(cards)
-        except PlanError:
-            break  # more states do not fit in memory: the numbers tried so far decide
+    def make(state=None, fresh=True):
+        specs = [storage.create_table("numpy", None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
+        return MStep(fitting.make_engine(est, plan, specs, Nt, penalty_scale=scales[0]), _fit_state(cards, Nt, code, scales[0]),
+                     run)
 
-        def make(state=None, fresh=True, cards=cards, plan=plan):
-            specs = [storage.create_table("numpy", None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
-            st = _fit_state(cards, Nt, code, scales[0])
-            return MStep(fitting.make_engine(est, plan, specs, Nt, penalty_scale=scales[0]), st, run)
+    learner = fit_em(make, rows_t, tc, cards, n_hidden=len(hidden), seeds=seeds, tol=tol,
+                     max_rounds=est.em_max_rounds).learner
+    scores, starts = {}, {}
+    for i, s in enumerate(scales):
+        if i:  # the search continued under the next scale, from the model it has
+            learner.state.set_penalty_scale(s)
+            learner.state.converged = False
+            learner.engine = fitting.make_engine(est, plan, learner.engine.ctx.specs, Nt, penalty_scale=s)
+            run_em(learner, rows_t, tc, cards, n_hidden=len(hidden), tol=tol, max_rounds=est.em_max_rounds, warm=True)
+        scores[s] = float(row_logliks(learner, rows_h, cards) @ hc) / float(hc.sum())
+        starts[s] = start_of(learner.state)
+    best = scales[0]
+    for s in scales[1:]:
+        if scores[s] > scores[best]:
+            best = s
+    return EMChoice(best, hidden, scores, hidden_scores, starts[best])
 
-        learner = fit_em(make, rows_t, tc, cards, n_hidden=n_hidden, seeds=seeds, tol=tol,
-                         max_rounds=est.em_max_rounds).learner
-        scores, starts = {}, {}
-        for i, s in enumerate(scales):
-            if i:  # the search continued under the next scale, from the model it has
-                learner.state.set_penalty_scale(s)
-                learner.state.converged = False
-                learner.engine = fitting.make_engine(est, plan, learner.engine.ctx.specs, Nt, penalty_scale=s)
-                run_em(learner, rows_t, tc, cards, n_hidden=n_hidden, tol=tol, max_rounds=est.em_max_rounds,
-                       warm=True)
-            scores[s] = held_out_loglik(learner, rows_h, hc, cards)
-            starts[s] = start_of(learner.state)
-        s_best = scales[0]
-        for s in scales[1:]:
-            if scores[s] > scores[s_best]:
-                s_best = s
-        hidden_scores[k] = scores[s_best]
-        if best is None or scores[s_best] > best[0]:
-            best, since = (scores[s_best], k, s_best, starts[s_best], scores), 0
+
+def latent_states(rows_t, counts_t, rows_h, counts_h, obs_cards: Sequence[int], hidden: Sequence,
+                  seeds) -> tuple[list, dict, int]:
+    """The number of states of the ``"auto"`` entry of ``hidden``, the held-out score of each
+    number tried and the seed of the chosen model: ``(hidden with it, {k: mean held-out
+    log-likelihood per row}, seed)``.
+
+    For ``k = 2, 3, ...`` a latent-class model (the first round's model, :func:`initial_model`;
+    of ``seeds``' restarts the one with the highest training log-likelihood, whose seed
+    then starts the EM fit: it is that fit's first round) is fitted to the training rows ``rows_t`` (occurring
+    ``counts_t`` times) and scores the held-out rows by their observed-data
+    log-likelihood; the search stops after :data:`HIDDEN_PATIENCE` numbers in a row that
+    score no better than the best so far (at most :data:`HIDDEN_MAX`).  The fewest states
+    whose score is within one standard error of the best score win (the error of the mean
+    row-by-row difference of the two models' held-out log-likelihoods): a model with an
+    extra state rarely scores much worse, and the hidden variable should carry the classes
+    the rows show, not split one.  A latent-class model is the hidden variable's structure
+    alone, fitted to convergence in moments; the full-span model built on it afterwards
+    adds the observed variables' own interactions.
+    """
+    n_obs = len(obs_cards)
+    w = np.asarray(counts_h, np.float64) / float(np.sum(counts_h))
+
+    def loglik(model, rows, K):
+        pi, f = model
+        like = np.zeros(len(rows))
+        for h in range(K):
+            v = np.full(len(rows), pi[h])
+            for i in range(n_obs):
+                col = rows[:, i]
+                seen = col >= 0
+                v[seen] *= f[i][h, col[seen]]
+            like += v
+        return np.log(like)
+
+    tried: dict = {}
+    best, since = None, 0
+    for k in range(2, HIDDEN_MAX + 1):
+        cards = tuple(obs_cards) + tuple(k if isinstance(h, str) else int(h) for h in hidden)
+        K = math.prod(cards[n_obs:])
+        fit = None
+        for seed in seeds:
+            model = initial_model(rows_t, counts_t, cards, len(hidden), seed)
+            lt = float(loglik(model, rows_t, K) @ counts_t)
+            if fit is None or lt > fit[0]:
+                fit = (lt, model, seed)
+        tried[k] = (loglik(fit[1], rows_h, K), fit[2])
+        if best is None or float(w @ tried[k][0]) > float(w @ tried[best][0]):
+            best, since = k, 0
         else:
             since += 1
             if since >= HIDDEN_PATIENCE:
                 break
-    _, k, scale, start, scores = best
-    chosen = [k if isinstance(h, str) else int(h) for h in hidden]
-    return EMChoice(scale, chosen, scores, hidden_scores if auto else {}, start)
+    chosen = best
+    for k in sorted(tried):
+        d = tried[k][0] - tried[best][0]
+        mean = float(w @ d)
+        if mean >= -math.sqrt(max(float(w @ (d - mean) ** 2), 0.0) / float(np.sum(counts_h))):
+            chosen = k
+            break
+    return ([chosen if isinstance(h, str) else int(h) for h in hidden],
+            {k: float(w @ v[0]) for k, v in tried.items()}, tried[chosen][1])
 
 
 def _fit_state(cards, N: int, code: str, scale: float):

@@ -348,7 +348,7 @@ def test_missing_cells_refused_without_the_option():
         FSLL(progress=False).fit(df)
     with pytest.raises(ValueError, match="missing must be None or 'em'"):
         FSLL(missing="drop").fit(X)
-    with pytest.raises(ValueError, match="hidden cardinalities must be integers >= 2"):
+    with pytest.raises(ValueError, match="hidden cardinalities must be integers >= 2 or 'auto'"):
         FSLL(hidden=[1]).fit(X)
     with pytest.raises(ValueError, match="has no observed value"):
         FSLL(missing="em").fit(np.array([[0, np.nan], [1, np.nan]]))
@@ -394,6 +394,48 @@ def test_hidden_variable_recovers_planted_classes():
         ref = P[tuple(X[r])] / P[tuple(X[r])].sum()
         np.testing.assert_allclose(post[r], ref, rtol=1e-10)
         assert math.isclose(m.log_prob(X[r:r + 1])[0], math.log(P[tuple(X[r])].sum()), rel_tol=1e-10)
+
+
+def _planted(k, n, seed, cards=(3, 4, 5, 3, 4, 5)):
+    """Rows of a latent-class model with ``k`` classes, each putting 0.8 of its mass on a value
+    of its own per variable, and their classes."""
+    rng = np.random.default_rng(seed)
+    z = rng.integers(0, k, n)
+    X = np.empty((n, len(cards)), np.int64)
+    for i, c in enumerate(cards):
+        top = rng.permutation(max(c, k))[:k] % c
+        prof = np.full((k, c), 0.2 / c)
+        prof[np.arange(k), top] += 0.8
+        X[:, i] = np.minimum((rng.random(n)[:, None] > prof[z].cumsum(axis=1)).sum(axis=1), c - 1)
+    return X, z
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_hidden_auto_recovers_the_number_of_planted_classes(k):
+    X, z = _planted(k, 1500, seed=100 * k)
+    m = FSLL(progress=False, hidden=["auto"], random_state=0).fit(X)
+    assert m.cardinalities_ == (3, 4, 5, 3, 4, 5, k) and m.n_hidden_ == 1
+    scores = m.hidden_scores_
+    assert sorted(scores) == list(range(2, max(scores) + 1)) and max(scores) >= k + 1  # 2, 3, ... past the choice
+    assert all(scores[k] > v for j, v in scores.items() if j < k)  # fewer states score worse
+    found = m.predict_hidden(X).argmax(axis=1)
+    table = np.zeros((k, k), int)
+    np.add.at(table, (z, found), 1)
+    assert table.max(axis=1).sum() / len(X) > 0.85 and sorted(table.argmax(axis=1).tolist()) == list(range(k))
+    objs = [h["objective"] for h in m.em_history_]
+    assert all(b <= a + 1e-12 * abs(a) for a, b in zip(objs, objs[1:]))
+
+
+def test_hidden_auto_needs_rows_and_takes_one_auto():
+    X, _ = _planted(2, 60, seed=0)
+    with pytest.raises(ValueError, match="only 60 rows"):
+        FSLL(progress=False, hidden=["auto"]).fit(X)
+    with pytest.raises(ValueError, match="at most one hidden cardinality can be 'auto'"):
+        FSLL(progress=False, hidden=["auto", "auto"]).fit(X)
+    with pytest.raises(ValueError, match="integers >= 2 or 'auto'"):
+        FSLL(progress=False, hidden=["many"]).fit(X)
+    m = FSLL(progress=False, hidden=["auto", 2], random_state=0).fit(_planted(3, 600, seed=1)[0])
+    assert m.n_hidden_ == 2 and m.cardinalities_[-1] == 2 and m.cardinalities_[-2] in m.hidden_scores_
 
 
 def test_hidden_model_saves_and_loads(tmp_path):
