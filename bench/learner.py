@@ -6,9 +6,9 @@ Cases (``--cases``):
 * ``24``, ``22``: ``bench/scale.py``'s binary networks (``2^24``/``2^22`` cells, 10^5 rows), in core;
 * ``survey``: a survey-like table, cardinalities 7,5,9,9,3,4,4,2,2,2,3,2 (``2^22.6`` cells),
   13,000 training rows and 3,000 held-out rows from a random Bayesian network with strong
-  conditional tables (:func:`strong_bn`: up to 2 parents, rows drawn from a Dirichlet(0.3));
-* ``sachs-like``: 11 ternary variables (``3^11`` cells), 7,466 + 2,000 rows, the same kind of network;
-* ``nltcs-like``: 16 binary variables, 16,181 + 3,236 rows (NLTCS's shape; the data set
+  conditional tables (:func:`strong_bn`: one parent each, rows drawn from a Dirichlet(0.3));
+* ``sachs-like``: 11 ternary variables (``3^11`` cells), 7,466 + 2,000 rows, up to 2 parents each;
+* ``nltcs-like``: 16 binary variables, 16,181 + 3,236 rows, up to 2 parents (NLTCS's shape; the data set
   itself is not available here).
 
 Each fit is timed warm (a first fit of the same case compiles and loads the kernels, then
@@ -35,8 +35,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SURVEY_CARDS = (7, 5, 9, 9, 3, 4, 4, 2, 2, 2, 3, 2)
-CASES = {"survey": (SURVEY_CARDS, 13_000, 3_000), "sachs-like": ((3,) * 11, 7_466, 2_000),
-         "nltcs-like": ((2,) * 16, 16_181, 3_236)}
+#: case -> (cardinalities, training rows, held-out rows, parents per variable)
+CASES = {"survey": (SURVEY_CARDS, 13_000, 3_000, 1), "sachs-like": ((3,) * 11, 7_466, 2_000, 2),
+         "nltcs-like": ((2,) * 16, 16_181, 3_236, 2)}
 
 
 def strong_bn(cards, n_parents=2, alpha=0.3, seed=0):
@@ -68,8 +69,8 @@ def sample(cards, parents, cpts, n, seed):
 def case_data(case: str, seed: int = 0):
     """``(train, test, cards)`` of a case."""
     if case in CASES:
-        cards, n_train, n_test = CASES[case]
-        parents, cpts = strong_bn(cards, seed=seed)
+        cards, n_train, n_test, n_parents = CASES[case]
+        parents, cpts = strong_bn(cards, n_parents=n_parents, seed=seed)
         return sample(cards, parents, cpts, n_train, seed + 1), sample(cards, parents, cpts, n_test, seed + 2), cards
     sys.path.insert(0, HERE)
     from scale import ancestral_sample, random_bn

@@ -188,3 +188,50 @@ def test_a_dual_or_target_of_exactly_one_does_not_stop_the_search(where, value):
         0.5 * (1.0 - value) * (math.log1p(-t) - math.log(2.0))
     assert C.kl_step(value, t, value) == pytest.approx(want, rel=1e-15)
     assert C.kl_step(value, value, value) == 0.0
+
+
+def _expand_axis_by_axis(cards, dig_a, dig_b):
+    """The pair products axis by axis on numpy (all pairs' terms per axis, the triples' copies
+    appended): the reference order of the terms within a pair."""
+    P = len(dig_a)
+    strides = np.array([math.prod(cards[i + 1:]) for i in range(len(cards))], np.int64)
+    pair, flat, coef = np.arange(P), np.zeros(P, np.int64), np.ones(P)
+    for i, k in enumerate(cards):
+        a, b = dig_a[pair, i], dig_b[pair, i]
+        if basis.is_walsh(k):
+            flat = flat + (a ^ b) * strides[i]
+            continue
+        triple = (a != b) & (a != 0) & (b != 0)
+        c = np.where(a == b, 0, a | b)
+        c[triple] = 0
+        flat = flat + c * strides[i]
+        coef[triple] = -coef[triple]
+        t = np.nonzero(triple)[0]
+        pair = np.concatenate([pair, pair[t], pair[t]])
+        flat = np.concatenate([flat, flat[t] + a[t] * strides[i], flat[t] + b[t] * strides[i]])
+        coef = np.concatenate([coef, coef[t], coef[t]])
+    return pair, flat, coef
+
+
+@pytest.mark.parametrize("cards", [(2, 3, 4, 5), (3, 3, 3, 3), (5, 2, 7), (4, 8, 2)])
+def test_compiled_pair_products_are_the_expansion_in_its_order(cards):
+    from fsll_ooc.kernels import products
+    from fsll_ooc.learn import corrective
+
+    rng = np.random.default_rng(len(cards))
+    size = math.prod(cards)
+    ya, yb = rng.integers(0, size, 300), rng.integers(0, size, 300)
+    da = np.stack(np.unravel_index(ya, cards), axis=1).astype(np.int64)
+    db = np.stack(np.unravel_index(yb, cards), axis=1).astype(np.int64)
+    pair, flat, coef = corrective.pair_products(cards, da, db)
+    rp, rf, rc = _expand_axis_by_axis(cards, da, db)
+    for j in range(len(ya)):  # the same terms of every pair, in the same order
+        assert flat[pair == j].tolist() == rf[rp == j].tolist()
+        assert coef[pair == j].tolist() == rc[rp == j].tolist()
+    # and the dense product: <Phi_a Phi_b> of a random distribution
+    Phi = oracle.phi_matrix(cards)
+    p = rng.dirichlet(np.ones(size))
+    tb = Phi @ p
+    got = products.pair_sums(pair, coef, tb[flat], len(ya))
+    np.testing.assert_allclose(got, (Phi[ya] * Phi[yb]) @ p, atol=1e-12)
+    assert got.tolist() == np.bincount(pair, weights=coef * tb[flat], minlength=len(ya)).tolist()

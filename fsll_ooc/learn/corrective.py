@@ -43,6 +43,7 @@ import numpy as np
 
 from .. import basis
 from ..engine import Table
+from ..kernels import products as kernel_products
 from .cells import unique_inverse
 
 __all__ = ["Products", "pair_products", "moment_matrix", "RefineResult", "refine", "write_duals", "closure_candidates", "joint_append",
@@ -76,58 +77,21 @@ def pair_products(cards, dig_a: np.ndarray, dig_b: np.ndarray):
 
 
 def _expand(cards, dig_a: np.ndarray, dig_b: np.ndarray, ia: np.ndarray, ib: np.ndarray):
-    """:func:`pair_products` of the pairs ``(dig_a[ia[j]], dig_b[ib[j]])``, gathering one axis at a time.
-
-    A Walsh-Hadamard axis never splits a pair into several terms, so its contribution
-    ``(a XOR b) * stride`` is summed per pair and added to the pair's terms at the end
-    (the same integers in the same term order as axis by axis).  When every axis is
-    Walsh-Hadamard the flat index of a product is the XOR of the two flat indices
-    (each digit owns its own bits).
+    """:func:`pair_products` of the pairs ``(dig_a[ia[j]], dig_b[ib[j]])``, pair by pair in one
+    compiled call (:func:`fsll_ooc.kernels.products.expand`; a pair's terms in the order of
+    the axis-by-axis expansion).  When every axis is Walsh-Hadamard the flat index of a
+    product is the XOR of the two flat indices (each digit owns its own bits).
     """
     cards = tuple(int(k) for k in cards)
     strides = _strides(cards)
     P = len(ia)
-    walsh = [i for i, k in enumerate(cards) if basis.is_walsh(k)]
-    if len(walsh) == len(cards):
+    walsh = np.array([basis.is_walsh(k) for k in cards], bool)
+    if walsh.all():
         fa = dig_a @ strides if len(dig_a) else np.zeros(0, np.int64)
         fb = dig_b @ strides if len(dig_b) else np.zeros(0, np.int64)
         return np.arange(P, dtype=np.int64), fa[ia] ^ fb[ib], np.ones(P)
-    wflat = np.zeros(P, dtype=np.int64)
-    for i in walsh:
-        wflat += (dig_a[ia, i] ^ dig_b[ib, i]) * strides[i]
-    pair = None  # None: one term per pair so far (term j is pair j)
-    flat = np.zeros(P, dtype=np.int64)
-    coef = np.ones(P)
-    for i, k in enumerate(cards):
-        if basis.is_walsh(k):
-            continue
-        col_a = np.ascontiguousarray(dig_a[:, i])
-        col_b = np.ascontiguousarray(dig_b[:, i])
-        if pair is None:
-            a = col_a[ia]
-            b = col_b[ib]
-        else:
-            a = col_a[ia[pair]]
-            b = col_b[ib[pair]]
-        same = a == b
-        triple = ~same & (a != 0) & (b != 0)
-        c = np.where(same, 0, a | b)  # one digit zero: the other one; equal: phi_0
-        if not triple.any():
-            flat += c * strides[i]
-            continue
-        c[triple] = 0  # the -phi_0 term stays in place ...
-        flat += c * strides[i]
-        coef[triple] = -coef[triple]
-        t = np.nonzero(triple)[0]  # ... and -phi_a, -phi_b are appended
-        if pair is None:
-            pair = np.arange(P, dtype=np.int64)
-        pair = np.concatenate([pair, pair[t], pair[t]])
-        flat = np.concatenate([flat, flat[t] + a[t] * strides[i], flat[t] + b[t] * strides[i]])
-        coef = np.concatenate([coef, coef[t], coef[t]])
-    if pair is None:
-        pair = np.arange(P, dtype=np.int64)
-    flat += wflat[pair]
-    return pair, flat, coef
+    return kernel_products.expand(np.ascontiguousarray(dig_a, np.int64), np.ascontiguousarray(dig_b, np.int64),
+                                  np.asarray(ia, np.int64), np.asarray(ib, np.int64), strides, walsh)
 
 
 def _digits(cards, flat: np.ndarray) -> np.ndarray:
@@ -203,7 +167,7 @@ class Products:
 def moment_matrix(prod: Products, cells: np.ndarray) -> np.ndarray:
     """``M[i, j] = <Phi_i Phi_j>_p`` of the support from ``cells[k] = thetabar[prod.flat[k]]``."""
     m = len(prod.support)
-    s = np.bincount(prod.pair, weights=prod.coef * cells, minlength=len(prod.I))
+    s = kernel_products.pair_sums(prod.pair, prod.coef, np.asarray(cells, np.float64), len(prod.I))
     M = np.zeros((m, m))
     M[prod.I, prod.J] = s
     M[prod.J, prod.I] = s
@@ -550,7 +514,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         r_c = np.array([state.penalty(int(y)) for y in flat_c])
     if m:
         H_ss = moment_matrix(prod, cell[:n1]) - np.outer(tb_s, tb_s)
-        H_cs = np.bincount(cs_pair, weights=cs_coef * cell[n1:n1 + n2], minlength=K * m).reshape(K, m)
+        H_cs = kernel_products.pair_sums(cs_pair, cs_coef, cell[n1:n1 + n2], K * m).reshape(K, m)
         H_cs -= np.outer(tb_c, tb_s)
         X = _solve(H_ss, np.concatenate([H_cs.T, (tb_s - d_s)[:, None]], axis=1))
         sig = H_cc - H_cs @ X[:, :K]

@@ -1,0 +1,103 @@
+"""Compiled pair products of the corrective phases: ``Phi_a Phi_b`` expanded for many pairs.
+
+:func:`fsll_ooc.learn.corrective.pair_products` expands ``Phi_a Phi_b = sum_k coef_k
+Phi_{flat_k}`` (the product rule of :func:`fsll_ooc.basis.product_matrix`): a
+Walsh-Hadamard axis contributes ``a XOR b``; a +-1 axis ``a`` or ``b`` when the other is
+0, ``0`` when they are equal, and ``-phi_0 - phi_a - phi_b`` when both are non-zero and
+different (a *triple* axis).  A pair with ``t`` triple axes has ``3^t`` terms, all with
+coefficient ``(-1)^t``.
+
+:func:`expand` writes the terms pair by pair (the pairs in order); within a pair term
+``k`` takes, on its ``q``-th triple axis (in axis order), digit ``0``, ``a`` or ``b`` by the
+``q``-th base-3 digit of ``k`` (the first triple axis varies fastest): the order in which
+the axis-by-axis numpy expansion lists a pair's terms, so sums over a pair's terms
+(:func:`pair_sums`) add the same numbers in the same order.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["expand", "pair_sums", "warmup"]
+
+
+@njit(cache=True, nogil=True)
+def expand(dig_a, dig_b, ia, ib, strides, walsh):
+    """``(pair, flat, coef)`` of the pairs ``(dig_a[ia[j]], dig_b[ib[j]])`` (digit rows)."""
+    P = ia.shape[0]
+    nax = strides.shape[0]
+    counts = np.empty(P, np.int64)
+    total = 0
+    for j in range(P):
+        c = 1
+        ra = ia[j]
+        rb = ib[j]
+        for ax in range(nax):
+            if not walsh[ax]:
+                a = dig_a[ra, ax]
+                b = dig_b[rb, ax]
+                if a != b and a != 0 and b != 0:
+                    c *= 3
+        counts[j] = c
+        total += c
+    pair = np.empty(total, np.int64)
+    flat = np.empty(total, np.int64)
+    coef = np.empty(total)
+    t_stride = np.empty(nax, np.int64)
+    t_a = np.empty(nax, np.int64)
+    t_b = np.empty(nax, np.int64)
+    pos = 0
+    for j in range(P):
+        ra = ia[j]
+        rb = ib[j]
+        base = np.int64(0)
+        nt = 0
+        sign = 1.0
+        for ax in range(nax):
+            a = dig_a[ra, ax]
+            b = dig_b[rb, ax]
+            if walsh[ax]:
+                base += (a ^ b) * strides[ax]
+            elif a == b:
+                continue
+            elif a == 0 or b == 0:
+                base += (a | b) * strides[ax]
+            else:
+                t_stride[nt] = strides[ax]
+                t_a[nt] = a
+                t_b[nt] = b
+                nt += 1
+                sign = -sign
+        for k in range(counts[j]):
+            f = base
+            rest = k
+            for q in range(nt):
+                ch = rest % 3
+                rest //= 3
+                if ch == 1:
+                    f += t_a[q] * t_stride[q]
+                elif ch == 2:
+                    f += t_b[q] * t_stride[q]
+            pair[pos] = j
+            flat[pos] = f
+            coef[pos] = sign
+            pos += 1
+    return pair, flat, coef
+
+
+@njit(cache=True, nogil=True)
+def pair_sums(pair, coef, cells, n_pairs):
+    """``np.bincount(pair, weights=coef * cells, minlength=n_pairs)``: the same sums in the same
+    order (term by term)."""
+    out = np.zeros(n_pairs)
+    for k in range(pair.shape[0]):
+        out[pair[k]] += coef[k] * cells[k]
+    return out
+
+
+def warmup() -> None:
+    """Compile (or load from numba's cache) both kernels."""
+    d = np.zeros((1, 2), np.int64)
+    i = np.zeros(1, np.int64)
+    p, f, c = expand(d, d, i, i, np.ones(2, np.int64), np.zeros(2, np.bool_))
+    pair_sums(p, c, c, 1)
