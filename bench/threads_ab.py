@@ -1,17 +1,23 @@
 #!/usr/bin/env python
-"""In-core fits at 1, 2, ... threads, two source trees interleaved: wall time, the time in
-table passes and sweeps, the host share, and the model (terms, KL to the data).
+"""Fits at 1, 2, ... threads, two source trees interleaved: wall time, the time in table
+passes and sweeps, the host share, and the model (terms, KL to the data).
 
 Data: the random Bayesian networks of ``bench/scale.py`` (binary, ``2^k`` cells, 10^5 rows).
 Each fit runs in its own process with ``NUMBA_NUM_THREADS`` set to the thread count and
 ``PYTHONPATH`` to the tree, after a small warm-up fit (kernels loaded or compiled); the
 order is case, mode, repeat, thread count, tree, so the machine's load falls alike on
 every arm.  ``default``: ``FSLL()``; ``paper``: ``epsilon=1e-4`` with ``max_iter=150``.
+In core by default; ``--store DIR``: out of core, a memmap store under ``DIR`` planned for
+``--cap`` of memory (the planner's limit, no cgroup), removed after each fit;
+``--schedulers`` (out of core): the ``scheduler`` values to compare on the ``after`` tree
+(``default`` is the library's choice, also the ``before`` tree's).
 
 Usage::
 
     python bench/threads_ab.py --before /path/to/old --after . --cases 22 24 --threads 1 2 \\
         --modes default paper --repeat 2 --out /tmp/threads.jsonl
+    python bench/threads_ab.py --before /path/to/old --after . --cases 26 --modes default --threads 2 \
+        --store /work/scratch --schedulers default pool --repeat 2 --out /tmp/ooc.jsonl
     python bench/threads_ab.py --report /tmp/threads.jsonl
 """
 from __future__ import annotations
@@ -27,8 +33,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def one(case: int, mode: str) -> dict:
+def one(case: int, mode: str, store: str | None = None, cap: str = "4GiB", scheduler: str = "default") -> dict:
     """The fit, in this process (the tree first on ``sys.path``)."""
+    import shutil
+
     import numpy as np
 
     sys.path.insert(0, str(HERE))
@@ -55,9 +63,17 @@ def one(case: int, mode: str) -> dict:
 
     setattr(owner, name, recording if owner is not FSLL else lambda self, *a, **k: recording(self, *a, **k))
     kw = {} if mode == "default" else {"epsilon": 1e-4, "max_iter": 150}
+    if store:
+        kw.update(store=Path(store) / f"threads_ab_{os.getpid()}.mm", backend="memmap", memory_limit=cap)
+        if scheduler != "default":
+            kw["scheduler"] = scheduler
     t0 = time.perf_counter()
-    m = FSLL(progress=False, **kw).fit(X)
-    wall = time.perf_counter() - t0
+    try:
+        m = FSLL(progress=False, **kw).fit(X)
+        wall = time.perf_counter() - t0
+    finally:
+        if store:
+            shutil.rmtree(kw["store"], ignore_errors=True)
     passes = sum(e.pass_seconds for e in engines)
     sweeps = sum(getattr(e, "sweep_seconds", 0.0) for e in engines)
     return {"wall": wall, "pass_s": passes, "sweep_s": sweeps, "host_share": (wall - passes - sweeps) / wall,
@@ -71,7 +87,8 @@ def report(path: str) -> str:
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     groups: dict = {}
     for r in rows:
-        groups.setdefault((r["case"], r["mode"], r["arm"], r["threads"]), []).append(r)
+        arm = r["arm"] + (f" ({r['scheduler']})" if r.get("scheduler", "default") != "default" else "")
+        groups.setdefault((r["case"], r["mode"], arm, r["threads"]), []).append(r)
     out = ["| case | mode | tree | threads | wall s (median) | runs | passes + sweeps s | host share | terms | KL(p_d‖p) |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for (case, mode, arm, th), rs in sorted(groups.items()):
@@ -101,30 +118,37 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", default=None)
     ap.add_argument("--report", default=None)
-    ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--store", default=None)
+    ap.add_argument("--cap", default="4GiB")
+    ap.add_argument("--schedulers", nargs="+", default=["default"])
+    ap.add_argument("--child", nargs=5, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(one(int(args.child[0]), args.child[1])), flush=True)
+        case, mode, store, cap, sched = args.child
+        print("RESULT " + json.dumps(one(int(case), mode, store or None, cap, sched)), flush=True)
         return
     if args.report:
         print(report(args.report))
         return
-    arms = ([("before", args.before)] if args.before else []) + [("after", args.after)]
+    arms = ([("before", args.before, "default")] if args.before else []) + [
+        ("after", args.after, sc) for sc in (args.schedulers if args.store else ["default"])]
     out = open(args.out, "a") if args.out else None
     for case in args.cases:
         for mode in args.modes:
             for rep in range(args.repeat):
                 for th in args.threads:
-                    for arm, tree in arms:
+                    for arm, tree, sched in arms:
                         env = dict(os.environ, NUMBA_NUM_THREADS=str(th), PYTHONPATH=str(Path(tree).resolve()))
                         load = os.getloadavg()[0]
-                        proc = subprocess.run([sys.executable, __file__, "--child", str(case), mode], env=env,
+                        proc = subprocess.run([sys.executable, __file__, "--child", str(case), mode, args.store or "",
+                                               args.cap, sched], env=env,
                                               capture_output=True, text=True)
                         res = [json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
                         if proc.returncode or not res:
                             print(f"{arm} 2^{case} {mode} {th} threads failed:\n{proc.stderr[-2000:]}", flush=True)
                             continue
-                        row = {"case": case, "mode": mode, "arm": arm, "threads": th, "rep": rep, "load1": load,
+                        row = {"case": case, "mode": mode, "arm": arm, "scheduler": sched, "threads": th, "rep": rep,
+                               "load1": load, "store": bool(args.store),
                                **res[0]}
                         print(json.dumps(row), flush=True)
                         if out:
