@@ -123,7 +123,9 @@ def fire(n: int, fn, *args) -> None:
 def parallel_for(n: int, count: int, work) -> None:
     """``work(i)`` for ``i`` in ``range(count)`` on the caller and ``n - 1`` helpers of
     :func:`helpers`, each taking the next ``i`` as it comes (the work must release the
-    GIL to gain: compiled kernels, numpy on large arrays).  Every piece that began has
+    GIL to gain: compiled kernels, numpy on large arrays).  The caller waits for the pieces,
+    not for the helpers: a helper that starts late (another program has the other core)
+    finds every piece taken and leaves, so it delays nothing.  Every piece that began has
     ended when this returns or raises; after a failure the pieces not begun are skipped and
     the first error is raised.
 
@@ -139,20 +141,29 @@ def parallel_for(n: int, count: int, work) -> None:
         return
     nxt = itertools.count()  # next() is atomic under the GIL
     failed: list = []
+    done = [0]
+    cond = threading.Condition()
 
     def loop():
-        try:
-            while not failed:
-                i = next(nxt)
-                if i >= count:
-                    return
-                work(i)
-        except BaseException as exc:  # noqa: BLE001 - raised by the caller below
-            failed.append(exc)
+        while True:
+            i = next(nxt)
+            if i >= count:
+                return
+            if not failed:
+                try:
+                    work(i)
+                except BaseException as exc:  # noqa: BLE001 - raised by the caller below
+                    failed.append(exc)
+            with cond:
+                done[0] += 1
+                if done[0] == count:
+                    cond.notify_all()
 
-    futs = [helpers(n).submit(loop) for _ in range(min(n, count) - 1)]
+    ex = helpers(n)
+    for _ in range(min(n, count) - 1):
+        ex.submit(loop)
     loop()
-    for f in futs:
-        f.result()
+    with cond:
+        cond.wait_for(lambda: done[0] == count)
     if failed:
         raise failed[0]

@@ -43,7 +43,7 @@ kernels and the radix-8 sweep at stride 8 constant-stride ones.
 """
 from __future__ import annotations
 
-import itertools
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -1162,29 +1162,22 @@ def _transform_serial(x, passes, progs):
 
 def _transform_threads(x, passes, progs, n):
     """Each pass: its tiles in contiguous chunks (a few per thread), taken by ``n``
-    threads (the caller and ``n - 1`` helpers) in order; a pass ends when all are done.
-    Taking chunks as they come keeps the threads busy when a core is shared."""
-    ex = threadpool.helpers(n)
+    threads (the caller and ``n - 1`` helpers) in order; a pass ends when all are done
+    (:func:`fsll_ooc.kernels.threadpool.parallel_for`: the caller waits for chunks, not
+    for a helper that has not started).  Taking chunks as they come keeps the threads busy
+    when a core is shared."""
+    local = threading.local()
+
+    def scratch():  # one per thread
+        if not hasattr(local, "s"):
+            local.s = _pm_scratch(progs, x.dtype)
+        return local.s
+
     for ps in range(passes.shape[0]):
         nt = int(passes[ps, 6])
         k = max(1, min(nt, _CHUNKS_PER_THREAD * n))
         bounds = [np.uint64(nt * c // k) for c in range(k + 1)]
-        counter = itertools.count()
-
-        def work():
-            s = _pm_scratch(progs, x.dtype)  # one per thread
-            while True:
-                c = next(counter)  # atomic under the GIL
-                if c >= k:
-                    return
-                _run_pass(x, passes, progs, ps, bounds[c], bounds[c + 1], s)
-
-        futs = [ex.submit(work) for _ in range(min(n, k) - 1)]
-        try:
-            work()
-        finally:
-            for f in futs:
-                f.result()
+        threadpool.parallel_for(n, k, lambda c: _run_pass(x, passes, progs, ps, bounds[c], bounds[c + 1], scratch()))
 
 
 # ---------------------------------------------------------------------------------
