@@ -8,10 +8,12 @@
 * Every picture is drawn by ``docs/make_figures.py``: the data each one plots is
   compared with ``docs/data/figures.json``.
 * Links and anchors resolve (as GitHub renders headings); commits cited exist; every
-  benchmark figure names its script, machine, load and commit; every promise of
-  reliability.md section 5 cites a test that exists.
-* api.md gives every public function's signature as ``inspect.signature`` has it, and
-  the guide's command table every option of every command.
+  benchmark figure and table names its script, machine, load and commit, and a figure
+  measured before a change to ``fsll_ooc/`` says it is history; every test the docs name
+  exists, and every promise of reliability.md section 5 cites one.
+* api.md gives every public function's signature as ``inspect.signature`` has it and
+  every field of the result types; README's module table and design.md's map name every
+  module; the guide's command table gives every option of every command.
 """
 from __future__ import annotations
 
