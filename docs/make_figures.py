@@ -458,7 +458,13 @@ def save_figure_data(updates: dict) -> bool:
     if new == data:
         return False
     FIGURE_DATA.parent.mkdir(parents=True, exist_ok=True)
-    FIGURE_DATA.write_text(json.dumps(new, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    lines = []   # one line per axes: a change shows which panel of which picture moved
+    for k, (name, axes) in enumerate(new.items()):
+        lines.append(f" {json.dumps(name)}: [")
+        lines += [f"  {json.dumps(ax, ensure_ascii=False)}" + ("," if j < len(axes) - 1 else "")
+                  for j, ax in enumerate(axes)]
+        lines.append(" ]" + ("," if k < len(new) - 1 else ""))
+    FIGURE_DATA.write_text("{\n" + "\n".join(lines) + "\n}\n", encoding="utf-8")
     return True
 
 
