@@ -123,10 +123,10 @@ class FSLLAverage:
         return proto
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, X, y=None, *, feature_names=None, categories=None) -> "FSLLAverage":
+    def fit(self, X, y=None, *, feature_names=None, categories=None, ordered=None) -> "FSLLAverage":
         """Fit ``K`` members, each on its own random four fifths of the rows; returns ``self``.
 
-        ``X``, ``feature_names`` and ``categories`` as in :meth:`FSLL.fit`.  Bad
+        ``X``, ``feature_names``, ``categories`` and ``ordered`` as in :meth:`FSLL.fit`.  Bad
         parameters and data are refused before the first member is fitted.
         """
         K = self._resolved_members()
@@ -134,7 +134,10 @@ class FSLLAverage:
         from . import missing
 
         missing.refuse(X)
-        codes, cards, names, cats = fitting.encoded(proto, X, feature_names, categories)
+        proto._fit_ordered = ordered
+        codes, cards, names, cats, labelled, keep = fitting.labelled(proto, X, feature_names, categories)
+        if labelled and cats is None:
+            cats = [list(range(k)) for k in cards]
         N = int(codes.shape[0])
         m = max(1, int(N * SUBSAMPLE))
         if m >= N:
@@ -147,7 +150,7 @@ class FSLLAverage:
             kw = dict(self.params, cardinalities=tuple(cards))
             if store is not None:
                 kw["store"] = _member_store(store, k)
-            member = FSLL(**kw).fit(codes[rows], feature_names=names, categories=cats)
+            member = FSLL(**kw).fit(codes[rows], feature_names=names, categories=cats, ordered=keep)
             if store is None:  # in core: drop its working tables, so the average needs one fit's memory
                 member._engine = None  # (its table is rebuilt from theta when asked, as for a loaded model)
             members.append(member)
@@ -241,6 +244,16 @@ class FSLLAverage:
         self._check_fitted()
         return queries.mode(self, k=k, given=given, as_frame=as_frame)
 
+    def dependence(self, conditional="auto"):
+        """Mutual information of every pair of variables under the mixture, with the spread
+        over the members (``mi_min``, ``mi_max``).  See :func:`fsll_ooc.queries.dependence`."""
+        return queries.dependence(self, conditional=conditional)
+
+    def predict_proba(self, target, X, as_frame: bool = True):
+        """The mixture's distribution of ``target`` given each row of ``X``.  See
+        :func:`fsll_ooc.queries.predict_proba`."""
+        return queries.predict_proba(self, target, X, as_frame=as_frame)
+
     def interactions(self, as_frame: bool = True):
         """Every member's terms (:meth:`FSLL.interactions`) with a column ``member``.
 
@@ -283,7 +296,7 @@ class FSLLAverage:
         for mf in af.members:
             m = FSLL._with_params(mf.params, f"{path}: malformed fsll-ooc average file (member parameters)")
             m._set_fitted(mf.state, cost=mf.cost, kl_data=mf.kl_data, feature_names=af.feature_names,
-                          categories=af.categories)
+                          categories=af.categories, to_basis=mf.category_order, shown=True)
             members.append(m)
         own = {k: v for k, v in params_from_json(af.members[0].params).items() if k not in ("random_state",)}
         avg = cls(**af.params, **own)  # a refit uses the members' parameters (random_state is the average's)
@@ -306,4 +319,5 @@ def _model_file(m: FSLL) -> "model_file.ModelFile":
     from .model_file import plain_value
 
     return model_file.ModelFile(m._state, {k: plain_value(v) for k, v in m.get_params().items() if k in m._SAVED_PARAMS},
-                                m.cost_, m.kl_data_, None, None)
+                                m.cost_, m.kl_data_, None, None,
+                                model_file.category_order(m.basis_order_))

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import fitting, model_file, queries, storage, validation as V
 from .engine import Table
-from .io import validate_data
+from .io import check_category_order, inverse_orders, recode, validate_data
 from .learn import FitState, LearnOptions, resolve_refine
 from . import cost as C
 from .machine import total_memory
@@ -134,6 +134,17 @@ class FSLL(queries.QueryMethods):
     em_tol : float, optional
         Stop EM when a round lowers the objective by less than this (nats per row);
         default the learner's resolved ``epsilon``.
+    category_order : {"auto", "frequency", "given"}
+        The order of each variable's categories in the basis (code 0 is the +-1 basis's
+        reference; a variable of 2^m categories is grouped in halves by its codes).
+        ``"frequency"``: most frequent first, equal counts by their pairwise count profiles
+        (:func:`fsll_ooc.io.frequency_order`), so that for unordered categories the fitted
+        distribution does not depend on how the labels are spelled or in which order they
+        appear; ordered pandas Categoricals and ``fit(..., ordered=...)`` keep their order.
+        ``"given"``: the codes' own order.  ``"auto"`` (default): ``"frequency"`` for data
+        with labels (a DataFrame, or codes with ``categories``), ``"given"`` for bare integer
+        codes (the paper's convention, bit for bit).  Everything shown keeps the user's
+        labels and order.
 
     Attributes (after ``fit``)
     --------------------------
@@ -143,6 +154,8 @@ class FSLL(queries.QueryMethods):
     penalty_scale_ (the scale fitted under), penalty_scale_scores_ (after ``fit``: the mean
     held-out log-likelihood per row of each scale ``penalty_scale="auto"`` compared; empty
     when none was compared).
+    basis_order_ (per variable: ``basis_order_[i][c]`` is the shown code at basis position
+    ``c``; ``theta_``'s indices refer to it).
     After an EM fit also: em_objective_, em_loglik_ (observed-data log-likelihood per
     row), em_history_ (one dict per round), em_converged_, em_rounds_, n_hidden_.
     """
@@ -150,7 +163,7 @@ class FSLL(queries.QueryMethods):
     def __init__(self, cardinalities=None, epsilon="auto", max_iter=None, store=None, backend=None,
                  memory_limit=None, scheduler=None, layout=None, resync_every=256, progress=None, refine=None,
                  learn_options=None, penalty=None, penalty_scale=None, missing=None, hidden=None, n_restarts=None,
-                 random_state=None, em_max_rounds=100, em_tol=None, storage_options=None):
+                 random_state=None, em_max_rounds=100, em_tol=None, storage_options=None, category_order="auto"):
         self.cardinalities = cardinalities
         self.epsilon = epsilon
         self.max_iter = max_iter
@@ -172,6 +185,7 @@ class FSLL(queries.QueryMethods):
         self.em_max_rounds = em_max_rounds
         self.em_tol = em_tol
         self.storage_options = storage_options
+        self.category_order = category_order
 
     # ------------------------------------------------------------------ sklearn-style params
     # To add a parameter: an argument of __init__ stored verbatim, its name in _PARAMS, its
@@ -180,7 +194,8 @@ class FSLL(queries.QueryMethods):
     # _SAVED_PARAMS too (then the model file and the store's state keep it and resume uses it).
     _PARAMS = ("cardinalities", "epsilon", "max_iter", "store", "backend", "memory_limit", "scheduler",
                "layout", "resync_every", "progress", "refine", "learn_options", "penalty", "penalty_scale",
-               "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol", "storage_options")
+               "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol", "storage_options",
+               "category_order")
     #: What is learned depends on these: the model file reports them, the store keeps them.
     _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options", "penalty", "penalty_scale",
                      "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol")
@@ -202,6 +217,7 @@ class FSLL(queries.QueryMethods):
         "random_state": lambda v, p: V.check_random_state(v),
         "em_max_rounds": lambda v, p: V.check_em_max_rounds(v),
         "em_tol": lambda v, p: V.check_em_tol(v),
+        "category_order": lambda v, p: check_category_order(v),
     }
 
     def get_params(self, deep: bool = True) -> dict:
@@ -231,13 +247,16 @@ class FSLL(queries.QueryMethods):
             raise ValueError(f"backend {backend.name!r} needs store=PATH")
         return backend
 
-    def fit(self, X, y=None, *, feature_names=None, categories=None) -> "FSLL":
+    def fit(self, X, y=None, *, feature_names=None, categories=None, ordered=None) -> "FSLL":
         """Learn the model from ``X`` (N x n integer codes, or a DataFrame); returns ``self``.
 
         ``feature_names`` (one per column) and ``categories`` (``k_i`` labels per column)
         label integer codes; a DataFrame brings its own.  Out of core they are kept in the
-        store's state, so that a resumed or reopened fit has them too.
+        store's state, so that a resumed or reopened fit has them too.  ``ordered``: the
+        variables (names or indices) whose categories keep their given order in the basis
+        (see ``category_order``; ordered pandas Categoricals always do).
         """
+        self._fit_ordered = ordered
         backend = self._check_params()
         check_cardinalities_param(self.cardinalities)
         from . import missing
@@ -334,7 +353,17 @@ class FSLL(queries.QueryMethods):
             arr = arr[None, :]
         if arr.ndim == 2 and arr.shape[1] != len(self.cardinalities_):
             raise ValueError(f"X has {arr.shape[1]} columns but the model has {len(self.cardinalities_)} variables")
-        return validate_data(arr, self.cardinalities_, names)[0]
+        return self._basis_codes(validate_data(arr, self.cardinalities_, names)[0])
+
+    def _basis_codes(self, codes: np.ndarray) -> np.ndarray:
+        """Codes as shown (``categories_``) in the basis order the tables use (``-1`` stays)."""
+        return recode(codes, inverse_orders(self.basis_order_))
+
+    def _basis_log_prob(self, codes: np.ndarray) -> np.ndarray:
+        """:meth:`log_prob` of codes in the basis order (``-1``: missing, summed out)."""
+        from . import missing
+
+        return missing.log_prob(self, codes)
 
     def log_prob(self, X) -> np.ndarray:
         """Natural log ``p_theta(x)`` of each row of ``X``; missing cells (NaN, None,
@@ -346,15 +375,18 @@ class FSLL(queries.QueryMethods):
             return missing.log_prob(self, codes)
         return queries.log_potential(self, codes) - self.log_z_
 
-    def impute(self, X, method: str = "mode", random_state=None):
+    def impute(self, X, method: str = "mode", random_state=None, return_proba: bool = False):
         """``X`` with its missing cells filled: each row's most probable completion given
         its observed cells (``method="mode"``) or a draw from that conditional
         (``"sample"``).  A DataFrame comes back as a DataFrame of labels, an array as codes.
-        See :func:`fsll_ooc.missing.impute`.
+        See :func:`fsll_ooc.missing.impute`.  ``return_proba=True``: ``(filled, proba)``,
+        ``proba`` a dict ``{column: DataFrame}`` giving, for each column with missing cells,
+        its distribution in every row where it is missing (:func:`fsll_ooc.queries.missing_proba`).
         """
         from . import missing
 
-        return missing.impute_frame(self, X, method, random_state)
+        filled = missing.impute_frame(self, X, method, random_state)
+        return (filled, queries.missing_proba(self, X)) if return_proba else filled
 
     def predict_hidden(self, X) -> np.ndarray | list:
         """Each row's posterior over the hidden variables' states (a soft clustering).
@@ -375,11 +407,20 @@ class FSLL(queries.QueryMethods):
         return float(np.mean(self.log_prob(X)))
 
     def probabilities(self):
-        """The normalised table ``p_theta`` of shape ``cardinalities_``.
+        """The normalised table ``p_theta`` of shape ``cardinalities_``, its axes in the order
+        of ``categories_``.
 
         In core: a numpy array.  Out of core: a dask array over the store's scratch
         table (valid until the next call that writes the scratch table).
         """
+        p = self._basis_table()
+        for i, t in enumerate(inverse_orders(self.basis_order_)):
+            if t is not None:  # shown code u is basis code t[u]
+                p = p[(slice(None),) * i + (t,)]
+        return p
+
+    def _basis_table(self):
+        """:meth:`probabilities` with every axis in the basis order."""
         self._check_fitted()
         st = self._state
         sup = np.fromiter(st.theta.keys(), np.int64, len(st.theta))
@@ -432,7 +473,8 @@ class FSLL(queries.QueryMethods):
         self._check_fitted()
         model_file.save(path, model_file.ModelFile(
             self._state, {k: plain_value(v) for k, v in self.get_params().items() if k in self._SAVED_PARAMS},
-            self.cost_, self.kl_data_, self.feature_names_in_, self.categories_))
+            self.cost_, self.kl_data_, self.feature_names_in_, queries.basis_categories(self),
+            model_file.category_order(self.basis_order_), model_file.em_summary(self)))
 
     @classmethod
     def load(cls, path) -> "FSLL":
@@ -440,7 +482,8 @@ class FSLL(queries.QueryMethods):
         mf = model_file.load(path)
         m = cls._with_params(mf.params, f"{path}: malformed fsll-ooc model file")
         m._set_fitted(mf.state, cost=mf.cost, kl_data=mf.kl_data, feature_names=mf.feature_names,
-                      categories=mf.categories)
+                      categories=mf.categories, to_basis=mf.category_order)
+        model_file.set_em_summary(m, mf.em)
         return m
 
     @classmethod
@@ -455,8 +498,13 @@ class FSLL(queries.QueryMethods):
             raise ValueError(f"{what} ({type(e).__name__}: {e})") from None
 
     def _set_fitted(self, state: FitState, *, plan=None, engine=None, cost=None, kl_data=None,
-                    feature_names=None, categories=None) -> None:
-        """The one place that sets the fitted attributes (after ``fit``, ``resume`` and ``load``)."""
+                    feature_names=None, categories=None, to_basis="fit", shown: bool = False) -> None:
+        """The one place that sets the fitted attributes (after ``fit``, ``resume`` and ``load``).
+
+        ``categories`` are in the basis order (``shown``: in the order shown); ``to_basis``
+        (per variable the basis code of each shown code, or None; ``"fit"``: this fit's,
+        :func:`fsll_ooc.fitting.encoded`) gives the order shown.
+        """
         self._state = state
         self._engine = engine
         self.plan_ = plan
@@ -472,6 +520,12 @@ class FSLL(queries.QueryMethods):
         self.kl_data_ = kl_data
         self.history_ = state.history
         self.converged_ = state.converged
+        to_basis = getattr(self, "_fit_to_basis", None) if isinstance(to_basis, str) else to_basis
+        to_basis = [None] * len(state.cards) if to_basis is None else to_basis
+        self.basis_order_ = [np.arange(k) if t is None else np.argsort(np.asarray(t, np.int64))
+                             for t, k in zip(to_basis, state.cards)]
+        if categories is not None and not shown:
+            categories = [list(c) if t is None else [c[b] for b in t] for c, t in zip(categories, to_basis)]
         self.feature_names_in_, self.categories_ = check_labels(feature_names, categories, self.cardinalities_)
 
 

@@ -27,7 +27,8 @@ from .validation import check_code_range, check_labels, check_store_path
 
 __all__ = ["FEW_SAMPLES", "WARM_START", "OWN_OPTIONS", "flat_index", "start_of", "warm_start", "workers", "make_plan",
            "show_progress", "fit", "choose_penalty_scale", "encoded", "stored_params", "fit_in_store", "make_engine",
-           "options", "learn_with_progress", "resume_in_store", "from_stored", "open_finished", "kl_data"]
+           "options", "learn_with_progress", "resume_in_store", "from_stored", "open_finished", "kl_data",
+           "labelled", "store_extra", "CATEGORY_ORDER"]
 
 
 def flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
@@ -39,6 +40,8 @@ def flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
 FEW_SAMPLES = 10
 #: the key under which a store keeps the model a new fit starts from (``penalty_scale="auto"``)
 WARM_START = "warm_start"
+#: The store's record (``FitStore.extra``) of a fit's basis order (see ``FSLL._set_fitted``).
+CATEGORY_ORDER = "category_order"
 
 
 def start_of(state: FitState) -> dict:
@@ -153,7 +156,7 @@ def fit(est, X, backend, feature_names=None, categories=None, sub_class=None) ->
     # "starting"; tables and targets; "running" after every iteration; "complete".
     with fs.writing("fit", "fitting", plan):
         fs.begin(plan, stored_params(est), (names, json_or_none(jsonable_categories(categories))),
-                 uniq, counts, state, extra=None if choice.start is None else {WARM_START: choice.start})
+                 uniq, counts, state, extra=store_extra(est, choice.start))
         fit_in_store(est, fs, plan, state, uniq, counts, flat=flat, fresh=True, names=names,
                      categories=categories, start=choice.start)
 
@@ -197,20 +200,49 @@ def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
     return choose_scale(fit_path, codes)
 
 
-def encoded(est, X, feature_names=None, categories=None):
-    """``(codes, cards, names, categories)`` of ``X`` (codes, or a DataFrame of labels), checked."""
-    if hasattr(X, "columns"):
-        from .io import encode
+def encoded(est, X, feature_names=None, categories=None, mask=None):
+    """``(codes, cards, names, categories)`` of ``X`` (codes, or a DataFrame of labels), checked,
+    in the basis order of the fit (:func:`fsll_ooc.io.basis_order`; kept on ``est`` for its
+    ``_set_fitted``; ``mask``: the missing cells, which are not counted)."""
+    from .io import basis_order, recode
 
+    codes, cards, names, categories, is_labelled, keep = labelled(est, X, feature_names, categories)
+    counted = codes if mask is None else np.where(mask, -1, codes)
+    order = basis_order(est.category_order, counted, cards, labelled=is_labelled, ordered=keep)
+    est._fit_to_basis = None if order is None else [None if o is None else np.argsort(o) for o in order]
+    if order is not None:
+        codes = recode(codes, est._fit_to_basis)
+        shown = categories if categories is not None else [list(range(k)) for k in cards]
+        categories = [list(c) if o is None else [c[u] for u in o] for c, o in zip(shown, order)]
+    return codes, cards, names, categories
+
+
+def labelled(est, X, feature_names=None, categories=None):
+    """``(codes, cards, names, categories, labelled, ordered)`` of ``X`` as given: whether it
+    came with labels, and the variables whose order is kept (``fit(..., ordered=...)``)."""
+    from .io import encode, variable_index
+
+    ordered = ()
+    if hasattr(X, "columns"):
         enc = encode(X, est.cardinalities)
         codes, cards = validate_data(enc.codes, enc.cardinalities)
         names = list(map(str, X.columns)) if feature_names is None else feature_names
+        is_labelled, ordered = True, enc.ordered
         categories = enc.categories if categories is None else categories
     else:
         codes, cards = validate_data(check_code_range(X), est.cardinalities)
-        names = feature_names
+        names, is_labelled = feature_names, categories is not None
     names, categories = check_labels(names, categories, cards)
-    return codes, cards, names, categories
+    keep = set(ordered) | {variable_index(v, names, len(cards)) for v in (getattr(est, "_fit_ordered", None) or ())}
+    return codes, cards, names, categories, is_labelled, sorted(keep)
+
+
+def store_extra(est, start) -> dict | None:
+    """What a new store keeps beside the data: the warm start, the basis order of the codes."""
+    extra = {} if start is None else {WARM_START: start}
+    if getattr(est, "_fit_to_basis", None) is not None:
+        extra[CATEGORY_ORDER] = [None if t is None else t.tolist() for t in est._fit_to_basis]
+    return extra or None
 
 
 def stored_params(est) -> dict:
@@ -317,7 +349,9 @@ def from_stored(cls, fs: FitStore, stored: StoredFit, scheduler, progress, memor
               storage_options=decode_options(fs.io.options) if fs.io.is_url else None)
     if memory_limit is not None:
         kw["memory_limit"] = memory_limit
-    return cls(**kw)
+    m = cls(**kw)
+    m._fit_to_basis = fs.extra(CATEGORY_ORDER)  # the shown order of the stored (basis-order) labels
+    return m
 
 
 def open_finished(cls, fs: FitStore, stored: StoredFit, scheduler, progress, memory_limit=None) -> "FSLL":
@@ -355,7 +389,7 @@ def kl_data(est, flat, counts, N) -> float:
     eng = getattr(est, "_engine", None)
     if eng is not None and eng.layout.a == 0 and len(uniq) * len(est.theta_) > eng.layout.size:
         # in core with many occupied cells and terms: one pass over the table is cheaper
-        lp = np.log(est.probabilities().reshape(-1)[uniq])
+        lp = np.log(est._basis_table().reshape(-1)[uniq])
     else:
         codes = np.stack(np.unravel_index(uniq, est.cardinalities_), axis=1)
         lp = log_potential(est, codes) - est.log_z_

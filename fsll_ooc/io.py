@@ -64,6 +64,14 @@ __all__ = [
     "encode",
     "encode_with",
     "decode",
+    "frequency_order",
+    "basis_order",
+    "CATEGORY_ORDERS",
+    "check_category_order",
+    "variable_index",
+    "recode",
+    "unknown_labels",
+    "inverse_orders",
     "read_table",
     "check_cardinalities",
     "validate_data",
@@ -88,6 +96,9 @@ class Encoded:
     names: list
     categories: list
     cardinalities: tuple
+    #: Indices of the columns whose categories have a meaningful order (ordered pandas
+    #: Categoricals): a fit keeps their order in the basis (:func:`basis_order`).
+    ordered: tuple = ()
 
     @property
     def n_samples(self) -> int:
@@ -205,13 +216,35 @@ def _check_k(name: str, k: int, how: str) -> None:
                         f"the limit is {MAX_CATEGORIES} (2**16) categories per variable")
 
 
-def _warn_sparse(name: str, k: int, present: int) -> None:
+#: A column of integers read as codes ``0 .. max`` with at least this many categories gets a
+#: warning (it is often a number, e.g. an age or a score, rather than a label).
+MANY_INTEGER_CATEGORIES = 20
+
+
+def _warn_sparse(name: str, k: int, present: int, labels: bool = False) -> None:
     if k >= 8 and present * 2 < k:
         warnings.warn(
             f"column '{name}': integer values span 0..{k - 1} but only {present} distinct values "
             f"occur, so {k - present} of its {k} categories are unused; convert the column to "
-            f"strings or a pandas Categorical to encode only the values that occur",
+            f"strings or a pandas Categorical to encode only the values that occur"
+            + (f" (fsll-ooc: --categorical {name})" if labels else ""),
             UserWarning, stacklevel=4)
+    elif labels and k >= MANY_INTEGER_CATEGORIES:
+        warnings.warn(
+            f"column '{name}': its integers 0..{k - 1} become {k} categories, and the joint table grows "
+            f"{k}-fold; if they are a number (an age, a count, a score) rather than a label, bin them "
+            f"first" + (f"; to make only the {present} values that occur categories, pass the column as "
+                        f"strings or a pandas Categorical (fsll-ooc: --categorical {name})" if present < k else ""),
+            UserWarning, stacklevel=4)
+
+
+def _warn_id_column(name: str, distinct: int, n_rows: int) -> None:
+    """A column whose every row holds its own value looks like a row id, not a variable."""
+    if n_rows >= 50 and distinct == n_rows:
+        warnings.warn(f"column '{name}' holds a different value in every one of its {n_rows:,} rows: is it an id? "
+                      f"As a variable it makes {distinct:,} categories and says nothing about the others; leave "
+                      f"it out (fsll-ooc: --drop {name}; pandas: df.drop(columns=['{name}']))",
+                      UserWarning, stacklevel=4)
 
 
 def _as_2d_array(data) -> np.ndarray:
@@ -276,7 +309,9 @@ def _plan_integers(name: str, values: np.ndarray, k_decl: int | None, where: _Wh
         k = hi + 1
         _check_k(name, k, f"values 0..{hi}")
         present = int(np.count_nonzero(np.bincount(values.astype(np.int64, copy=False), minlength=k)))
-        _warn_sparse(name, k, present)
+        _warn_sparse(name, k, present, labels=allow_negative)
+        if allow_negative:
+            _warn_id_column(name, present, len(values))
         return _ColumnCoding(list(range(k)), lambda out: np.copyto(out, values, casting="unsafe"))
     # negative values: the sorted distinct values are the categories
     uniq = np.unique(values)
@@ -336,6 +371,7 @@ def _plan_labels(name: str, values: np.ndarray, k_decl: int | None, where: _Wher
             r = _first(fcodes == uniques.index(u))
             raise DataError(f"column '{name}': infinite value ({u}) at {where(r)}")
     _check_k(name, len(uniques), f"{len(uniques)} distinct labels")
+    _warn_id_column(name, len(uniques), len(values))
     cats = _sorted_labels(uniques)
     if k_decl is not None and k_decl != len(cats):
         raise DataError(
@@ -372,6 +408,12 @@ def _check_label_objects(name: str, values: np.ndarray, where: _Where) -> None:
 def _short_repr(v) -> str:
     r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _is_ordered(s) -> bool:
+    """Whether a column is an ordered pandas Categorical."""
+    dtype = getattr(s, "dtype", None)
+    return bool(getattr(dtype, "ordered", False)) and isinstance(dtype, _pandas().CategoricalDtype)
 
 
 def _plan_series(name: str, s, k_decl: int | None, where: _Where) -> _ColumnCoding:
@@ -502,7 +544,9 @@ def encode(data: Any, cardinalities: Sequence[int] | None = None) -> Encoded:
     codes = np.empty((n_rows, len(plans)), dtype=np.int64)
     for j, p in enumerate(plans):
         p.fill(codes[:, j])
-    return Encoded(codes=codes, names=names, categories=[p.categories for p in plans], cardinalities=ks)
+    ordered = tuple(j for j in range(len(names)) if _is_dataframe(data) and _is_ordered(data.iloc[:, j]))
+    return Encoded(codes=codes, names=names, categories=[p.categories for p in plans], cardinalities=ks,
+                   ordered=ordered)
 
 
 def validate_data(X: Any, cardinalities: Sequence[int] | None = None,
@@ -969,3 +1013,140 @@ def _find_row(path: str, r: int, j: int, sep: str = ",") -> tuple:
                 return reader.line_num, row[j] if j < len(row) else ""
             k += 1
     return -1, ""  # pragma: no cover
+
+
+# ------------------------------------------------------------------ basis order
+
+#: What ``FSLL(category_order=...)`` accepts (see :func:`basis_order`).
+CATEGORY_ORDERS = ("auto", "frequency", "given")
+
+
+def frequency_order(codes: np.ndarray, cardinalities: Sequence[int], keep: Sequence[int] = ()) -> list:
+    """The canonical basis order of each variable's codes, decided by the data alone.
+
+    Entry ``i`` is ``None`` for a variable in ``keep`` or with at most two categories
+    (both orders give the same model), else an int64 array ``order`` with ``order[c]``
+    the given code placed at basis position ``c``: most frequent first (code 0 is the
+    +-1 basis's reference category); equal counts by their pairwise count profiles
+    (for every other variable, the counts of its categories among the rows holding this
+    one, sorted), which do not depend on the other variables' labels or the rows'
+    order either; what is still equal (categories the data cannot tell apart, or unseen
+    ones) keeps the given order.  Negative codes (missing cells) are not counted.
+
+    >>> frequency_order(np.array([[0, 1], [2, 1], [2, 0], [1, 2], [2, 2]]), (3, 3))[0].tolist()
+    [2, 0, 1]
+    """
+    codes = np.asarray(codes)
+    n = codes.shape[1]
+    keep = set(keep)
+    out: list = []
+    for i, k in enumerate(cardinalities):
+        k = int(k)
+        if i in keep or k <= 2:
+            out.append(None)
+            continue
+        col = codes[:, i]
+        seen = col >= 0
+        counts = np.bincount(col[seen], minlength=k)
+        keys = [(-int(counts[u]),) for u in range(k)]
+        values, mult = np.unique(counts[counts > 0], return_counts=True)
+        for tie in values[mult > 1]:
+            for u in np.flatnonzero(counts == tie):
+                rows = codes[seen & (col == u)]
+                profile = []
+                for j in range(n):
+                    if j != i:
+                        cj = rows[:, j]
+                        profile.append(tuple(-np.sort(np.bincount(cj[cj >= 0], minlength=int(cardinalities[j])))[::-1]))
+                keys[u] = keys[u] + (tuple(profile),)
+        order = sorted(range(k), key=lambda u: (keys[u], u))
+        out.append(np.array(order, dtype=np.int64))
+    return out
+
+
+def check_category_order(how) -> str:
+    """``how`` if it is one of :data:`CATEGORY_ORDERS`, else ``ValueError``."""
+    if not isinstance(how, str) or how not in CATEGORY_ORDERS:
+        raise ValueError(f"category_order must be one of {', '.join(map(repr, CATEGORY_ORDERS))}, got {how!r}")
+    return how
+
+
+def variable_index(var, names: Sequence[str] | None, n: int) -> int:
+    """The index of variable ``var`` (a name from ``names`` or an index ``0 .. n-1``)."""
+    if names is not None and str(var) in [str(v) for v in names]:
+        return [str(v) for v in names].index(str(var))
+    if isinstance(var, (int, np.integer)) and not isinstance(var, (bool, np.bool_)) and 0 <= int(var) < n:
+        return int(var)
+    raise ValueError(f"unknown variable {var!r} in ordered (variables: "
+                     f"{_fmt_names([str(v) for v in names]) if names is not None else f'0..{n - 1}'})")
+
+
+def basis_order(how: str, codes: np.ndarray, cardinalities: Sequence[int], *, labelled: bool,
+                ordered: Sequence[int] = ()) -> list | None:
+    """The basis order a fit uses (:func:`frequency_order`), or ``None`` for the given order.
+
+    ``how``: ``"frequency"`` for every variable not in ``ordered``; ``"given"``: none;
+    ``"auto"``: ``"frequency"`` when the data came with labels (``labelled``: a
+    DataFrame, or codes with ``categories``), ``"given"`` for bare integer codes, whose
+    order is the paper's convention.
+    """
+    check_category_order(how)
+    if how == "given" or (how == "auto" and not labelled):
+        return None
+    order = frequency_order(codes, cardinalities, keep=ordered)
+    if all(o is None or bool(np.all(o == np.arange(len(o)))) for o in order):
+        return None
+    return order
+
+
+def recode(codes: np.ndarray, maps: Sequence | None) -> np.ndarray:
+    """``codes`` with column ``i`` mapped through ``maps[i]`` (an int array: new code of
+    each old one; ``None`` or the identity: unchanged).  Negative codes (missing cells) stay
+    as they are.  Returns ``codes`` itself when nothing changes, else a new array."""
+    maps = _moving(maps)
+    if maps is None:
+        return codes
+    out = np.array(codes, dtype=np.int64, copy=True)
+    for i, m in enumerate(maps):
+        if m is not None and i < out.shape[1]:
+            col = out[:, i]
+            seen = col >= 0
+            col[seen] = np.asarray(m, dtype=np.int64)[col[seen]]
+    return out
+
+
+def inverse_orders(maps: Sequence | None) -> list:
+    """The inverse permutation of every map of :func:`recode` (``None`` and the identity
+    give ``None``); ``[]`` when every map is ``None`` or the identity."""
+    maps = _moving(maps)
+    if maps is None:
+        return []
+    return [None if m is None else np.argsort(np.asarray(m, dtype=np.int64)) for m in maps]
+
+
+def _moving(maps: Sequence | None) -> list | None:
+    """``maps`` with the identities as ``None``; ``None`` when nothing moves."""
+    if maps is None:
+        return None
+    out = [None if m is None or np.array_equal(m, np.arange(len(m))) else m for m in maps]
+    return None if all(m is None for m in out) else out
+
+
+def unknown_labels(categories: Sequence[Sequence], data) -> np.ndarray:
+    """``(N, n)`` bool: the cells of ``data`` (a ``DataFrame`` or 2-D array whose columns
+    are in the order of ``categories``) holding a label that is not among their column's
+    categories.  Missing cells (NaN, None, ``pd.NA``) are not unknown."""
+    pd = _require_pandas("unknown_labels()")
+    n_rows, n = (data.shape[0], data.shape[1])
+    out = np.zeros((n_rows, n), dtype=bool)
+    for j, cats in enumerate(categories):
+        col = data.iloc[:, j] if _is_dataframe(data) else np.asarray(data)[:, j]
+        values = np.asarray(col.astype(object) if _is_series(col) else col, dtype=object)
+        na = np.asarray(pd.isna(values), dtype=bool)
+        if na.all():
+            continue
+        fcodes, uniques = _factorize(values[~na])
+        known = {_py(c) for c in cats}
+        bad = np.array([_py(u) not in known for u in uniques], dtype=bool)
+        out[~na, j] = bad[fcodes]
+    return out

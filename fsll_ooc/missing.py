@@ -960,7 +960,7 @@ def _table_for(model, g: Group, cache: dict):
     if not in_core and "p" not in cache and len(g.codes) * g.size * max(1, len(model.theta_)) <= 4 * math.prod(cards):
         return None
     if "p" not in cache:
-        cache["p"] = model.probabilities()
+        cache["p"] = model._basis_table()  # the codes here are in the basis order
     return cache["p"]
 
 
@@ -1095,7 +1095,7 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
     hidden = [k if isinstance(k, str) else int(k) for k in (est.hidden or ())]
     if mask is None and not hidden:
         return False
-    codes_, cards, names, categories = fitting.encoded(est, Xf, feature_names, categories)
+    codes_, cards, names, categories = fitting.encoded(est, Xf, feature_names, categories, mask=mask)
     codes_ = np.array(codes_, np.int64)
     if mask is not None:
         codes_[mask] = MISSING
@@ -1335,10 +1335,12 @@ def codes(est, X) -> tuple[np.ndarray, bool]:
 
 def impute_frame(est, X, method: str, random_state):
     """:func:`impute` on what the user has: a DataFrame comes back with labels, an array as codes."""
+    from .io import recode
+
     c, _ = codes(est, X)
     h = _n_hidden(est)
     n = len(est.cardinalities_)
-    out = impute(est, c, method=method, random_state=random_state, n_hidden=h)[:, :n - h]
+    out = recode(impute(est, c, method=method, random_state=random_state, n_hidden=h), est.basis_order_)[:, :n - h]
     if hasattr(X, "columns") and getattr(est, "categories_", None) is not None:
         from .io import decode
 

@@ -24,7 +24,8 @@ from .validation import MAX_CATEGORIES, MAX_CELLS, MAX_MODEL_BYTES, DataError, c
 from .learn import FitState, LearnOptions
 
 __all__ = ["json_or_none", "plain_value", "params_from_json", "MODEL_FORMAT", "MODEL_VERSION", "AVERAGE_FORMAT", "AVERAGE_VERSION", "ModelFile", "AverageFile",
-           "save", "load", "save_average", "load_average", "is_average"]
+           "save", "load", "save_average", "load_average", "is_average", "category_order", "em_summary",
+           "set_em_summary", "checked_category_order", "checked_em"]
 
 MODEL_FORMAT = "fsll-ooc-model"
 MODEL_VERSION = 1
@@ -45,7 +46,13 @@ class ModelFile:
     cost: float | None = None
     kl_data: float | None = None
     feature_names: list | None = None
-    categories: list | None = None
+    categories: list | None = None  # in the basis order (what theta's indices refer to)
+    #: Per variable the basis code of each code shown to the user (None: the same), or None
+    #: when every variable is shown in the basis order (``FSLL(category_order=...)``).
+    category_order: list | None = None
+    #: An EM fit's summary (missing cells, hidden variables): ``rounds``, ``converged``,
+    #: ``loglik`` (observed-data log-likelihood per row), ``objective``; None otherwise.
+    em: dict | None = None
 
 
 def jsonable_categories(categories) -> list | None:
@@ -84,6 +91,9 @@ def _document(model: ModelFile) -> dict:
         "params": model.params,
         "feature_names": model.feature_names,
         "categories": jsonable_categories(model.categories),
+        **({} if model.em is None else {"em": model.em}),
+        **({} if model.category_order is None else
+           {"category_order": [None if t is None else [int(v) for v in t] for t in model.category_order]}),
     }
 
 
@@ -220,7 +230,47 @@ def _parse(path, obj: dict) -> ModelFile:
         names, categories = check_labels(obj.get("feature_names"), obj.get("categories"), cards)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: malformed fsll-ooc model file (labels: {e})") from None
-    return ModelFile(state, params, obj.get("cost"), obj.get("kl_data"), names, categories)
+    try:
+        order = checked_category_order(obj.get("category_order"), cards)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: malformed fsll-ooc model file (category_order: {e})") from None
+    try:
+        em = checked_em(obj.get("em"))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: malformed fsll-ooc model file (em: {e})") from None
+    return ModelFile(state, params, obj.get("cost"), obj.get("kl_data"), names, categories, order, em)
+
+
+def checked_em(em) -> dict | None:
+    """A file's ``em`` summary: None, or ``rounds`` (int >= 0), ``converged`` (bool), ``loglik``
+    and ``objective`` (numbers or null)."""
+    if em is None:
+        return None
+    if not isinstance(em, dict):
+        raise TypeError(f"must be an object, got {str(em)[:80]}")
+    rounds, conv = em.get("rounds"), em.get("converged")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0 or not isinstance(conv, bool):
+        raise ValueError("rounds must be an integer >= 0 and converged a boolean")
+    out = {"rounds": rounds, "converged": conv}
+    for k in ("loglik", "objective"):
+        v = em.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise ValueError(f"{k} must be a finite number or null")
+        out[k] = None if v is None else float(v)
+    return out
+
+
+def checked_category_order(order, cards) -> list | None:
+    """A file's ``category_order``: None, or per variable None or a permutation of ``0 .. k-1``."""
+    if order is None:
+        return None
+    if not isinstance(order, list) or len(order) != len(cards):
+        raise ValueError(f"must be a list of {len(cards)} entries")
+    for t, k in zip(order, cards):
+        if t is not None and (not isinstance(t, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in t)
+                              or sorted(t) != list(range(k))):
+            raise ValueError(f"each entry must be null or a permutation of 0..k-1, got {str(t)[:80]}")
+    return order
 
 
 def _log_z(cards: tuple, flat: dict) -> float:
@@ -297,3 +347,33 @@ def params_from_json(params: dict) -> dict:
     """Parameters read from a file: ``learn_options`` back to a :class:`LearnOptions`."""
     lo = params.get("learn_options")
     return {**params, "learn_options": LearnOptions.from_json(lo)} if isinstance(lo, dict) else params
+
+
+def category_order(basis_order) -> list | None:
+    """A model's ``basis_order_`` as the file's ``category_order`` (per variable the basis code
+    of each shown code; ``None`` where the orders agree, ``None`` when they all do)."""
+    out = [None if np.array_equal(o, np.arange(len(o))) else np.argsort(o).tolist() for o in basis_order]
+    return None if all(t is None for t in out) else out
+
+
+def em_summary(est) -> dict | None:
+    """The file's ``em`` summary of an EM fit (None for a fit of complete data)."""
+    if not hasattr(est, "em_rounds_"):
+        return None
+
+    def finite(v):
+        return float(v) if v is not None and math.isfinite(v) else None
+
+    return {"rounds": int(est.em_rounds_), "converged": bool(est.em_converged_),
+            "loglik": finite(est.em_loglik_), "objective": finite(est.em_objective_)}
+
+
+def set_em_summary(est, em: dict | None) -> None:
+    """The EM attributes of a model read from a file with an ``em`` summary."""
+    if em is None:
+        return
+    nan = float("nan")
+    est.em_rounds_, est.em_converged_ = em["rounds"], em["converged"]
+    est.em_loglik_ = nan if em["loglik"] is None else em["loglik"]
+    est.em_objective_ = nan if em["objective"] is None else em["objective"]
+    est.em_history_, est.n_hidden_ = [], len(getattr(est, "hidden", None) or ())

@@ -41,7 +41,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from .queries import interactions, labels
+from .queries import dependence, interactions, labels
 
 __all__ = ["plot_cost", "plot_interactions", "plot_pair_shares", "save_plots", "interaction_strengths",
            "pair_strengths"]
@@ -55,6 +55,8 @@ _ORDER_COLOURS = ["#1f77b4", "#2ca02c", "#9467bd", "#d62728", "#ff7f0e", "#8c564
 #: Written into the PNGs of :func:`save_plots`: ``fsll-ooc plot`` replaces files that carry it
 #: without ``--force`` (they are its own).
 _PNG_METADATA = {"Software": "fsll-ooc"}
+#: What ``weight`` may be (see :func:`interaction_strengths`).
+WEIGHTS = ("mi", "auto", "share", "theta")
 #: Up to this many variables the graph draws the hull of a higher-order term and two-line labels.
 _SMALL_GRAPH = 10
 
@@ -118,6 +120,8 @@ def plot_cost(model, ax=None):
     in this session or loaded from a file saved with one.
     """
     _check_mpl()
+    if getattr(model, "members_", None) is not None:
+        return _plot_member_costs(model, ax)
     hist = [h for h in (getattr(model, "history_", None) or []) if h.get("cost") is not None]
     if not hist:
         raise ValueError("this model has no fit history (history_) to plot")
@@ -139,6 +143,7 @@ def plot_cost(model, ax=None):
     if np.all(cost > 0):
         ax.set_yscale("log")
         _log_axis(ax.yaxis)
+    _clip_first_step(ax, it, cost)
     ax.set_ylabel("cost: KL + MDL penalty (nats per sample)")
     ax.set_title(f"fit: cost {cost[-1]:.4f} after {int(it[-1])} iterations, {int(nb[-1])} bases")
     ax.grid(alpha=0.3, which="both")
@@ -174,18 +179,73 @@ def plot_cost(model, ax=None):
     return ax
 
 
+def _clip_first_step(ax, it, cost) -> None:
+    """When the first move's drop dwarfs all the later ones, scale the axis to the later
+    costs and write the starting cost at the top instead of flattening the rest."""
+    if len(cost) < 3:
+        return
+    rest = cost[1:]
+    lo, hi = float(rest.min()), float(rest.max())
+    span = hi - lo
+    if not span > 0 or cost[0] - hi <= 2 * span:
+        return
+    if ax.get_yscale() == "log":
+        top = hi * (hi / lo) ** 0.08
+        bottom = lo / (hi / lo) ** 0.05
+    else:
+        top, bottom = hi + 0.08 * span, lo - 0.05 * span
+    ax.set_ylim(bottom, top)
+    ax.annotate(f"start: {cost[0]:.4g} (off the scale, above)", (float(it[0]), top), xycoords="data",
+                xytext=(4, -4), textcoords="offset points", ha="left", va="top", fontsize="x-small",
+                color="0.3", arrowprops=None)
+
+
+def _plot_member_costs(avg, ax=None):
+    """The cost per iteration of each member of an average, one line each."""
+    if ax is None:
+        _, ax = _new_figure((7.6, 4.2))
+    drawn = 0
+    for k, m in enumerate(avg.members_):
+        hist = [h for h in (getattr(m, "history_", None) or []) if h.get("cost") is not None]
+        if not hist:
+            continue
+        it = np.array([h["iter"] for h in hist])
+        cost = np.array([h["cost"] for h in hist], dtype=float)
+        ax.plot(it, cost, lw=1.2, label=f"member {k}: {cost[-1]:.4f}, {len(m.theta_)} bases")
+        drawn += 1
+    if not drawn:
+        raise ValueError("the members of this average have no fit history (history_) to plot")
+    ax.set_title(f"average of {len(avg.members_)} models: each member's fit")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("cost (nats per sample)")
+    ax.grid(alpha=0.3)
+    _integer_axis(ax.xaxis)
+    ax.legend(fontsize="small", frameon=False)
+    return ax
+
+
 def interaction_strengths(model, weight: str = "auto") -> dict[tuple[int, ...], float]:
     """Strength of each group of variables that has terms: ``{(i, j, ...): strength}``.
 
-    ``weight``: ``"share"`` (summed share of the cost reduction), ``"theta"``
-    (summed ``|theta|``) or ``"auto"`` (share when the model has a fit history).
+    ``weight``: ``"mi"`` (the mutual information of each pair of variables under the
+    model, :func:`fsll_ooc.queries.dependence`: a property of the distribution),
+    ``"share"`` (summed share of the cost reduction of the terms on exactly that group),
+    ``"theta"`` (summed ``|theta|``) or ``"auto"`` (share when the model has a fit
+    history, else ``|theta|``; an average: ``"mi"``).  Shares and ``|theta|`` depend on
+    the basis, i.e. on how the categories are coded; MI does not.
     """
     return _strengths(model, weight)[0]
 
 
 def _strengths(model, weight: str) -> tuple[dict[tuple[int, ...], float], str]:
-    if weight not in ("auto", "share", "theta"):
-        raise ValueError(f"weight must be 'auto', 'share' or 'theta', got {weight!r}")
+    if weight not in WEIGHTS:
+        raise ValueError(f"weight must be one of {', '.join(map(repr, WEIGHTS))}, got {weight!r}")
+    if weight == "mi" or (weight == "auto" and getattr(model, "members_", None) is not None):
+        names, _ = labels(model)
+        dep = dependence(model, conditional=False)
+        return {(names.index(a), names.index(b)) if names.index(a) < names.index(b) else
+                (names.index(b), names.index(a)): float(v) for a, b, v in zip(dep["a"], dep["b"], dep["mi"])
+                if v > 0}, "mi"
     rows = interactions(model, as_frame=False)
     if weight == "auto":
         weight = "share" if rows and not any(math.isnan(r["share"]) for r in rows) else "theta"
@@ -237,11 +297,13 @@ def _order_colours(orders: list[int]):
     return colours, (cmap, norm)
 
 
-def plot_interactions(model, ax=None, weight: str = "auto", top: int | None = 40,
+def plot_interactions(model, ax=None, weight: str = "mi", top: int | None = 40,
                       min_strength: float = 0.0, pairs: bool | None = None):
     """The interaction graph of the variables (see the module docstring).
 
-    ``top``: draw only the ``top`` strongest pair/hyperedges (None: all);
+    ``weight``: what an edge's width shows (see :func:`interaction_strengths`; default
+    ``"mi"``, the mutual information of the pair under the model: edges only, no hubs or
+    rings); ``top``: draw only the ``top`` strongest pair/hyperedges (None: all);
     ``min_strength``: drop groups weaker than this; ``pairs``: draw the pairwise-share
     heatmap (:func:`plot_pair_shares`) beside the graph; the default (None) does so on a
     new figure (``ax=None``) of two or more variables.  Returns the graph's ``Axes``
@@ -318,8 +380,11 @@ def plot_interactions(model, ax=None, weight: str = "auto", top: int | None = 40
     if colour_bar is None:
         legend = [Line2D([], [], color=colour_of[o], lw=3,
                          label="pair terms" if o == 2 else f"order-{o} terms (hub)") for o in orders]
-    legend.append(Line2D([], [], marker="o", ls="none", markerfacecolor="white", markeredgecolor="#444444",
-                         markeredgewidth=3, markersize=10, label="single-variable terms (ring)"))
+    if weight != "mi":
+        legend.append(Line2D([], [], marker="o", ls="none", markerfacecolor="white", markeredgecolor="#444444",
+                             markeredgewidth=3, markersize=10, label="single-variable terms (ring)"))
+    elif legend:
+        legend[0].set_label("pairs: mutual information")
     # below the drawing, outside the axes: never on top of a variable's label
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize="small",
               frameon=False)
@@ -329,9 +394,10 @@ def plot_interactions(model, ax=None, weight: str = "auto", top: int | None = 40
                                  ticks=range(len(orders)))
         bar.ax.set_yticklabels([str(o) for o in orders])
         bar.set_label("order of the term (2 = pair; hubs for 3 and more)")
-    what = "share of cost reduction" if weight == "share" else "|theta|"
-    more = "" if top is None or len(strengths) - len(single) <= top else f" (strongest {top})"
-    ax.set_title(f"interactions of {n} variables: width = {what}{more}")
+    what = {"share": "share of the cost reduction", "theta": "|theta|",
+            "mi": f"mutual information (max {smax:.3g} nats)"}[weight]
+    more = "" if top is None or len(strengths) - len(single) <= top else f", strongest {top}"
+    ax.set_title(f"{n} variables\nwidth: {what}{more}", fontsize="medium")
     lim = _graph_limit(ax, n, node_r, names, ks, small)
     ax.set_xlim(-lim, lim)
     ax.set_ylim(-lim, lim)
@@ -354,7 +420,7 @@ def _graph_limit(ax, n: int, node_r: float, names, ks, small: bool) -> float:
     return ring / max(1.0 - 2.0 * points / axes_points, 0.35)
 
 
-def plot_pair_shares(model, ax=None, weight: str = "auto"):
+def plot_pair_shares(model, ax=None, weight: str = "mi"):
     """Heatmap of :func:`pair_strengths`: which pairs of variables share terms, and how much.
 
     Cell ``(i, j)`` is the strength of the terms containing both variables, each term's
@@ -383,6 +449,7 @@ def _draw_pair_shares(model, ax, strengths, weight: str, names: list, n: int) ->
     shown = np.ma.masked_less_equal(m, 0.0)
     share = weight == "share"
     scale = 100.0 if share else 1.0
+    mi = weight == "mi"
     cmap = colormaps["magma_r"].with_extremes(bad="#f4f4f4")
     if shown.count():
         vmax = float(shown.max()) * scale
@@ -391,7 +458,8 @@ def _draw_pair_shares(model, ax, strengths, weight: str, names: list, n: int) ->
         image = ax.imshow(shown * scale, cmap=cmap, norm=norm, interpolation="nearest")
         bar = ax.figure.colorbar(image, ax=ax, shrink=0.8)
         _log_axis(bar.ax.yaxis)
-        bar.set_label("% of the cost reduction (a term's share split over its pairs)" if share else
+        bar.set_label("mutual information (nats)" if mi else
+                      "% of the cost reduction (a term's share split over its pairs)" if share else
                       "|theta| of the terms containing both (split over their pairs)")
         if n <= 8:  # small enough to print the numbers
             for i, j in zip(*np.nonzero(m)):
@@ -399,7 +467,8 @@ def _draw_pair_shares(model, ax, strengths, weight: str, names: list, n: int) ->
                         color="white" if norm(m[i, j] * scale) > 0.6 else "black")
     else:
         ax.imshow(shown, cmap=cmap)
-        ax.text(0.5, 0.5, "no interactions", transform=ax.transAxes, ha="center", va="center")
+        ax.text(0.5, 0.5, "no dependence" if mi else "no interactions", transform=ax.transAxes, ha="center",
+                va="center")
     size = "small" if n <= 12 else "x-small" if n <= 20 else 6
     if n <= 8:
         ax.set_xticks(range(n), names, rotation=30, ha="right", rotation_mode="anchor", fontsize=size)
@@ -410,7 +479,8 @@ def _draw_pair_shares(model, ax, strengths, weight: str, names: list, n: int) ->
     ax.set_yticks(np.arange(n + 1) - 0.5, minor=True)
     ax.grid(which="minor", color="white", lw=0.5)
     ax.tick_params(which="minor", length=0)
-    ax.set_title("pairs of variables: strength of their common terms")
+    ax.set_title("pairs of variables: mutual information" if mi else "pairs of variables: their common terms",
+                 fontsize="medium")
 
 
 def save_plots(model, out_dir=".", prefix: str = "model", dpi: int = 120, **graph_options) -> list[str]:
@@ -423,7 +493,8 @@ def save_plots(model, out_dir=".", prefix: str = "model", dpi: int = 120, **grap
     _check_mpl()
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    if any(h.get("cost") is not None for h in (getattr(model, "history_", None) or [])):
+    histories = [getattr(m, "history_", None) for m in getattr(model, "members_", None) or [model]]
+    if any(h.get("cost") is not None for hist in histories for h in (hist or [])):
         ax = plot_cost(model)
         path = os.path.join(out_dir, f"{prefix}-cost.png")
         ax.figure.savefig(path, dpi=dpi, metadata=_PNG_METADATA)

@@ -39,6 +39,7 @@ array([0.07, 0.93])
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Iterable, Mapping, Sequence
 
@@ -49,9 +50,9 @@ from .basis import is_walsh
 from .machine import total_memory
 from .validation import check_n_samples
 
-__all__ = ["marginal", "conditional", "mode", "interactions", "labels", "resolve_variable",
-           "resolve_value", "factor_text", "describe_factor", "term_contributions", "log_potential",
-           "sample_codes", "QueryMethods"]
+__all__ = ["marginal", "conditional", "mode", "interactions", "dependence", "predict_proba", "missing_proba",
+           "evidence_codes", "pair_marginals", "labels", "resolve_variable", "resolve_value", "factor_text",
+           "describe_factor", "term_contributions", "log_potential", "sample_codes", "QueryMethods", "basis_categories"]
 
 
 # --------------------------------------------------------------------------- labels
@@ -223,9 +224,16 @@ def conditional(model, target, given: Mapping | None = None, as_frame: bool = Fa
 
     Variables by name or index, values by label or code.  Returns an array of shape
     ``(k_t, ...)`` summing to 1 (``as_frame=True``: a tidy ``DataFrame`` as in
-    :func:`marginal`).  Raises ``ValueError`` for unknown variables or values, a
+    :func:`marginal`).  ``given`` may also be evidence *rows* (a ``DataFrame``, or a 2-D
+    array of codes): then the answer is one distribution per row, an array of shape
+    ``(n_rows, k_t, ...)`` (``as_frame=True``: :func:`predict_proba`'s frame).  Raises ``ValueError`` for unknown variables or values, a
     target that is also evidence, or evidence of probability zero.
     """
+    if _is_rows(given):  # evidence rows: one distribution per row
+        out = predict_proba(model, target, given, as_frame=as_frame)
+        if as_frame:
+            return out
+        return out.reshape((out.shape[0],) + tuple(int(model.cardinalities_[i]) for i in _variables(model, target)))
     idx = _variables(model, target)
     ev = _evidence(model, given)
     both = [i for i in idx if i in ev]
@@ -400,6 +408,13 @@ def term_contributions(history: Iterable[Mapping]) -> tuple[dict[tuple, float], 
     return contrib, total
 
 
+def basis_categories(model) -> list | None:
+    """A model's ``categories_`` in its basis order (what ``theta_``'s indices refer to)."""
+    if getattr(model, "categories_", None) is None:
+        return None
+    return [[c[u] for u in o] for c, o in zip(model.categories_, model.basis_order_)]
+
+
 def interactions(model, as_frame: bool = True):
     """The model's terms in words, sorted by their share of the cost reduction.
 
@@ -418,6 +433,9 @@ def interactions(model, as_frame: bool = True):
         raise TypeError(f"a {type(model).__name__} is a mixture of models and has no single set of terms; "
                         "ask a member: model.members_[k] (model.interactions() lists every member's)")
     names, cats = labels(model)
+    order = getattr(model, "basis_order_", None)
+    if order is not None:  # theta_'s indices refer to the basis order of the categories
+        cats = [[c[u] for u in o] for c, o in zip(cats, order)]
     ks = tuple(int(k) for k in model.cardinalities_)
     contrib, total = term_contributions(getattr(model, "history_", None) or [])
     rows = []
@@ -545,3 +563,297 @@ class QueryMethods:
         'X0=0 * X1=0'
         """
         return interactions(self, as_frame=as_frame)
+
+    def dependence(self, conditional="auto"):
+        """Mutual information of every pair of variables under the model, largest first:
+        a ``DataFrame`` with ``a``, ``b``, ``mi``, ``cmi`` (given the other variables) and
+        ``terms`` (an average: ``mi_min``, ``mi_max`` over its members).  See
+        :func:`fsll_ooc.queries.dependence`."""
+        return dependence(self, conditional=conditional)
+
+    def predict_proba(self, target, X, as_frame: bool = True):
+        """The distribution of ``target`` (a variable, or a list for their joint) given each
+        row of ``X`` (a DataFrame or codes; missing cells summed out): one row per row of
+        ``X``, one column per category.  See :func:`fsll_ooc.queries.predict_proba`."""
+        return predict_proba(self, target, X, as_frame=as_frame)
+
+
+# ------------------------------------------------------------------- dependence
+
+#: :func:`dependence` computes the conditional mutual information of every pair from the
+#: dense table when it has at most this many cells times pairs (a few seconds) ...
+CMI_WORK = 2**27
+#: ... and the table (read into memory for it, out of core) at most this many cells.
+CMI_CELLS = 2**24
+
+
+def _pair_sums(block: np.ndarray, out: dict, offsets: Sequence[int]) -> None:
+    """Add every pairwise marginal ``(a, b)``, ``a < b``, of one block of the table into ``out``.
+
+    Sums over the trailing axes first, then over the leading ones, so that every sum
+    runs over contiguous memory: about three passes over the block in all for binary
+    axes, not one per pair.
+    """
+    shape = block.shape
+    n = len(shape)
+    t = np.asarray(block, dtype=np.float64)
+    for b in range(n - 1, 0, -1):
+        if b < n - 1:  # t: the block summed over the axes after b
+            t = t.reshape(-1, shape[b + 1]).sum(axis=-1).reshape(shape[:b + 1])
+        h = t  # axes a .. b
+        for a in range(b):
+            s = h.reshape(shape[a], -1, shape[b]).sum(axis=1)
+            out[(a, b)][offsets[a]:offsets[a] + shape[a], offsets[b]:offsets[b] + shape[b]] += s
+            if a < b - 1:
+                h = h.reshape(shape[a], -1).sum(axis=0)
+
+
+def pair_marginals(p) -> dict[tuple[int, int], np.ndarray]:
+    """Every pairwise marginal ``{(a, b): table}`` (``a < b``) of ``p`` (numpy, or dask
+    chunk by chunk: one read of the table, never more than a chunk in memory)."""
+    shape = tuple(int(s) for s in p.shape)
+    n = len(shape)
+    out = {(a, b): np.zeros((shape[a], shape[b])) for b in range(n) for a in range(b)}
+    if isinstance(p, np.ndarray):
+        _pair_sums(p, out, (0,) * n)
+        return out
+    offs = [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(int) for c in p.chunks]
+    for b in np.ndindex(*p.numblocks):
+        _pair_sums(np.asarray(p.blocks[b].compute()), out, tuple(int(offs[a][j]) for a, j in enumerate(b)))
+    return out
+
+
+def _mi(P: np.ndarray) -> float:
+    """Mutual information (nats) of a two-way table ``P`` (normalised here); ``0 log 0 = 0``."""
+    P = P / P.sum()
+    outer = P.sum(1, keepdims=True) * P.sum(0, keepdims=True)
+    m = P > 0
+    return _clean(float(np.sum(P[m] * np.log(P[m] / outer[m]))))
+
+
+def _cmi(p: np.ndarray, a: int, b: int) -> float:
+    """``I(a; b | the other variables)`` (nats) from the dense table ``p``."""
+    P = np.moveaxis(p, (a, b), (0, 1)).reshape(p.shape[a], p.shape[b], -1)
+    P = P / P.sum()
+    rest, pa, pb = P.sum((0, 1)), P.sum(1), P.sum(0)
+    m = P > 0
+    ratio = P * rest[None, None] / (pa[:, None] * pb[None])
+    return _clean(float(np.sum(P[m] * np.log(ratio[m]))))
+
+
+#: Mutual informations below this (nats) are round-off of an exact zero, reported as 0.
+MI_ROUNDOFF = 1e-12
+
+
+def _clean(v: float) -> float:
+    return v if v > MI_ROUNDOFF else 0.0
+
+
+def _pairs_with_terms(model, n: int) -> dict[tuple[int, int], int]:
+    theta = getattr(model, "theta_", None)
+    if theta is None:
+        return {}
+    out: dict = {}
+    for y, v in theta.items():
+        if float(v) == 0.0:
+            continue
+        on = [i for i, yi in enumerate(y) if yi]
+        for a, b in itertools.combinations(on, 2):
+            out[(a, b)] = out.get((a, b), 0) + 1
+    return out
+
+
+def dependence(model, conditional: bool | str = "auto"):
+    """How strongly each pair of variables depends on each other, under the model.
+
+    One row per pair of variables: ``a``, ``b`` (names), ``mi`` (the mutual information
+    ``I(a; b)`` in nats, from the model's exact pairwise marginal), ``cmi`` (``I(a; b |
+    every other variable)``: what a and b say about each other beyond what the rest
+    says; 0 exactly when no term of the model holds both; NaN when not computed),
+    ``terms`` (how many of the model's terms hold both variables).  Sorted by ``mi``,
+    largest first.  An :class:`~fsll_ooc.FSLLAverage` gives the mixture's ``mi`` and
+    ``cmi``, and ``mi_min`` / ``mi_max`` over its members.
+
+    Unlike the term shares of :func:`interactions`, these numbers do not depend on the
+    basis (how the categories are coded): they are properties of the distribution.
+
+    ``conditional``: ``"auto"`` computes ``cmi`` when the table is small enough (cells
+    times pairs at most :data:`CMI_WORK`, cells at most :data:`CMI_CELLS`: it is read
+    into memory); ``True`` always, ``False`` never.  The pairwise marginals take one read of the table (out of core:
+    chunk by chunk).
+    """
+    import pandas as pd
+
+    _check_fitted(model)
+    names, _ = labels(model)
+    n = len(names)
+    p = _table(model)
+    size = math.prod(int(k) for k in p.shape)
+    pairs = n * (n - 1) // 2
+    if conditional == "auto":
+        conditional = size * pairs <= CMI_WORK and size <= CMI_CELLS
+    elif conditional not in (True, False):
+        raise ValueError(f"conditional must be True, False or 'auto', got {conditional!r}")
+    marg = pair_marginals(p)
+    dense = None
+    if conditional:
+        dense = p if isinstance(p, np.ndarray) else _compute(p)
+    members = getattr(model, "members_", None)
+    member_marg = [pair_marginals(_table(m)) for m in members] if members else None
+    together = _pairs_with_terms(model, n)
+    rows = []
+    for (a, b), P in marg.items():
+        r = {"a": names[a], "b": names[b], "mi": _mi(P),
+             "cmi": _cmi(dense, a, b) if dense is not None else math.nan}
+        if members:
+            mis = [_mi(mm[(a, b)]) for mm in member_marg]
+            r["mi_min"], r["mi_max"] = min(mis), max(mis)
+        else:
+            r["terms"] = together.get((a, b), 0)
+        rows.append(r)
+    cols = ["a", "b", "mi", "cmi"] + (["mi_min", "mi_max"] if members else ["terms"])
+    df = pd.DataFrame(rows, columns=cols)
+    return df.sort_values(["mi", "a", "b"], ascending=[False, True, True], kind="stable").reset_index(drop=True)
+
+
+# ------------------------------------------------------------------- predictions
+
+def _is_rows(given) -> bool:
+    """Evidence rows (a DataFrame, or a 2-D array) rather than one ``{variable: value}`` mapping."""
+    return hasattr(given, "columns") or (isinstance(given, np.ndarray) and given.ndim == 2)
+
+
+def _n_hidden(model) -> int:
+    return int(getattr(model, "n_hidden_", 0) or 0)
+
+
+def evidence_codes(model, X) -> np.ndarray:
+    """The ``(N, n)`` codes of evidence rows ``X``, in the order shown (``categories_``),
+    ``-1`` where a cell is missing.
+
+    ``X``: a ``DataFrame`` whose columns are a subset of the model's variables (matched by
+    name; a variable it lacks is missing in every row; a column the model does not know
+    is an error naming it), missing cells NaN, None or ``pd.NA``; or a 2-D array of codes
+    (or labels) with one column per variable (NaN or ``-1`` missing); hidden variables
+    may be left out.  An unknown label is an error naming the column, value and row.
+    """
+    from .io import encode_with
+
+    names, cats = labels(model)
+    n = len(names)
+    width = n - _n_hidden(model)
+    if hasattr(X, "columns"):
+        import pandas as pd
+
+        cols = [str(c) for c in X.columns]
+        unknown = [c for c in cols if c not in names]
+        if unknown:
+            raise ValueError(f"the evidence has column(s) {_fmt_list(unknown)} the model does not know "
+                             f"(its variables: {_fmt_list(names)})")
+        X = X.copy(deep=False)
+        X.columns = cols
+        X = pd.DataFrame({nm: X[nm] if nm in cols else pd.Series([None] * len(X), index=X.index, dtype=object)
+                          for nm in names[:width]}, index=X.index)
+    else:
+        X = np.asarray(X)
+        if X.ndim == 1:
+            X = X[None, :]
+        if X.ndim != 2 or X.shape[1] not in (width, n):
+            raise ValueError(f"evidence rows need {width} columns (one per variable), got shape {X.shape}")
+        width = X.shape[1]
+    if len(X) == 0:
+        return np.zeros((0, n), np.int64)
+    codes = np.full((len(X), n), -1, np.int64)
+    if not hasattr(X, "columns") and X.dtype.kind in "iuf":  # codes, as everywhere an array is given
+        miss = np.isnan(X) if X.dtype.kind == "f" else X < 0
+        vals = np.where(miss, 0, X)
+        ks = np.asarray(model.cardinalities_[:width])
+        bad = (vals != np.floor(vals)) | (vals >= ks) | (vals < 0)
+        if bad.any():
+            r, j = np.argwhere(bad)[0]
+            raise ValueError(f"column {names[j]!r}: {X[r, j]!r} at row {r} is not a code 0..{ks[j] - 1} "
+                             "(NaN or -1: missing)")
+        codes[:, :width] = np.where(miss, -1, vals).astype(np.int64)
+        return codes
+    import pandas as pd
+
+    frame = X if hasattr(X, "columns") else pd.DataFrame(X, columns=names[:width])
+    mask = np.asarray(frame.isna().to_numpy(), dtype=bool)
+    if mask.any():  # a missing cell holds a known label while encoding, then -1
+        frame = frame.copy()
+        for j in np.flatnonzero(mask.any(axis=0)):
+            frame[frame.columns[j]] = frame.iloc[:, j].astype(object).where(~mask[:, j], cats[j][0])
+    codes[:, :width] = encode_with(cats[:width], frame, names=names[:width])
+    codes[:, :width][mask] = -1
+    return codes
+
+
+def _log_prob_codes(model, codes: np.ndarray) -> np.ndarray:
+    """``log p`` of each row of ``codes`` (in the order shown; ``-1``: missing, summed out);
+    an average: the log of its members' mean."""
+    members = getattr(model, "members_", None)
+    if members:
+        lp = np.stack([_log_prob_codes(m, codes) for m in members])
+        top = lp.max(axis=0)
+        return top + np.log(np.mean(np.exp(lp - top), axis=0))
+    return model._basis_log_prob(model._basis_codes(codes))
+
+
+def predict_proba(model, target, X, as_frame: bool = True):
+    """For every row of ``X``, the distribution of ``target`` given that row's observed cells.
+
+    ``target``: a variable (name or index) or a list of them (their joint distribution).
+    ``X``: evidence rows as :func:`evidence_codes` reads them (a ``DataFrame`` with any
+    subset of the model's columns, or codes); missing cells are summed out under the
+    model, and a value ``X`` holds for a target variable is ignored.  Returns a
+    ``DataFrame`` with one row per row of ``X`` (same index) and one column per category
+    of the target (a ``MultiIndex`` of the targets' categories for a list), each row
+    summing to 1; ``as_frame=False``: the ``(N, k_t1 * k_t2 * ...)`` array.
+
+    All rows are answered together: one evaluation of the model per target state for
+    complete rows (``O(N x terms)``), and for rows with missing cells the marginals
+    that :meth:`~fsll_ooc.FSLL.log_prob` uses (out of core they stream over the store).
+    """
+    idx = _variables(model, target)
+    names, cats = labels(model)
+    codes = evidence_codes(model, X)
+    codes[:, idx] = -1
+    ks = [int(model.cardinalities_[i]) for i in idx]
+    states = np.array(list(itertools.product(*[range(k) for k in ks])), dtype=np.int64).reshape(-1, len(idx))
+    T, N = len(states), codes.shape[0]
+    big = np.repeat(codes[None], T, axis=0)
+    big[:, :, idx] = states[:, None, :]
+    lp = _log_prob_codes(model, big.reshape(T * N, -1)).reshape(T, N) if N else np.zeros((T, 0))
+    lp = lp - lp.max(axis=0, keepdims=True) if N else lp
+    p = np.exp(lp)
+    p = (p / p.sum(axis=0, keepdims=True)).T
+    if not as_frame:
+        return p
+    import pandas as pd
+
+    if len(idx) == 1:
+        columns = pd.Index(cats[idx[0]], dtype=object, name=names[idx[0]])
+    else:
+        columns = pd.MultiIndex.from_product([cats[i] for i in idx], names=[names[i] for i in idx])
+    index = X.index if hasattr(X, "index") and hasattr(X, "columns") else None
+    return pd.DataFrame(p, index=index, columns=columns)
+
+
+def missing_proba(model, X) -> dict:
+    """``{column: DataFrame}``: for every variable with missing cells in ``X``, the rows where
+    it is missing and the distribution of its value given each row's observed cells
+    (:func:`predict_proba` of that variable on those rows)."""
+    names, _ = labels(model)
+    codes = evidence_codes(model, X)
+    width = len(names) - _n_hidden(model)
+    out = {}
+    for i in range(width):
+        rows = np.flatnonzero(codes[:, i] < 0)
+        if not len(rows):
+            continue
+        sub = X.iloc[rows] if hasattr(X, "iloc") else np.asarray(X)[rows]
+        frame = predict_proba(model, i, sub)
+        if not hasattr(X, "columns"):
+            frame.index = rows
+        out[names[i] if hasattr(X, "columns") else i] = frame
+    return out

@@ -64,7 +64,7 @@ def test_interaction_view_readable_for_many_variables(n):
     for o in range(3, min(n, 12) + 1):
         terms[tuple(sorted(rng.choice(n, o, replace=False)))] = float(rng.uniform(0.05, 0.3))
     names = [f"variable_{i}" for i in range(n)]
-    ax = plot_interactions(_model(n, terms, names), top=None)
+    ax = plot_interactions(_model(n, terms, names), top=None, weight="share")  # the terms' view: hubs, orders
     fig = ax.figure
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()

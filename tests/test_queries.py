@@ -46,6 +46,23 @@ def labelled(codes):
 
 
 @pytest.fixture(scope="module")
+def LP(labelled):
+    """The labelled model's table by brute force from its parameters (tests/oracle.py), its axes
+    moved from the basis order of the fit (most frequent label first) to the labels' order."""
+    from oracle import model as brute_model, phi_matrix
+
+    cards = labelled.cardinalities_
+    theta = np.zeros(math.prod(cards))
+    for y, v in labelled.theta_.items():
+        theta[np.ravel_multi_index(y, cards)] = v
+    p = brute_model(theta, phi_matrix(cards)).reshape(cards)
+    for i, order in enumerate(labelled.basis_order_):  # basis position c holds shown code order[c]
+        p = np.take(p, np.argsort(order), axis=i)
+    np.testing.assert_allclose(labelled.probabilities(), p, atol=1e-14)
+    return p
+
+
+@pytest.fixture(scope="module")
 def ooc(codes, tmp_path_factory):
     m = FSLL(progress=False, store=tmp_path_factory.mktemp("ooc") / "s", layout=(1, 2)).fit(codes)
     assert not isinstance(m.probabilities(), np.ndarray)  # a dask array over the store
@@ -77,13 +94,13 @@ def test_marginal_single_variable_is_1d(model, P):
     np.testing.assert_allclose(model.marginal(2), P.sum(axis=(0, 1, 3)), atol=1e-15)
 
 
-def test_marginal_names_and_frame(labelled, P):
-    np.testing.assert_allclose(labelled.marginal(["grade", "sex"]), brute_marginal(P, [3, 0]), atol=1e-14)
+def test_marginal_names_and_frame(labelled, LP):
+    np.testing.assert_allclose(labelled.marginal(["grade", "sex"]), brute_marginal(LP, [3, 0]), atol=1e-14)
     df = labelled.marginal(["colour", "size"], as_frame=True)
     assert list(df.columns) == ["colour", "size", "p"] and len(df) == 12
     assert list(df["colour"].iloc[:4]) == ["red"] * 4 and list(df["size"].iloc[:4]) == [0, 1, 2, 3]
     table = df.pivot(index="colour", columns="size", values="p").loc[LABELS[1], LABELS[2]]
-    np.testing.assert_allclose(table.to_numpy(), brute_marginal(P, [1, 2]), atol=1e-14)
+    np.testing.assert_allclose(table.to_numpy(), brute_marginal(LP, [1, 2]), atol=1e-14)
 
 
 # ------------------------------------------------------------------ conditional
@@ -109,8 +126,8 @@ def test_conditional_several_targets(model, P):
     assert got.shape == (5, 3)
 
 
-def test_conditional_by_label_code_and_name(labelled, P):
-    want = P[:, 2, :, 0].sum(axis=1)
+def test_conditional_by_label_code_and_name(labelled, LP):
+    want = LP[:, 2, :, 0].sum(axis=1)
     want = want / want.sum()
     for given in ({"colour": "blue", "grade": "A"}, {1: 2, 3: 0}, {"colour": 2, "grade": 0}):
         np.testing.assert_allclose(labelled.conditional("sex", given=given), want, rtol=1e-12)
@@ -146,16 +163,16 @@ def test_mode_ties_lowest_code_first():
     np.testing.assert_allclose(probs, 1 / 6)
 
 
-def test_mode_given(labelled, P):
+def test_mode_given(labelled, LP):
     states, probs = labelled.mode(k=4, given={"size": 3, "sex": "m"})
-    sub = P[1, :, 3, :]
+    sub = LP[1, :, 3, :]
     want_s, want_p = brute_top(sub, 4)
     assert (states[:, 0] == 1).all() and (states[:, 2] == 3).all()
     np.testing.assert_array_equal(states[:, [1, 3]], want_s)
     np.testing.assert_allclose(probs, want_p / sub.sum(), rtol=1e-12)
     df = labelled.mode(k=2, as_frame=True)
     assert list(df.columns) == NAMES + ["p"] and len(df) == 2
-    s, p = brute_top(P, 1)
+    s, p = brute_top(LP, 1)
     assert [df.iloc[0][nm] for nm in NAMES] == [LABELS[i][c] for i, c in enumerate(s[0])]
     full, pr = labelled.mode(k=3, given={"sex": "f", "colour": "red", "size": 0, "grade": "B"})
     assert full.tolist() == [[0, 0, 0, 1]] and pr.tolist() == [1.0]

@@ -239,6 +239,12 @@ def add_read_options(p, drop: bool = True) -> None:
     if drop:
         g.add_argument("--drop", metavar="NAME", action="append", default=[],
                        help="leave this column out (repeat, or NAME1,NAME2)")
+        g.add_argument("--categorical", metavar="NAME", action="append", default=[],
+                       help="read this column's numbers as labels: only the values that occur become "
+                            "categories (not 0..max) (repeat, or NAME1,NAME2)")
+        g.add_argument("--ordered", metavar="NAME", action="append", default=[],
+                       help="this column's categories are ordered (e.g. low < mid < high, sorted as read): "
+                            "the model keeps their order instead of the canonical one (repeat, or NAME1,NAME2)")
 
 
 def separator(s: str) -> str:
@@ -265,7 +271,37 @@ def read_data(args, path: str):
         data = data.drop(columns=drop)
         if data.shape[1] == 0:
             raise DataError("--drop leaves no column to fit")
+    categorical = name_list(args, "categorical", data, path)
+    if categorical:
+        import pandas as pd
+
+        data = data.copy()
+        for c in categorical:  # the values that occur, in their natural order
+            col = data[c]
+            data[c] = pd.Categorical(col, categories=sorted(col.dropna().unique().tolist(), key=label_key))
     return data
+
+
+def label_key(v):
+    """Sort key of labels: numbers by value, then everything else by its text."""
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)):
+        return (0, float(v), "")
+    return (1, 0.0, str(v))
+
+
+def name_list(args, option: str, data, path: str) -> list[str]:
+    """The column names given to ``--OPTION`` (repeated or comma-separated), each checked to exist."""
+    given = [c.strip() for d in getattr(args, option, None) or [] for c in d.split(",") if c.strip()]
+    if not given:
+        return []
+    if not hasattr(data, "columns"):
+        raise DataError(f"--{option} needs named columns (a .csv, .tsv, .txt or .parquet file)")
+    names = [str(c) for c in data.columns]
+    unknown = [c for c in given if c not in names]
+    if unknown:
+        raise DataError(f"--{option}: no column {', '.join(repr(c) for c in unknown)} in {path} "
+                        f"(columns: {', '.join(names[:12])}{', ...' if len(names) > 12 else ''})")
+    return given
 
 
 def connect(address: str):

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from ..model_file import em_summary
 from ..queries import labels as _labels_of
 from . import common
 
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "info", help="summary of a saved model and its terms, most important first",
-        description="Print a saved model's summary and its selected terms, sorted by their share "
+        "info", help="summary of a saved model: which variables depend on each other, and its terms",
+        description="Print a saved model's summary; then which pairs of variables depend on each other "
+                    "most (their mutual information under the model, and given all the other variables); "
+                    "then its selected terms, sorted by their share "
                     "of the fit's cost reduction (the gain of the iteration that appended the term "
                     "plus its later adjustments). A term adds theta * Phi_y(x) to log p(x) (up to "
                     "log Z). Each variable in a term is shown with the categories on which its "
@@ -21,6 +26,8 @@ def register(sub) -> None:
     p.add_argument("model", metavar="MODEL", help="a model saved by 'fsll-ooc fit' (or a completed store)")
     p.add_argument("--top", type=common.nonneg_int, default=20, metavar="K",
                    help="show the K most important terms; 0 shows all (default: %(default)s)")
+    p.add_argument("--pairs", type=common.nonneg_int, default=12, metavar="K",
+                   help="show the K most dependent pairs of variables; 0 shows all (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print summary and terms as JSON")
     p.set_defaults(func=run)
 
@@ -72,7 +79,7 @@ def _info_average(args, avg) -> int:
                         "n_terms": len(terms), "terms": terms if args.top == 0 else terms[:args.top]})
     summary = {"model": args.model, "average_of": len(members), "n_vars": len(ks), "names": names,
                "cardinalities": list(ks), "categories": cats, "cells": math.prod(ks), "n_samples": avg.n_samples_,
-               "members": members}
+               "dependence": _dependence_rows(avg), "members": members}
     if args.json:
         common.print_json(summary)
         return 0
@@ -80,6 +87,7 @@ def _info_average(args, avg) -> int:
     print(f"  fitted on   {summary['n_samples']:,} samples (each member on a random four fifths of them)")
     print("  the model is the mean of the members' distributions; it has no single set of terms, so each")
     print("  member's terms are listed with their share of that member's cost reduction")
+    _print_dependence(summary["dependence"], args.pairs)
     for mem in members:
         more = "" if len(mem["terms"]) == mem["n_terms"] else f" (top {len(mem['terms'])} of {mem['n_terms']})"
         print(f"\nmember {mem['member']}: bases {mem['n_bases']}   iterations {mem['n_iter']}   "
@@ -112,6 +120,8 @@ def _info_model(args, model) -> int:
         "kl_data": common.float_or_none(model.kl_data_),
         "n_terms": len(terms),
         "terms_by_order": {str(o): c for o, c in sorted(by_order.items())},
+        "em": em_summary(model),
+        "dependence": _dependence_rows(model),
         "terms": shown,
     }
     if args.json:
@@ -120,6 +130,12 @@ def _info_model(args, model) -> int:
     _print_table_head("FSLL model", args.model, names, ks)
     print(f"  fitted on   {summary['n_samples']:,} samples"
           + ("" if summary["converged"] else " (stopped before convergence)"))
+    em = summary["em"]
+    if em is not None:
+        print(f"  fitted by   EM (missing cells): {em['rounds']} rounds"
+              + ("" if em["converged"] else " (stopped before convergence)")
+              + f", observed-data log-likelihood {common.fmt_num(em['loglik'])} nats per row")
+        print("              (KL(pd||p) below is measured against the data completed by the model)")
     print(f"  bases       {summary['n_bases']}   iterations {summary['n_iter']}   "
           f"cost {common.fmt_num(summary['cost'])}   KL(pd||p) {common.fmt_num(summary['kl_data'])}")
     if summary["cost"] is not None:
@@ -129,7 +145,32 @@ def _info_model(args, model) -> int:
         print("  no terms: the model is the uniform distribution")
         return 0
     print("  terms       " + ", ".join(f"{c} of order {o}" for o, c in sorted(by_order.items())))
+    _print_dependence(summary["dependence"], args.pairs)
     more = "" if len(shown) == len(terms) else f" (top {len(shown)} of {len(terms)}; --top 0 shows all)"
-    print(f"\nterms by share of the cost reduction{more}:")
+    print(f"\nterms by share of the cost reduction{more}")
+    print("(a term's share depends on how the categories are coded; which variables go together is the table above):")
     _print_terms(shown)
     return 0
+
+
+def _dependence_rows(model) -> list[dict]:
+    """``model.dependence()`` as plain rows (NaN as None)."""
+    return [{k: (_nan_to_none(v) if isinstance(v, float) else int(v) if isinstance(v, np.integer) else v)
+             for k, v in r.items()} for r in model.dependence().to_dict("records")]
+
+
+def _print_dependence(rows: list[dict], top: int) -> None:
+    """``info``'s table of the most dependent pairs of variables."""
+    if not rows:
+        return
+    shown = rows if top == 0 else rows[:top]
+    more = "" if len(shown) == len(rows) else f"; top {len(shown)} of {len(rows)}, --pairs 0 shows all"
+    print(f"\nwhich variables depend on each other (mutual information under the model, nats{more}):")
+    spread = "mi_min" in rows[0]
+    w = max(4, *(len(str(r["a"])) for r in shown), *(len(str(r["b"])) for r in shown))
+    print(f"  {'#':>4}  {'a':<{w}}  {'b':<{w}}  {'MI':>8}  {'MI given the rest':>17}"
+          + ("  members' MI" if spread else "  terms"))
+    for k, r in enumerate(shown, 1):
+        cmi = "n/a" if r["cmi"] is None else f"{r['cmi']:.4f}"
+        last = f"  {r['mi_min']:.4f}-{r['mi_max']:.4f}" if spread else f"  {r['terms']:>5}"
+        print(f"  {k:>4}  {str(r['a']):<{w}}  {str(r['b']):<{w}}  {r['mi']:>8.4f}  {cmi:>17}" + last)

@@ -13,19 +13,21 @@ def register(sub) -> None:
         "plot", help="save PNGs: cost per iteration and the interaction graph",
         description="Save two PNG files: PREFIX-cost.png (cost and number of bases per iteration; "
                     "needs the fit history, which 'fsll-ooc fit' saves) and PREFIX-interactions.png "
-                    "(variables on a circle; an edge's width is the strength of the pairwise terms "
-                    "of its two variables, higher-order terms are hubs joined to their variables, "
-                    "a variable's ring is the strength of its single-variable terms). Strength is "
-                    "the share of the cost reduction (or |theta| with --weight theta). "
+                    "(variables on a circle; an edge's width is how strongly its two variables depend "
+                    "on each other: their mutual information under the model; with --weight share or "
+                    "theta, the strength of the model's terms instead: pairwise terms as edges, "
+                    "higher-order terms as hubs joined to their variables, single-variable terms as "
+                    "rings; those depend on how the categories are coded). An average (fit --average) "
+                    "draws each member's cost and the mixture's mutual information. "
                     "Needs matplotlib: pip install \"fsll-ooc[docs]\".")
     p.add_argument("model", metavar="MODEL", help="a model saved by 'fsll-ooc fit' (or a completed store)")
     p.add_argument("--out-dir", "-d", default=".", metavar="DIR",
                    help="directory for the PNGs, created if needed (default: current directory)")
     p.add_argument("--prefix", metavar="NAME",
                    help="file name prefix (default: the model file name without extension)")
-    p.add_argument("--weight", choices=("auto", "share", "theta"), default="auto",
-                   help="edge strength: share of the cost reduction, |theta|, or auto (share when "
-                        "the model has a fit history; default)")
+    p.add_argument("--weight", choices=("mi", "share", "theta", "auto"), default="mi",
+                   help="edge width: mutual information of the pair (default), the terms' share of the "
+                        "cost reduction, their |theta|, or auto (share when the model has a fit history)")
     p.add_argument("--top", type=common.nonneg_int, default=40, metavar="K",
                    help="draw the K strongest edges/hyperedges; 0 draws all (default: %(default)s)")
     p.add_argument("--dpi", type=common.positive_int, default=120, help="resolution (default: %(default)s)")
@@ -38,7 +40,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..plotting import save_plots
 
-    model = common.load_model(args.model)
+    model = common.load_model(args.model, averages=True)
     if os.path.isfile(args.out_dir):
         raise DataError(f"--out-dir '{args.out_dir}' is a file, not a directory")
     prefix = args.prefix or os.path.splitext(os.path.basename(os.path.normpath(args.model)))[0] or "model"
