@@ -575,7 +575,8 @@ def test_cli_disk_full_during_a_fit_then_resume(X, small_disk, tmp_path, monkeyp
     assert "disk full" in err and f"fsll-ooc resume {store}" in err and not out.exists()  # in the CLI's words
     assert status(store) == "running"
     (small_disk / "filler").unlink()
-    assert_same(FSLL.resume(store, progress=False), FSLL(epsilon=1e-4, progress=False).fit(X))
+    # the command line reads the codes as labels: their basis order is the canonical one
+    assert_same(FSLL.resume(store, progress=False), FSLL(epsilon=1e-4, progress=False, category_order="frequency").fit(X))
     rc, stdout, _ = run_cli("info", store)  # the finished store serves as MODEL
     assert rc == 0 and "bases" in stdout
 
