@@ -130,3 +130,18 @@ def test_fit_average_refuses_em(capsys, frames, tmp_path):
     rc, out, err = run(capsys, "fit", tmp_path / "h.csv", "-o", tmp_path / "a.json", "--average", "2",
                        "--missing", "em", "-q")
     assert rc == 2 and "--average" in err
+
+
+def test_license_changelog_and_version_match_the_package():
+    import pathlib
+    import re
+
+    import fsll_ooc
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    pyproject = (root / "pyproject.toml").read_text()
+    assert re.search(r'license\s*=\s*\{\s*text\s*=\s*"MIT"\s*\}', pyproject)
+    assert (root / "LICENSE").read_text().startswith("MIT License")
+    version = re.search(r'^version\s*=\s*"([^"]+)"', pyproject, re.M).group(1)
+    assert fsll_ooc.__version__ == version
+    assert f"## {version}" in (root / "CHANGELOG.md").read_text()
