@@ -63,8 +63,9 @@ class FSLL(queries.QueryMethods):
         Table storage; default "zarr" with a store, "numpy" without.
     memory_limit : int or str, optional
         e.g. "4GiB": the planner keeps the fit's peak within it.
-    scheduler : None, "threads", "synchronous", "serial" or a ``dask.distributed.Client``
-        Who runs the chunk-parallel passes (None: serial in core, dask threads out of core).
+    scheduler : None, "pool", "threads", "synchronous", "serial" or a ``dask.distributed.Client``
+        Who runs the chunk-parallel passes (None: serial in core, the ``"pool"`` of the
+        kernels' threads out of core; ``"pool"`` is also a value).
     layout : (a, c), optional
         Explicit chunk layout cut points (experts and tests); see :mod:`fsll_ooc.planner`.
     resync_every : int

@@ -9,7 +9,8 @@ import pytest
 
 from fsll_ooc import datasets, storage
 from fsll_ooc.engine import Engine, Step, Table
-from fsll_ooc.executors import DaskExecutor, Executor, SerialExecutor, base, make_executor, register_executor
+from fsll_ooc.executors import (DaskExecutor, Executor, PoolExecutor, SerialExecutor, base, make_executor,
+                                register_executor)
 from fsll_ooc.planner import Layout
 
 CARDS = (4, 2, 3, 5)
@@ -60,7 +61,8 @@ def _assert_same(a, b):
 
 def test_make_executor_by_kind():
     assert isinstance(make_executor(None, 1), SerialExecutor)
-    assert isinstance(make_executor(None, 4), DaskExecutor) and make_executor(None, 4).scheduler == "threads"
+    assert isinstance(make_executor(None, 4), PoolExecutor)  # several bands: the kernels' threads
+    assert isinstance(make_executor("threads", 4), DaskExecutor) and make_executor("threads").scheduler == "threads"
     assert isinstance(make_executor("serial"), SerialExecutor)
     assert make_executor("synchronous").scheduler == "synchronous"
     ex = SerialExecutor()

@@ -113,7 +113,7 @@ class Engine:
         (its layout).  The penalties are those of ``n_samples`` samples, times
         ``penalty_scale`` (:func:`fsll_ooc.cost.penalty_weights`); the executor is
         :func:`fsll_ooc.executors.make_executor` of ``scheduler`` (``None``: serial for one
-        band, dask threads for several).  With ``sample_flat`` (the data's flat indices,
+        band, the pool of the kernels' threads for several).  With ``sample_flat`` (the data's flat indices,
         a new fit) the engine runs its setup passes: the targets ``dbar`` of the data and
         the duals of ``theta = 0`` in ``thetabar``.  Without, the tables are used as they
         are (a resumed or finished fit).  ``progress``: per-pass progress bars.

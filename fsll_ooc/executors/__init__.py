@@ -1,4 +1,4 @@
-"""Executors: who runs a pass's band tasks (in the calling thread, dask threads, or dask.distributed).
+"""Executors: who runs a pass's band tasks (in the calling thread, on the kernels' threads, dask threads, or dask.distributed).
 
 ``base`` holds the interface and the registry; each scheduler is one module that
 registers itself on import (``serial``, ``dask``).  Import order is registration order,

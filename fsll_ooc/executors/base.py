@@ -75,14 +75,14 @@ def make_executor(scheduler: Any, n_tasks_hint: int = 1) -> Executor:
     """The executor for the estimator's ``scheduler`` parameter.
 
     An :class:`Executor` is used as it is; ``None`` picks ``"serial"`` for one band and
-    ``"threads"`` (dask) otherwise; any other value goes to the first registered kind
-    that accepts it (``"serial"``; dask's scheduler names and ``dask.distributed.Client``
-    objects).
+    ``"pool"`` (the bands on the kernels' threads, without dask) otherwise; any other value
+    goes to the first registered kind that accepts it (``"serial"``, ``"pool"``; dask's
+    scheduler names and ``dask.distributed.Client`` objects).
     """
     if isinstance(scheduler, Executor):
         return scheduler
     if scheduler is None:
-        scheduler = "serial" if n_tasks_hint <= 1 else "threads"
+        scheduler = "serial" if n_tasks_hint <= 1 else "pool"
     for cls in _REGISTRY.values():
         if cls.accepts(scheduler):
             return cls.from_scheduler(scheduler)
