@@ -280,7 +280,15 @@ class TermCode:
 
     def add(self, axes: Sequence[int], m: int) -> float:
         """Code length of one more member of family ``axes``, which has ``m`` now (``inf`` if
-        the family is full)."""
+        the family is full).  Memoised (the learner prices the same families over and over)."""
+        key = (tuple(axes), int(m))
+        memo = self.__dict__.setdefault("_add_memo", {})
+        v = memo.get(key)
+        if v is None:
+            v = memo[key] = self._add(*key)
+        return v
+
+    def _add(self, axes: tuple, m: int) -> float:
         if self.kind == "paper":
             return self._scaled(self.r0 + float(sum(self.w[i] for i in axes)))
         name = float(sum(self.name_w[i] for i in axes)) if m == 0 else 0.0
