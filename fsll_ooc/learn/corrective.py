@@ -608,8 +608,9 @@ def family_move(engine, state, best, limit: int):
     ``(delta, move, flat, thetabar_y, dbar_y)``.  Their ``dbar`` is gathered once per family.
     """
     delta, move, y, t, d = best
+    counts = state.family_counts()
     if move == "append":  # (the difference first: it is exactly 0 where the prices agree)
-        delta = delta + (state.marginal_penalties([y])[0] - state.penalty(y))
+        delta = delta + (state.marginal_penalties([y], counts)[0] - state.penalty(y))
     if limit <= 0 or not state.theta:
         return delta, move, y, t, d
     fams = tuple(dict.fromkeys(map(state.family, state.theta)))
@@ -624,7 +625,7 @@ def family_move(engine, state, best, limit: int):
         return delta, move, y, t, d
     cand, dd = cand[keep], dd[keep]
     tt = np.asarray(engine.gather(cand), np.float64)
-    r = np.array(state.marginal_penalties(cand.tolist()))
+    r = np.array(state.marginal_penalties(cand.tolist(), counts))
     lim = 1.0 - 2.0**-52
     tc = np.clip(tt, -lim, lim)
     gain = 0.5 * ((1.0 + dd) * (np.log1p(tc) - np.log1p(dd)) + (1.0 - dd) * (np.log1p(-tc) - np.log1p(-dd))) + r

@@ -93,12 +93,17 @@ class FitState:
         return a
 
     def family_counts(self) -> dict[tuple[int, ...], int]:
-        """Members in the support of each family (variable set)."""
-        counts: dict = {}
-        for y in self.theta:
-            a = self.family(y)
-            counts[a] = counts.get(a, 0) + 1
-        return counts
+        """Members in the support of each family (variable set): a new dict, memoised on the
+        support (its terms in order; the learner asks for it several times per iteration)."""
+        key = tuple(self.theta)
+        memo = self.__dict__.get("_family_counts")
+        if memo is None or memo[0] != key:
+            counts: dict = {}
+            for y in self.theta:
+                a = self.family(y)
+                counts[a] = counts.get(a, 0) + 1
+            memo = self.__dict__["_family_counts"] = (key, counts)
+        return dict(memo[1])
 
     def marginal_penalties(self, flats, counts=None) -> list[float]:
         """Code length a member gives back when removed, a non-member costs when added."""
