@@ -56,14 +56,11 @@ def strong_bn(cards, n_parents=2, alpha=0.3, seed=0):
 
 
 def sample(cards, parents, cpts, n, seed):
-    """``n`` rows by ancestral sampling."""
-    rng = np.random.default_rng(seed)
-    X = np.zeros((n, len(cards)), np.int64)
-    for i, (ps, cpt) in enumerate(zip(parents, cpts)):
-        probs = cpt[tuple(X[:, p] for p in ps)] if ps else np.broadcast_to(cpt, (n, cards[i]))
-        cdf = np.cumsum(probs, axis=1)
-        X[:, i] = np.minimum((rng.random((n, 1)) * cdf[:, -1:] > cdf).sum(axis=1), cards[i] - 1)
-    return X
+    """``n`` rows by ancestral sampling (``bench/scale.py``'s sampler)."""
+    sys.path.insert(0, HERE)
+    from scale import ancestral_sample
+
+    return ancestral_sample(cards, parents, cpts, n, seed)
 
 
 def case_data(case: str, seed: int = 0):

@@ -250,6 +250,22 @@ def _update_scan_part(x, d, ra, part, ca, sb, run):
 _RUN = 64  # cells per bound test
 
 
+@njit(cache=True, nogil=True)
+def _geometry(shape, walsh, n):
+    """``(strides, all_walsh, part, tmp)`` of a sub-table of ``n`` cells: C-order strides,
+    whether every axis is Walsh-Hadamard, and the partner buffers (empty when it is)."""
+    nax = shape.shape[0]
+    strides = np.ones(nax, np.int64)
+    for ax in range(nax - 2, -1, -1):
+        strides[ax] = strides[ax + 1] * shape[ax + 1]
+    all_walsh = True
+    for ax in range(nax):
+        if not walsh[ax]:
+            all_walsh = False
+    m = 0 if all_walsh else n
+    return strides, all_walsh, np.empty(m), np.empty(m)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                family, fam, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, n_samples, scale,
@@ -276,19 +292,8 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     """
     n = x.shape[0]
     nax = shape.shape[0]
-    strides = np.ones(nax, np.int64)
-    for ax in range(nax - 2, -1, -1):
-        strides[ax] = strides[ax + 1] * shape[ax + 1]
-    all_walsh = True
-    for ax in range(nax):
-        if not walsh[ax]:
-            all_walsh = False
+    strides, all_walsh, part, tmp = _geometry(shape, walsh, n)
     run = min(n, _RUN)
-    part = np.empty(0)
-    tmp = np.empty(0)
-    if not all_walsh:
-        part = np.empty(n)
-        tmp = np.empty(n)
     ua = np.empty(run)
     ub = np.empty(run)
     if family:  # the families with members: their marginal prices
@@ -392,20 +397,7 @@ def replay_sub(x, shape, walsh, cells, deltas, out_t):
     """Apply the updates ``deltas`` on ``cells`` to the sub-table ``x`` (in place) in order;
     ``out_t[j]``: the dual of ``cells[j]`` just before its update.  Returns the summed ``ln``
     of the normalisers."""
-    nax = shape.shape[0]
-    strides = np.ones(nax, np.int64)
-    for ax in range(nax - 2, -1, -1):
-        strides[ax] = strides[ax + 1] * shape[ax + 1]
-    all_walsh = True
-    for ax in range(nax):
-        if not walsh[ax]:
-            all_walsh = False
-    n = x.shape[0]
-    part = np.empty(0)
-    tmp = np.empty(0)
-    if not all_walsh:
-        part = np.empty(n)
-        tmp = np.empty(n)
+    strides, all_walsh, part, tmp = _geometry(shape, walsh, x.shape[0])
     total = 0.0
     for j in range(cells.shape[0]):
         out_t[j] = x[cells[j]]
