@@ -23,7 +23,10 @@ Datasets
   the same cardinalities (two parents per node, Dirichlet(1) CPTs), each at
   N = 1e3, 1e4, 1e5.
 
-Studies (``--studies``): ``pm1`` (slow coordinate convergence of the +-1 basis:
+Studies (``--studies``): ``peers`` (pgmpy's example networks asia, survey and sachs at
+N = 1e3, 1e4, 1e5: the default and ``FSLLAverage`` against pyAgrum's greedy hill climbing and
+tabu search with the AIC, BIC and BDeu scores and MIIC, parameters with a Laplace prior;
+``python bench/quality.py --studies peers --peers-only``), ``pm1`` (slow coordinate convergence of the +-1 basis:
 Potts with q = 3 against q = 4 (Walsh-Hadamard) on the same grid), ``auto`` (the
 constant ``c`` of ``epsilon = c / N``) and ``schedule`` (when to run the corrective
 step, and the joint selection on/off).
@@ -315,6 +318,109 @@ def plot(results, names, path):
 
 
 # --------------------------------------------------------------------------- studies
+EXAMPLE_NETS = ("asia", "survey", "sachs")
+AGRUM = {"GHC-AIC": ("ghc", "AIC"), "GHC-BIC": ("ghc", "BIC"), "GHC-BDeu": ("ghc", "BDeu"),
+         "Tabu-AIC": ("tabu", "AIC"), "Tabu-BIC": ("tabu", "BIC"), "Tabu-BDeu": ("tabu", "BDeu"), "MIIC": ("miic", None)}
+
+
+def example_network(name: str) -> np.ndarray:
+    """``p*`` of one of pgmpy's example networks (its variables in pgmpy's order, states in
+    its order) as a dense table."""
+    import logging
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("pgmpy").setLevel(logging.ERROR)
+        from pgmpy.utils import get_example_model
+
+        net = get_example_model(name)
+    nodes = list(net.nodes())
+    cards = [int(net.get_cardinality(v)) for v in nodes]
+    p = np.ones(cards)
+    for cpd in net.get_cpds():
+        axes = [nodes.index(v) for v in cpd.variables]
+        t = np.asarray(cpd.values, np.float64).reshape([cards[a] for a in axes]).transpose(np.argsort(axes))
+        shape = [1] * len(cards)
+        for a in sorted(axes):
+            shape[a] = cards[a]
+        p = p * t.reshape(shape)
+    return p / p.sum()
+
+
+def fit_agrum(X: np.ndarray, cards, search: str, score: str | None, prior: float = 1.0):
+    """pyAgrum's structure search (``"ghc"``, ``"tabu"`` or ``"miic"``; score ``"AIC"``,
+    ``"BIC"`` or ``"BDeu"``) with Laplace-smoothed parameters (``prior`` per cell): the
+    network's joint table, its free parameters and the seconds of ``learnBN``."""
+    import pandas as pd
+    import pyagrum as gum
+
+    names = [f"X{i}" for i in range(len(cards))]
+    df = pd.DataFrame({nm: X[:, i].astype(str) for i, nm in enumerate(names)})
+    t0 = time.perf_counter()
+    template = gum.BayesNet()
+    for nm, k in zip(names, cards):  # every value a label, in order (also those the rows lack)
+        template.add(gum.LabelizedVariable(nm, nm, [str(v) for v in range(k)]))
+    learner = gum.BNLearner(df, template)
+    if search == "ghc":
+        learner.useGreedyHillClimbing()
+    elif search == "tabu":
+        learner.useLocalSearchWithTabuList()
+    else:
+        learner.useMIIC()
+    if score is not None:
+        getattr(learner, f"useScore{score}")()
+    learner.useSmoothingPrior(prior)
+    bn = learner.learnBN()
+    seconds = time.perf_counter() - t0
+    p = np.ones(tuple(cards))
+    n_params = 0
+    for nm in names:
+        cpt = bn.cpt(nm)
+        axes = [names.index(v) for v in reversed(cpt.names)]  # toarray's axes: the names reversed
+        table = np.asarray(cpt.toarray(), np.float64)
+        shape = [1] * len(cards)
+        for a in sorted(axes):
+            shape[a] = cards[a]
+        p = p * table.transpose(np.argsort(axes)).reshape(shape)
+        n_params += table.size // cards[names.index(nm)] * (cards[names.index(nm)] - 1)
+    return p / p.sum(), n_params, seconds
+
+
+def study_peers(seeds, sizes=SIZES, members=4):
+    """Per network and size: KL(p*||p) and seconds of the default, of ``FSLLAverage`` (members
+    fitted one after the other) and of every pyAgrum learner; the default against the best."""
+    from fsll_ooc import FSLLAverage
+
+    lines = ["| network (cells) | N | FSLL() | FSLLAverage(K=4) | " + " | ".join(AGRUM) + " | best pyAgrum | "
+             "FSLL() / best | FSLLAverage / best | s FSLL() | s FSLLAverage | s best pyAgrum |",
+             "|---|---|---|---|" + "---|" * len(AGRUM) + "---|---|---|---|---|---|"]
+    raw = []
+    for net in EXAMPLE_NETS:
+        p = example_network(net)
+        for n in sizes:
+            acc = collections.defaultdict(list)
+            for s in seeds:
+                X = datasets.sample_table(p, n, seed=np.random.SeedSequence([int(s), int(n), 5]))
+                r = fit_fl(X, p, repeats=1)
+                acc["FSLL"].append((r["kl_true"], r["time"]))
+                t0 = time.perf_counter()
+                avg = FSLLAverage(n_members=members, cardinalities=p.shape, progress=False).fit(X)
+                acc["avg"].append((datasets.kl_divergence(p, np.asarray(avg.probabilities())), time.perf_counter() - t0))
+                for name, (search, score) in AGRUM.items():
+                    q, _, sec = fit_agrum(X, p.shape, search, score)
+                    acc[name].append((datasets.kl_divergence(p, q), sec))
+            m = {k: (mean([a[0] for a in v]), mean([a[1] for a in v])) for k, v in acc.items()}
+            best = min(AGRUM, key=lambda k: m[k][0])
+            raw.append({"net": net, "N": n, "seeds": list(seeds), "results": m, "load": os.getloadavg()[0]})
+            lines.append(f"| {net} ({p.size:,}) | {n:,} | {fmt(m['FSLL'][0])} | {fmt(m['avg'][0])} | "
+                         + " | ".join(fmt(m[k][0]) for k in AGRUM)
+                         + f" | {best} {fmt(m[best][0])} | {m['FSLL'][0] / m[best][0]:.2f} | {m['avg'][0] / m[best][0]:.2f} "
+                         f"| {m['FSLL'][1]:.2f} | {m['avg'][1]:.2f} | {m[best][1]:.2f} |")
+            print(lines[-1], flush=True)
+    return lines, raw
+
+
 def study_pm1(seeds):
     """Greedy convergence on the same Potts grid with q = 3 (+-1 basis) and q = 4 (Walsh)."""
     lines = ["| data | N | system | iterations | appends | adjusts | removes | adjusts per append "
@@ -567,7 +673,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--quick", action="store_true", help="seed 0, N <= 1e4 for the synthetic data (smoke test)")
     ap.add_argument("--studies", nargs="*", default=["oracle", "pm1", "auto", "schedule"],
-                    choices=["oracle", "pm1", "auto", "schedule"],
+                    choices=["oracle", "pm1", "auto", "schedule", "peers"],
                     help="studies to run; the sections of the others are kept from the report at --out")
     ap.add_argument("--mixed-only", action="store_true", help="only the mixed-cardinality datasets")
     ap.add_argument("--repeats", type=int, default=2, help="FL fits per system and seed (the fastest time is kept)")
@@ -579,7 +685,19 @@ def main(argv=None):
     ap.add_argument("--skip", nargs="*", default=[], choices=PEERS,
                     help="pgmpy systems not fitted (their results are still taken from --peers-from)")
     ap.add_argument("--out", default=os.path.join("docs", "benchmarks_quality.md"))
+    ap.add_argument("--peers-only", action="store_true",
+                    help="run only the peers study and print its table (for the report's section of that name)")
     args = ap.parse_args(argv)
+    if args.peers_only:
+        lines, raw = study_peers(args.seeds)
+        if args.raw:
+            with open(args.raw, "w", encoding="utf-8") as fh:
+                json.dump(raw, fh, default=float)
+        print(f"\n`python bench/quality.py --studies peers --peers-only --seeds {' '.join(map(str, args.seeds))}`, "
+              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {machine_line()}, load at the end "
+              f"{os.getloadavg()[0]:.1f}:\n")
+        print("\n".join(lines))
+        return None
     if args.from_raw:
         with open(args.from_raw, encoding="utf-8") as fh:
             raw = json.load(fh)
@@ -662,7 +780,7 @@ def _kept_sections(path, titles):
     out = {}
     for part in text.split("\n## ")[1:]:
         title, _, body = part.partition("\n")
-        if title in (REALDATA_TITLE, MISSING_TITLE) and title in titles:  # its own header says where it comes from
+        if title in (REALDATA_TITLE, MISSING_TITLE, PEERS_TITLE) and title in titles:  # its own header says where it comes from
             out[title] = f"## {title}\n" + body.rstrip() + "\n"
         elif title in titles and body.lstrip().startswith("*Kept from"):  # kept before: its note names the run
             out[title] = f"## {title}\n" + body.rstrip() + "\n"
@@ -681,7 +799,7 @@ def report(args, raw):
     os.makedirs(out_dir, exist_ok=True)
     fig = os.path.join(out_dir, "quality_kl.png")
     plot(results, names, fig)
-    kept = _kept_sections(args.out, list(STUDY_TITLES.values()) + [REALDATA_TITLE, MISSING_TITLE])
+    kept = _kept_sections(args.out, list(STUDY_TITLES.values()) + [REALDATA_TITLE, MISSING_TITLE, PEERS_TITLE])
     md = [
         "# Statistical quality: FL with corrective steps and epsilon=\"auto\" against pgmpy",
         "",
@@ -739,7 +857,7 @@ def report(args, raw):
         md += [f"## {STUDY_TITLES['schedule']}", "", "@@SCHEDULE@@", "", *studies["schedule"], ""]
     elif STUDY_TITLES["schedule"] in kept:
         md += [kept[STUDY_TITLES["schedule"]]]
-    for title in (REALDATA_TITLE, MISSING_TITLE):
+    for title in (REALDATA_TITLE, PEERS_TITLE, MISSING_TITLE):
         if title in kept:
             md += [kept[title]]
     text = "\n".join(md)
@@ -752,6 +870,7 @@ def report(args, raw):
 
 
 REALDATA_TITLE = "Real data: held-out log-likelihood (bench/realdata.py)"  # bench/realdata.py writes it
+PEERS_TITLE = "pgmpy's example networks against pyAgrum"  # written from --peers-only
 MISSING_TITLE = "Incomplete rows and hidden variables"  # bench/missing.py's section
 STUDY_TITLES = {"oracle": "Search or cost? The true structure under the same cost",
                 "pm1": "The ±1 basis converges slowly under coordinate steps",

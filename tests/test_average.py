@@ -54,6 +54,13 @@ def test_members_are_fits_on_distinct_four_fifths(avg, codes):
     np.testing.assert_array_equal(again.probabilities(), avg.probabilities())
 
 
+def test_members_fitted_at_once_are_the_same_members(avg, codes):
+    par = FSLLAverage(n_members=3, random_state=5, n_jobs=2, progress=False).fit(codes)
+    assert par.get_params()["n_jobs"] == 2
+    for a, b in zip(par.members_, avg.members_):  # each member is its own fit of its own rows: same bits
+        assert a.theta_ == b.theta_ and a.log_z_ == b.log_z_
+
+
 def test_probabilities_log_prob_score_are_the_mixture(avg, P, codes):
     np.testing.assert_allclose(avg.probabilities(), P, rtol=1e-9, atol=1e-15)
     np.testing.assert_allclose(avg.log_prob(ALL), np.log(P.reshape(-1)), rtol=1e-9)
@@ -163,6 +170,7 @@ def test_out_of_core_members(codes, tmp_path, avg):
     ({"n_members": True}, "n_members must be"),
     ({"n_members": "many"}, "n_members must be"),
     ({"random_state": -1}, "random_state must be"),
+    ({"n_jobs": 0}, "n_jobs must be a positive int"),
     ({"colour": 3}, "unknown parameter 'colour'"),
     ({"missing": "em"}, "does not average EM fits .*'missing'"),
     ({"epsilon": -1.0}, "epsilon"),
