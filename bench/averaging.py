@@ -238,6 +238,32 @@ def report(paths) -> None:
             print(f"* {_data(data)}: " + "; ".join(per))
 
 
+def parallel(cases, reps: int) -> None:
+    """Seconds of one ``FSLL()`` fit, of ``FSLLAverage()`` (K = 4) one member after the other
+    and with ``n_jobs=2``, interleaved; the same members either way (checked)."""
+    from fsll_ooc import FSLLAverage
+
+    FSLL(progress=False).fit(np.random.default_rng(0).integers(0, 3, size=(200, 6)))  # compile kernels
+    print("| data | rep | s FSLL() | s FSLLAverage() | s FSLLAverage(n_jobs=2) | average / fit | "
+          "average n_jobs=2 / fit | load |\n|---|---|---|---|---|---|---|---|")
+    for case in cases:
+        X, cards, _, _ = load_case(case)
+        for rep in range(reps):
+            t = {}
+            for name, make in (("fit", lambda: FSLL(progress=False, cardinalities=cards)),
+                               ("avg", lambda: FSLLAverage(progress=False, cardinalities=cards)),
+                               ("par", lambda: FSLLAverage(progress=False, cardinalities=cards, n_jobs=2))):
+                t0 = time.perf_counter()
+                m = make().fit(X)
+                t[name] = time.perf_counter() - t0
+                if name == "avg":
+                    ref = [mm.theta_ for mm in m.members_]
+                elif name == "par":
+                    assert [mm.theta_ for mm in m.members_] == ref
+            print(f"| {_data(':'.join(case.split(':')[:2]))} | {rep} | {t['fit']:.2f} | {t['avg']:.2f} | {t['par']:.2f} | "
+                  f"{t['avg'] / t['fit']:.2f} | {t['par'] / t['fit']:.2f} | {os.getloadavg()[0]:.1f} |", flush=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -248,9 +274,16 @@ def main(argv=None) -> None:
     r.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     rp = sub.add_parser("report")
     rp.add_argument("raw", nargs="+")
+    tp = sub.add_parser("parallel", help="wall time of FSLLAverage() with members one after the other and "
+                                         "with n_jobs=2, against one FSLL() fit, interleaved")
+    tp.add_argument("--cases", nargs="+", default=["BN-mix:10000:0", "BN-mix:1000:0"])
+    tp.add_argument("--reps", type=int, default=2)
     a = ap.parse_args(argv)
     if a.cmd == "report":
         report(a.raw)
+        return
+    if a.cmd == "parallel":
+        parallel(a.cases, a.reps)
         return
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
