@@ -39,7 +39,8 @@ from typing import Sequence
 from .validation import MAX_VARIABLES, format_count
 
 __all__ = ["Layout", "Plan", "PlanError", "plan", "min_memory", "parse_bytes", "format_bytes", "parse_cards",
-           "TABLES", "TASK_FACTOR", "BASE_OVERHEAD", "MAX_CHUNKS", "PASSES_PER_TERM", "Duration", "estimate_duration"]
+           "TABLES", "TASK_FACTOR", "BASE_OVERHEAD", "MAX_CHUNKS", "PASSES_PER_TERM", "Duration", "estimate_duration",
+           "TERM_SECONDS", "TERM_TABLE_COPIES"]
 
 #: Tables kept for a fit: dbar, thetabar and one scratch table.
 TABLES = 3
@@ -68,6 +69,13 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
 #: (0.075-0.137 on binary tables of 2^24-2^30 cells, 0.152 on a mixed network of
 #: 2-6-valued variables; 0.15 is taken) and one step per pass (1.7-1.8).
 PASSES_PER_TERM = {"several steps per pass": 0.15, "one step per pass": 1.7}
+#: The learner's own work per term of the final model that does not grow with the table
+#: (candidate lists, corrective phases, the penalty scale's sub-fits), seconds; and the work
+#: on the tables per term, in units of one copy of the table at the machine's memory speed.
+#: Fitted to the default fits of the 2-core VM (``docs/benchmarks.md``, "How long a fit
+#: takes": 2^22 to 2^28 cells and a 12-variable survey-like table), each within 1.5x.
+TERM_SECONDS = 0.03
+TERM_TABLE_COPIES = 8.7
 
 
 class PlanError(ValueError):
@@ -235,10 +243,15 @@ class Plan:
     def dtype(self) -> str:
         return {8: "float64", 4: "float32"}.get(self.itemsize, f"{self.itemsize}-byte float")
 
-    def report(self, extra: Sequence[tuple[str, str]] = ()) -> str:
+    def report(self, extra: Sequence[tuple[str, str]] = (), names: Sequence[str] | None = None) -> str:
         """The plan as a readable table (like ``opt_einsum.contract_path``'s report); ``extra``
-        rows (name, text) go before the verdict."""
+        rows (name, text) go before the verdict; ``names``: the variables' names (default
+        ``X0, X1, ...``)."""
         L = self.layout
+
+        def _span(axes):
+            return _span_of(axes, names)
+
         log2 = sum(math.log2(k) for k in L.cards)
         head = (f"fsll-ooc plan: {len(L.cards)} variables, |X| = {format_count(L.cards)} cells"
                 + (f" (2^{log2:.1f})" if log2 < 128 else "") + f", {self.dtype}")
@@ -272,16 +285,17 @@ class Plan:
         return "\n".join(lines)
 
 
-def _span(axes: Sequence[int]) -> str:
-    """Compact variable list: ``X0, X6..X25``."""
+def _span_of(axes: Sequence[int], names: Sequence[str] | None = None) -> str:
+    """Compact variable list: ``X0, X6..X25`` (or the variables' ``names``)."""
     if not axes:
         return "none"
+    nm = (lambda i: str(names[i])) if names is not None else (lambda i: f"X{i}")
     runs, start, prev = [], axes[0], axes[0]
     for a in list(axes[1:]) + [None]:
         if a is not None and a == prev + 1:
             prev = a
             continue
-        runs.append(f"X{start}" if start == prev else f"X{start}..X{prev}")
+        runs.append(nm(start) if start == prev else f"{nm(start)}..{nm(prev)}")
         if a is not None:
             start = prev = a
     return ", ".join(runs)
@@ -507,6 +521,22 @@ class Duration:
     write_speed: float
     source: str
     batched_by_default: bool = False
+    table_bytes: int = 0
+    memory_speed: float | None = None
+    out_of_core: bool = False
+
+    def fit_seconds(self, terms: int) -> float | None:
+        """Estimated wall time of a default fit ending with ``terms`` terms: the learner's
+        work (:data:`TERM_SECONDS` and :data:`TERM_TABLE_COPIES` table copies at the memory
+        speed, per term) and, out of core, the passes' I/O, whichever is longer (they
+        overlap).  None without a memory speed."""
+        if not self.memory_speed:
+            return None
+        work = terms * (TERM_SECONDS + TERM_TABLE_COPIES * self.table_bytes / self.memory_speed)
+        if not self.out_of_core:
+            return work
+        per_term = PASSES_PER_TERM["several steps per pass" if self.batched_by_default else "one step per pass"]
+        return max(work, self.seconds(terms, per_term))
 
     @property
     def seconds_per_pass(self) -> float:
@@ -525,7 +555,12 @@ class Duration:
         per = "; ".join(f"{_duration(self.seconds(100, k))} at {k} passes/term, {how} "
                         f"({when[(how == 'several steps per pass') == self.batched_by_default]})"
                         for how, k in order)
-        return [("speed", f"{self.write_speed / 1e6:,.0f} MB/s write, {self.read_speed / 1e6:,.0f} MB/s read "
+        fit = self.fit_seconds(100)
+        estimate = [] if fit is None else [
+            ("fit estimate / 100 terms", f"{_duration(fit)} for a default fit (the learner's work per term at this "
+                                         f"machine's memory speed{', or the passes over the disk' if self.out_of_core else ''}; "
+                                         "models of tables of 2^20 cells and more have some 150-250 terms)")]
+        return estimate + [("speed", f"{self.write_speed / 1e6:,.0f} MB/s write, {self.read_speed / 1e6:,.0f} MB/s read "
                           f"({self.source})"),
                 ("time / pass", f"{_duration(self.seconds_per_pass)} ({format_bytes(self.read_bytes)} read, "
                                 f"{format_bytes(self.write_bytes)} written)"),
@@ -533,7 +568,7 @@ class Duration:
 
 
 def estimate_duration(p: Plan, read_speed: float, write_speed: float, source: str = "given",
-                      batched_by_default: bool = False) -> Duration:
+                      batched_by_default: bool = False, memory_speed: float | None = None) -> Duration:
     """The time of a fit's passes under plan ``p`` at ``read_speed`` and ``write_speed``
     (bytes per second: the disk's out of core, the memory's in core).
 
@@ -542,6 +577,8 @@ def estimate_duration(p: Plan, read_speed: float, write_speed: float, source: st
     learner's own work come on top, so in core this is a lower bound.
     ``batched_by_default`` says whether the default learner takes several steps per pass
     on this table (the caller asks the learner: :func:`fsll_ooc.learn.batch.resolve_batch`).
+    ``memory_speed`` (bytes per second of a copy in memory) adds :meth:`Duration.fit_seconds`,
+    the estimate of a whole default fit.
 
     >>> d = estimate_duration(plan((2,) * 30, memory_limit="4GiB"), 100e6, 50e6)
     >>> round(d.seconds_per_pass, 1)  # 16 GiB read at 100 MB/s + 8 GiB written at 50 MB/s
@@ -550,7 +587,8 @@ def estimate_duration(p: Plan, read_speed: float, write_speed: float, source: st
     if not (read_speed > 0 and write_speed > 0):
         raise PlanError(f"speeds must be positive, got {read_speed!r} and {write_speed!r}")
     third = p.bytes_per_iteration // 3
-    return Duration(2 * third, third, float(read_speed), float(write_speed), source, bool(batched_by_default))
+    return Duration(2 * third, third, float(read_speed), float(write_speed), source, bool(batched_by_default),
+                    p.layout.size * p.itemsize, memory_speed, bool(p.out_of_core))
 
 
 def _duration(seconds: float) -> str:

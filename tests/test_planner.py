@@ -234,3 +234,28 @@ def test_duration_is_measured_in_the_store_directory_or_in_memory(capsys, tmp_pa
 def test_a_full_disk_is_an_infeasible_plan_not_a_malformed_request():
     p = plan((2,) * 20, memory_limit="4GiB", disk_free=0, out_of_core=True)
     assert not p.feasible and "only 0 B is free" in p.problems[0]
+
+
+def test_fit_estimate_is_the_learners_work_per_term_or_the_disk(capsys, tmp_path):
+    """The whole-fit estimate: per term, TERM_SECONDS plus TERM_TABLE_COPIES copies of the
+    table at the memory speed; out of core the passes' I/O when that is longer."""
+    from fsll_ooc.planner import TERM_SECONDS, TERM_TABLE_COPIES, estimate_duration
+
+    p = plan((2,) * 20, memory_limit="4GiB")
+    d = estimate_duration(p, 1e9, 1e9, memory_speed=8e9)
+    assert math.isclose(d.fit_seconds(100), 100 * (TERM_SECONDS + TERM_TABLE_COPIES * 8 * 2**20 / 8e9))
+    assert estimate_duration(p, 1e9, 1e9).fit_seconds(100) is None
+    q = plan((2,) * 30, memory_limit="4GiB", out_of_core=True)
+    slow = estimate_duration(q, 1e6, 1e6, memory_speed=8e9)  # a very slow disk: the passes decide
+    assert math.isclose(slow.fit_seconds(100), slow.seconds(100, 1.7))
+
+
+def test_plan_with_a_store_is_out_of_core_with_names_and_a_disk_figure(capsys, tmp_path):
+    import pandas as pd
+
+    df = pd.DataFrame({"region": ["a", "b", "c"] * 20, "work": ["x", "y"] * 30, "sex": ["f"] * 30 + ["m"] * 30})
+    df.to_csv(tmp_path / "d.csv", index=False)
+    rc, out = _plan_json(capsys, "--data", tmp_path / "d.csv", "--store", tmp_path / "s", "--memory", "1GiB")
+    assert rc == 0 and out["out_of_core"] and out["disk_bytes"] > 0   # what fit --store then does
+    assert "region" in out["report"] and "X0" not in out["report"]
+    assert out["duration"]["fit_seconds_per_100_terms"] > 0

@@ -51,7 +51,8 @@ def _plan_duration(args, p):
     from ..machine import disk_speed, memory_speed
     from ..planner import estimate_duration, parse_bytes
 
-    estimate_duration = partial(estimate_duration, batched_by_default=p.layout.size >= AUTO_MIN_CELLS)
+    estimate_duration = partial(estimate_duration, batched_by_default=p.layout.size >= AUTO_MIN_CELLS,
+                                memory_speed=memory_speed())
 
     if args.disk_speed is not None and p.out_of_core:
         with common.user_input():
@@ -59,7 +60,7 @@ def _plan_duration(args, p):
         return estimate_duration(p, speed, speed, "given with --disk-speed")
     if not p.out_of_core:
         speed = memory_speed()
-        return estimate_duration(p, speed, speed, "memory, measured: a copy of 64 MiB; compute comes on top")
+        return estimate_duration(p, speed, speed, "memory, measured: a copy of 64 MiB; the passes alone")
     from ..storage.url_store import local_path
 
     if args.store is None or local_path(args.store) is None:  # an object store: no disk to measure
@@ -91,19 +92,21 @@ def run(args) -> int:
         memory = parse_bytes(args.memory) if args.memory is not None else total_memory()
         disk = parse_bytes(args.disk) if args.disk is not None else (
             common.store_free_disk(args.store) if args.store is not None else None)
+        # a fit with --store keeps its tables there: out of core, whatever the memory
+        out_of_core = True if args.out_of_core or args.store is not None else None
         p = plan(cards, dtype=args.dtype, memory_limit=memory, disk_free=disk, workers=args.workers,
-                 out_of_core=True if args.out_of_core else None)
+                 out_of_core=out_of_core)
     advice = None
     if not p.feasible:
         def fits(ks):
             return plan(ks, dtype=args.dtype, memory_limit=memory, disk_free=disk, workers=args.workers,
-                        out_of_core=True if args.out_of_core else None).feasible
+                        out_of_core=out_of_core).feasible
 
         advice = f"! within this budget, {common.practical(cards, names, fits)} (fit and plan --data take --drop)"
     duration = _plan_duration(args, p) if p.task_bytes else None
     rows = duration.rows() if duration is not None else [
         ("time", "give --store DIR (its disk is measured) or --disk-speed 200MB for an estimate")]
-    report = common.cli_words(p.report(extra=rows if p.task_bytes else ()), "plan")
+    report = common.cli_words(p.report(extra=rows if p.task_bytes else (), names=names), "plan")
     if args.json:
         L = p.layout
         common.print_json({
@@ -118,7 +121,8 @@ def run(args) -> int:
             "duration": None if duration is None else {
                 "read_speed": duration.read_speed, "write_speed": duration.write_speed, "source": duration.source,
                 "seconds_per_pass": duration.seconds_per_pass,
-                "seconds_per_100_terms": {how: duration.seconds(100, k) for how, k in PASSES_PER_TERM.items()}}})
+                "seconds_per_100_terms": {how: duration.seconds(100, k) for how, k in PASSES_PER_TERM.items()},
+                "fit_seconds_per_100_terms": duration.fit_seconds(100)}})
     else:
         print(report)
         if advice:
