@@ -111,6 +111,8 @@ VOLATILE = [
     # a plan whose speed was measured on this machine, and the times that follow from it
     (re.compile(r"^(\s*speed\s+)[^\n]*measured[^\n]*\n(\s*time / pass\s+)[^\n]*\n(\s*time / 100 terms\s+)[^\n]*$",
                 re.M), r"\1<measured>\n\2<measured>\n\3<measured>"),
+    # the plan's whole-fit estimate, from the memory speed measured on this machine
+    (re.compile(r"^(\s*fit estimate / 100 terms\s+)[^\n]*$", re.M), r"\1<measured>"),
 ]
 RTOL = 1e-6
 

@@ -560,11 +560,11 @@ class Duration:
             ("fit estimate / 100 terms", f"{_duration(fit)} for a default fit (the learner's work per term at this "
                                          f"machine's memory speed{', or the passes over the disk' if self.out_of_core else ''}; "
                                          "models of tables of 2^20 cells and more have some 150-250 terms)")]
-        return estimate + [("speed", f"{self.write_speed / 1e6:,.0f} MB/s write, {self.read_speed / 1e6:,.0f} MB/s read "
+        return [("speed", f"{self.write_speed / 1e6:,.0f} MB/s write, {self.read_speed / 1e6:,.0f} MB/s read "
                           f"({self.source})"),
                 ("time / pass", f"{_duration(self.seconds_per_pass)} ({format_bytes(self.read_bytes)} read, "
                                 f"{format_bytes(self.write_bytes)} written)"),
-                ("time / 100 terms", per)]
+                ("time / 100 terms", per)] + estimate
 
 
 def estimate_duration(p: Plan, read_speed: float, write_speed: float, source: str = "given",
