@@ -154,7 +154,13 @@ def test_a_pass_ends_before_its_error_is_raised(scheduler, reduce):
     (the caller may release the store's lock, or a user delete the damaged file); the
     error is the task's own.  (Which tasks start after the failure, and are skipped,
     depends on dask's order of the tasks: not asserted.)"""
-    ex = DaskExecutor(scheduler)
+    _failing_pass(DaskExecutor(scheduler), reduce)
+
+
+def _failing_pass(ex, reduce):
+    """Run a pass of 6 tasks whose task 0 fails while another works: the task's own error,
+    raised once every task that began has returned; the executor then runs a whole pass.
+    Returns the tasks that began."""
     task = _Pass(failing=0)
     with pytest.raises(ValueError, match="band 0 is damaged"):
         if reduce:
@@ -165,3 +171,4 @@ def test_a_pass_ends_before_its_error_is_raised(scheduler, reduce):
         assert 0 in task.begun and task.begun - {0} == task.done  # every task that began has returned
     # the executor is not left in a failed state: the next pass runs whole
     assert ex.run(_square, [(i, 1) for i in range(4)]) == [(i * i + 1,) for i in range(4)]
+    return task.begun
