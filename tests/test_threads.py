@@ -260,3 +260,17 @@ def test_top_appends_on_threads_keep_the_same_candidates(shape, k, skip, n_threa
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
     assert (want[1] >= 0).sum() > 0
+
+
+def test_thread_count_follows_numba_num_threads():
+    """``NUMBA_NUM_THREADS`` in the environment sets the kernels' and the pool's thread count
+    (how bench/cores.py measures 1..16 threads)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from fsll_ooc.kernels import threadpool; from fsll_ooc.executors import make_executor; "
+            "print(threadpool.num_threads(), make_executor(None, 4)._n())")
+    env = dict(os.environ, NUMBA_NUM_THREADS="3")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["3", "3"]
