@@ -296,10 +296,12 @@ class FSLL(queries.QueryMethods):
         fs.require_state()
         with fs.shared():
             stored = fs.read()
+            model_file.check_stored(fs, stored)
             if stored.status == "complete" and not restart:
                 return cls._open_finished(fs, stored, scheduler, progress, memory_limit)
         with fs.writing("resume", "resuming the fit"):
             stored = fs.read()  # again, now that no other writer can change it
+            model_file.check_stored(fs, stored)
             m = fitting.from_stored(cls, fs, stored, scheduler, progress, memory_limit)
             if stored.status == "complete" and not restart:
                 return cls._open_finished(fs, stored, scheduler, progress, memory_limit)

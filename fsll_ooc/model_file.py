@@ -25,16 +25,21 @@ from .learn import FitState, LearnOptions
 
 __all__ = ["json_or_none", "plain_value", "params_from_json", "MODEL_FORMAT", "MODEL_VERSION", "AVERAGE_FORMAT", "AVERAGE_VERSION", "ModelFile", "AverageFile",
            "save", "load", "save_average", "load_average", "is_average", "category_order", "em_summary",
-           "set_em_summary", "checked_category_order", "checked_em"]
+           "set_em_summary", "checked_category_order", "checked_em", "check_stored", "check_state", "check_log_z",
+           "log_partition", "CHECK_LOG_Z_CELLS"]
 
 MODEL_FORMAT = "fsll-ooc-model"
 MODEL_VERSION = 1
 #: The file of an average of models (:class:`fsll_ooc.FSLLAverage`): its members' model documents.
 AVERAGE_FORMAT = "fsll-ooc-average"
 AVERAGE_VERSION = 1
-#: Largest joint table whose ``log_z`` :func:`load` recomputes from the parameters (a file
-#: whose ``log_z`` does not match is refused); larger ones are checked against its bounds.
-CHECK_LOG_Z_CELLS = 2**20
+#: Largest table whose log Z :func:`load` recomputes from the parameters.  The table is
+#: that of the variables joined by terms, one group at a time (variables in no term add
+#: ``log k`` each; see :func:`log_partition`); a file needing a larger one is refused
+#: (a model's ``log_z`` is never believed unchecked).  ``docs/reliability.md`` gives the cost.
+CHECK_LOG_Z_CELLS = 2**32
+#: Cells :func:`log_partition` transforms at once (its memory: a few arrays of this many floats).
+LOG_Z_BLOCK_CELLS = 2**22
 
 
 @dataclass
@@ -197,33 +202,19 @@ def _parse(path, obj: dict) -> ModelFile:
         params = obj.get("params", {})
         if not isinstance(params, dict):
             raise TypeError(f"params must be an object, got {params!r}")
-        raw = obj["cardinalities"]
-        if not isinstance(raw, list) or any(isinstance(k, bool) or not isinstance(k, int) for k in raw):
-            raise ValueError(f"cardinalities must be a list of integers, got {str(raw)[:80]}")
-        cards = tuple(raw)
-        check_cards(cards)
-        theta = {tuple(int(v) for v in y): float(t) for y, t in obj["theta"]}
-        for y in theta:
-            if len(y) != len(cards) or any(not 0 <= v < k for v, k in zip(y, cards)):
-                raise ValueError(f"parameter index {y} does not fit cardinalities {cards}")
-            if not any(y):
-                raise ValueError("a parameter at the all-zero index (that is log_z's place, not a basis)")
-        if len(theta) != len(obj["theta"]):
-            raise ValueError("a parameter index appears twice")
-        N = int(obj["n_samples"])
-        flat = {int(np.ravel_multi_index(y, cards)): v for y, v in theta.items()}
-        state = FitState(cards, N, 0.0, flat, {}, float(obj["log_z"]), int(obj["n_iter"]),
+        cards = _checked_cards(obj["cardinalities"])
+        flat = []
+        for entry in _pairs(obj["theta"], "theta"):
+            y = entry[0]
+            if not isinstance(y, list) or len(y) != len(cards) or any(
+                    not _is_int(v) or not 0 <= v < k for v, k in zip(y, cards)):
+                raise ValueError(f"parameter index {str(y)[:80]} does not fit cardinalities {cards}")
+            flat.append([int(np.ravel_multi_index(tuple(y), cards)), entry[1]])
+        state = FitState(cards, _count(obj["n_samples"]), 0.0, _checked_theta(cards, flat), {},
+                         _number(obj["log_z"], "log_z"), _count(obj["n_iter"], 0, "n_iter"),
                          bool(obj.get("converged", True)), checked_history(obj.get("history", [])),
                          penalty_scale=checked_penalty_scale(obj.get("penalty_scale", 1.0)))
-        if not (N >= 1 and math.isfinite(state.log_z) and all(math.isfinite(v) for v in theta.values())):
-            raise ValueError("n_samples, log_z and theta must be finite numbers (n_samples >= 1)")
-        bound = math.log(math.prod(cards)) + sum(abs(v) for v in theta.values())
-        if abs(state.log_z) > bound * (1 + 1e-9) + 1e-9:  # |log Z| <= log|X| + sum |theta|
-            raise ValueError(f"log_z {state.log_z!r} is impossible for these parameters (|log_z| <= {bound:.6g})")
-        if math.prod(cards) <= CHECK_LOG_Z_CELLS:
-            exact = _log_z(cards, flat)
-            if not math.isclose(exact, state.log_z, rel_tol=1e-7, abs_tol=1e-7):
-                raise ValueError(f"log_z {state.log_z!r} does not match the parameters (their log Z is {exact!r})")
+        check_log_z(cards, state.theta, state.log_z)
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"{path}: malformed fsll-ooc model file ({type(e).__name__}: {e})") from None
     try:
@@ -273,16 +264,182 @@ def checked_category_order(order, cards) -> list | None:
     return order
 
 
-def _log_z(cards: tuple, flat: dict) -> float:
-    """``log sum_x exp(sum_y theta_y Phi_y(x))`` of a small table (``docs/design.md``: the
-    log-linear table is the transposed transform of theta)."""
-    from .basis import transform
+def check_stored(fs, stored) -> None:
+    """Raise :class:`~fsll_ooc.storage.IntegrityError` naming the state file of store ``fs``
+    unless the fit state ``stored`` (:meth:`fsll_ooc.storage.fit_store.FitStore.read`) and its
+    labels describe a model :func:`load` would accept: cardinalities within the limits;
+    every parameter index a cell of the table other than the all-zero one, given once, with
+    a finite value and a finite target in [-1, 1]; ``n_samples >= 1``; ``log_z`` equal to
+    the parameters' log Z (recomputed, :func:`check_log_z`); a history of numbers; labels
+    that fit.  A store's state is checksummed, but whoever can write the store can write a
+    new checksum: nothing in it is believed unchecked."""
+    try:
+        check_state(stored.state, stored.feature_names, stored.categories)
+    except ValueError as e:
+        with fs.damage_hint():
+            raise storage.IntegrityError(fs.state_file, f"the stored model cannot be trusted ({e})") from None
 
-    table = np.zeros(cards)
-    table.reshape(-1)[np.fromiter(flat.keys(), np.int64, len(flat))] = np.fromiter(flat.values(), float, len(flat))
-    log_p = transform(table, transpose=True)
-    top = float(log_p.max())
-    return top + math.log(float(np.exp(log_p - top).sum()))
+
+def check_state(state: Any, feature_names=None, categories=None) -> None:
+    """``ValueError`` unless ``state`` (the dict of :meth:`fsll_ooc.learn.FitState.to_json`) and
+    the labels pass the checks of :func:`check_stored`."""
+    try:
+        if not isinstance(state, dict):
+            raise TypeError(f"the fit state must be an object, got {type(state).__name__}")
+        cards = _checked_cards(state["cards"])
+        theta = _checked_theta(cards, state["theta"])
+        dbar = {}
+        for y, v in _pairs(state["dbar"], "dbar"):
+            if not _is_int(y) or not 0 < y < math.prod(cards) or y in dbar:
+                raise ValueError(f"target index {str(y)[:40]} is not a cell of the table given once")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(v) <= 1 + 1e-9:
+                raise ValueError(f"the target of cell {y} is {v!r}, not a number in [-1, 1]")
+            dbar[y] = v
+        missing = [y for y in theta if y not in dbar]
+        if missing:
+            raise ValueError(f"parameter {missing[0]} has no target")
+        _count(state["n_samples"])
+        _count(state["n_iter"], 0, "n_iter")
+        _number(state["entropy_q"], "entropy_q")
+        checked_history(state.get("history", []))
+        checked_penalty_scale(state.get("penalty_scale", 1.0))
+        check_log_z(cards, theta, _number(state["log_z"], "log_z"))
+        check_labels(feature_names, categories, cards)
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"missing field {e}" if isinstance(e, KeyError) else str(e)) from None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _count(v, least: int = 1, what: str = "n_samples") -> int:
+    if not _is_int(v) or v < least:
+        raise ValueError(f"{what} must be an integer >= {least}, got {v!r}")
+    return int(v)
+
+
+def _number(v, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{what} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _pairs(entries, what: str) -> list:
+    if not isinstance(entries, list) or not all(isinstance(e, list) and len(e) == 2 for e in entries):
+        raise ValueError(f"{what} must be a list of [index, value] pairs")
+    return entries
+
+
+def _checked_cards(raw) -> tuple:
+    if not isinstance(raw, list) or not all(_is_int(k) for k in raw):
+        raise ValueError(f"cardinalities must be a list of integers, got {str(raw)[:80]}")
+    cards = tuple(int(k) for k in raw)
+    check_cards(cards)
+    return cards
+
+
+def _checked_theta(cards: tuple, pairs) -> dict:
+    """``{flat index: value}`` of ``[flat index, value]`` pairs: each index a cell other than
+    the all-zero one, given once, each value finite."""
+    size = math.prod(cards)
+    theta: dict = {}
+    for y, v in _pairs(pairs, "theta"):
+        if not _is_int(y) or not 0 <= y < size:
+            raise ValueError(f"parameter index {str(y)[:40]} is not a cell of the table of {size:,} cells")
+        if y == 0:
+            raise ValueError("a parameter at the all-zero index (that is log_z's place, not a basis)")
+        if y in theta:
+            raise ValueError(f"parameter index {tuple(np.unravel_index(y, cards))} appears twice")
+        theta[int(y)] = _number(v, "a parameter")
+    return theta
+
+
+def check_log_z(cards: tuple, theta: dict, log_z: float) -> None:
+    """``ValueError`` unless ``log_z`` is the log Z of parameters ``theta`` (``{flat index:
+    value}``), recomputed exactly (:func:`log_partition`; relative and absolute tolerance
+    ``1e-7``); a model whose variables joined by terms span more than
+    :data:`CHECK_LOG_Z_CELLS` cells is refused."""
+    bound = math.log(math.prod(cards)) + sum(abs(v) for v in theta.values())
+    if abs(log_z) > bound * (1 + 1e-9) + 1e-9:  # |log Z| <= log|X| + sum |theta|
+        raise ValueError(f"log_z {log_z!r} is impossible for these parameters (|log_z| <= {bound:.6g})")
+    exact = log_partition(cards, theta)
+    if not math.isclose(exact, log_z, rel_tol=1e-7, abs_tol=1e-7):
+        raise ValueError(f"log_z {log_z!r} does not match the parameters (their log Z is {exact!r})")
+
+
+def log_partition(cards: tuple, theta: dict, block_cells: int = LOG_Z_BLOCK_CELLS) -> float:
+    """``log Z = log sum_x exp(sum_y theta_y Phi_y(x))`` of parameters ``theta`` (``{flat
+    index: value}``), exactly, in memory bounded by ``block_cells`` cells.
+
+    The log-linear table factors over the groups of variables that terms join (``Phi_y``
+    is a product over the variables where ``y`` is not zero): ``log Z`` is the sum of each
+    group's log Z, plus ``log k`` for each variable in no term.  A group's table is the
+    transposed transform of its parameters (``docs/design.md``); a group larger than
+    ``block_cells`` is done one block of its leading variables' values at a time (the
+    trailing variables' parameters, weighted by the leading ones' basis values, then
+    transformed).  Raises ``ValueError`` for a group of more than :data:`CHECK_LOG_Z_CELLS`
+    cells (``O(cells * sum log k)`` operations: ``docs/reliability.md``).
+    """
+    cards = tuple(int(k) for k in cards)
+    if not theta:
+        return float(sum(math.log(k) for k in cards))
+    digits = np.stack(np.unravel_index(np.fromiter(theta.keys(), np.int64, len(theta)), cards), axis=1)
+    values = np.fromiter(theta.values(), float, len(theta))
+    parent = list(range(len(cards)))
+
+    def root(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = a = parent[parent[a]]
+        return a
+
+    for row in digits:
+        on = np.flatnonzero(row)
+        for v in on[1:]:
+            parent[root(int(v))] = root(int(on[0]))
+    used = digits.any(axis=0)
+    total = math.fsum(math.log(k) for k, u in zip(cards, used) if not u)
+    group_of_term = np.array([root(int(np.flatnonzero(row)[0])) for row in digits])
+    groups: dict = {}
+    for i in np.flatnonzero(used):
+        groups.setdefault(root(int(i)), []).append(int(i))
+    for g, members in groups.items():
+        sub = tuple(cards[i] for i in members)
+        if math.prod(sub) > CHECK_LOG_Z_CELLS:
+            raise ValueError(f"the model's log Z needs a table of {math.prod(sub):,} cells ({len(members)} variables "
+                             f"joined by terms); the limit of the check is {CHECK_LOG_Z_CELLS:,} cells "
+                             "(fsll_ooc.model_file.CHECK_LOG_Z_CELLS)")
+        mine = group_of_term == g
+        total += _group_log_z(sub, digits[mine][:, members], values[mine], block_cells)
+    return float(total)
+
+
+def _group_log_z(cards: tuple, digits: np.ndarray, values: np.ndarray, block_cells: int) -> float:
+    """log Z of one group of variables (see :func:`log_partition`)."""
+    from .basis import phi_values, transform
+
+    split, cells = len(cards), 1
+    while split > 0 and cells * cards[split - 1] <= block_cells:
+        split -= 1
+        cells *= cards[split]
+    split = min(split, len(cards) - 1)  # at least the last variable is inside a block
+    inner = cards[split:]
+    at = np.ravel_multi_index(tuple(digits[:, split:].T), inner)
+    # basis values of the leading variables: per variable, (terms, k) rows phi_{y_i}(x_i)
+    lead = [np.stack([phi_values(k, int(y), np.arange(k)) for y in digits[:, a]]) for a, k in enumerate(cards[:split])]
+    top, acc = -math.inf, 0.0
+    for x in np.ndindex(*cards[:split]):
+        w = values.copy()
+        for a, xa in enumerate(x):
+            w *= lead[a][:, xa]
+        block = np.bincount(at, weights=w, minlength=math.prod(inner)).reshape(inner)
+        log_p = transform(block, transpose=True)
+        m = float(log_p.max())
+        if m > top:
+            acc = acc * math.exp(top - m) if acc else 0.0
+            top = m
+        acc += float(np.exp(log_p - top).sum())
+    return top + math.log(acc)
 
 
 def check_cards(cards) -> None:

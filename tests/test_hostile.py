@@ -448,7 +448,8 @@ def _write_case_files(d, model_json):
     (d / "truncated.json").write_text(text[: len(text) // 2])
     (d / "binary.json").write_bytes(bytes(range(256)))
     obj = json.loads(text)
-    obj.update(cardinalities=[1024] * 4, theta=[], categories=None, feature_names=None)  # 2**40 cells: the limit
+    obj.update(cardinalities=[1024] * 4, theta=[], categories=None, feature_names=None,  # 2**40 cells: the limit
+               log_z=40 * math.log(2))  # the log Z of no parameters
     (d / "huge-table.json").write_text(json.dumps(obj))
     obj = json.loads(text)
     obj["cardinalities"] = [2**40, 2, 2]
