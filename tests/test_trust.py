@@ -166,3 +166,91 @@ def test_a_finished_store_resumed_to_a_file_gives_a_file_that_loads(finished_sto
     assert cli.main(["info", str(out)]) == 0
     a, b = FSLL.resume(str(finished_store)), FSLL.load(out)
     assert a.theta_ == b.theta_ and a.log_z_ == b.log_z_
+
+
+def test_a_direct_write_of_a_value_that_cannot_be_converted_keeps_no_descriptor(tmp_path, monkeypatch):
+    import os
+
+    from fsll_ooc.storage import direct_io
+
+    monkeypatch.setattr(direct_io, "DIRECT_IO", True)
+    spec = storage.create_table("memmap", tmp_path, "t", (8, 512), (1, 512), fit_id="f")  # chunks of 4 KiB
+    storage.write(spec, (slice(0, 2), slice(None)), np.ones((2, 512)))  # direct I/O works here
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(ValueError):
+            storage.write(spec, (slice(0, 2), slice(None)), np.full((2, 512), "x", dtype=object))
+    assert len(os.listdir("/proc/self/fd")) == before
+    np.testing.assert_array_equal(storage.read(spec, (slice(0, 2), slice(None))), np.ones((2, 512)))
+
+
+def test_a_partial_zarr_read_never_follows_a_link(tmp_path):
+    spec = storage.create_table("zarr", tmp_path, "t", (4, 6), (2, 3), fit_id="f")
+    storage.write(spec, (slice(None), slice(None)), np.arange(24.0).reshape(4, 6))
+    chunk = tmp_path / "t" / "c" / "0" / "0"
+    copy = tmp_path / "elsewhere"
+    shutil.copy(chunk, copy)
+    chunk.unlink()
+    chunk.symlink_to(copy)  # the same bytes behind a link
+    with pytest.raises(IntegrityError, match=r"t/c/0/0: chunk file is not a regular file"):
+        storage.read(spec, (slice(0, 1), slice(0, 2)))  # part of one chunk: read through zarr
+    with pytest.raises(IntegrityError, match=r"t/c/0/0: chunk file is not a regular file"):
+        storage.check_table(spec)
+
+
+def test_the_writer_lock_outlives_band_writes_still_in_flight(tmp_path, monkeypatch):
+    """A write still running when a writer leaves keeps the store's lock until it ends."""
+    import threading
+
+    from fsll_ooc.storage import fit_store
+    from fsll_ooc.storage.fit_store import FitStore
+    from fsll_ooc.storage.lock import StoreLockedError
+
+    monkeypatch.setattr(fit_store, "QUIESCE_SECONDS", 0.01)
+    root = tmp_path / "s"
+    spec = storage.create_table("memmap", root, "t", (4, 512), (1, 512), fit_id="f")
+    impl, go, started = storage.get_backend("memmap"), threading.Event(), threading.Event()
+    write = impl.write
+
+    def slow_write(spec, key, value):
+        started.set()
+        go.wait()
+        write(spec, key, value)
+
+    monkeypatch.setattr(impl, "write", slow_write)
+    writer = threading.Thread(target=storage.write, args=(spec, (slice(0, 1), slice(None)), np.ones((1, 512))))
+    with FitStore(root, "memmap").writing("fit", "fitting"):
+        writer.start()
+        started.wait()
+    with pytest.raises(StoreLockedError):  # the write still runs: the lock is still held
+        with FitStore(root, "memmap").writing("fit", "fitting"):
+            pass
+    go.set()
+    writer.join()
+    for t in threading.enumerate():
+        if t.name == "fsll-release-lock":
+            t.join()
+    with FitStore(root, "memmap").writing("fit", "fitting"):  # released once the write ended
+        pass
+    np.testing.assert_array_equal(storage.read(spec, (slice(0, 1), slice(None))), np.ones((1, 512)))
+
+
+def test_keeping_a_file_twice_between_state_writes_leaves_the_stored_one_intact(tmp_path):
+    from fsll_ooc.learn import FitState as State
+    from fsll_ooc.planner import plan
+    from fsll_ooc.storage.fit_store import FitStore
+
+    fs = FitStore(tmp_path / "s", "zarr")
+    p = fs.account(plan((2, 3), out_of_core=True))
+    params = {"epsilon": 1e-4, "max_iter": None, "resync_every": 256}
+    with fs.writing("fit", "fitting", p):
+        fs.begin(p, params, None, np.array([0, 4]), np.array([3, 2]), State((2, 3), 5, 0.0),
+                 files={"w": np.array([1.0])})
+        fs.keep("w", np.array([2.0]))  # the state on disk names the first file still
+        fs.keep("w", np.array([3.0]))  # again before the next state write
+        reader = FitStore(tmp_path / "s")
+        reader.read()
+        assert reader.read_kept("w").tolist() == [1.0]  # a kill now: the state's file is intact
+        fs.write_state(State((2, 3), 5, 0.0), "starting")
+    reader.read()
+    assert reader.read_kept("w").tolist() == [3.0]

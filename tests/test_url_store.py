@@ -44,7 +44,7 @@ def s3():
     server.start()
     host, port = server.get_host_and_port()
     opts = {"endpoint_url": f"http://{host}:{port}", "key": "testing", "secret": "testing"}
-    s3fs.S3FileSystem(**opts).mkdir("bucket")
+    s3fs.S3FileSystem(**opts).makedirs("bucket", exist_ok=True)  # moto keeps its buckets per process
     yield opts
     server.stop()
 

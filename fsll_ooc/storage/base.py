@@ -254,17 +254,20 @@ _CACHE: dict[tuple, Any] = {}
 _CACHE_LOCK = threading.RLock()  # an opener may open another cached object
 
 
-def cached(key: tuple, opener: Callable[[], Any]) -> Any:
+def cached(key: tuple, opener: Callable[[], Any], identity: str = "") -> Any:
     """``opener()``'s result, opened once per process; ``key[1]`` is the file path it reads
-    (so that :func:`forget` finds it)."""
-    obj = _CACHE.get(key)
-    if obj is not None:
-        return obj
+    (so that :func:`forget` finds it).  ``identity`` names what is open there (a table's fit
+    id): asked for another identity at the same key (the table was created again at its path,
+    by another fit, perhaps in another process), the path is opened anew and the old handle
+    dropped, so nothing is ever written through a handle of a table that was replaced."""
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] == identity:
+        return hit[1]
     with _CACHE_LOCK:
-        obj = _CACHE.get(key)
-        if obj is None:
-            obj = _CACHE[key] = opener()
-    return obj
+        hit = _CACHE.get(key)
+        if hit is None or hit[0] != identity:
+            hit = _CACHE[key] = (identity, opener())
+    return hit[1]
 
 
 _POOLS: dict[tuple, ThreadPoolExecutor] = {}
@@ -294,7 +297,7 @@ def open_table(spec: TableSpec):
     impl = spec.backend_impl
     if not impl.persistent:
         return impl.open(spec)
-    return cached((spec.backend, spec.path), lambda: impl.open(spec))
+    return cached((spec.backend, spec.path), lambda: impl.open(spec), spec.fit_id)
 
 
 def forget(spec_or_path) -> None:

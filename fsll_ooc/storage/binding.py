@@ -83,4 +83,4 @@ def side_file(spec: TableSpec) -> np.memmap:
         check_side_file(spec)
         return files.memmap_nofollow(crc_path(spec), "<u4", (spec.n_chunks,))
 
-    return cached(("crc", spec.path), opener)
+    return cached(("crc", spec.path), opener, spec.fit_id)

@@ -40,6 +40,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import threading
 import weakref
 from pathlib import Path
 from typing import Any, Iterator
@@ -65,6 +66,9 @@ TABLE_NAMES = ("dbar", "thetabar", "scratch")
 STATUSES = ("starting", "running", "complete")
 #: The backend of a reader's private scratch table: takes disk space only where written.
 READER_BACKEND = "zarr"
+#: Seconds :meth:`FitStore.writing` waits on its way out for band writes still in flight
+#: before it leaves the lock's release to a background thread (which waits for them).
+QUIESCE_SECONDS = 120.0
 
 _OLD_STORE = ("written by an older fsll-ooc whose chunk checksums do not bind a chunk to its table, position "
               "and fit, so its tables cannot be trusted; FSLL.resume({store!r}, restart=True) rebuilds them from the "
@@ -108,6 +112,7 @@ class FitStore:
         self.resumable = False  # a state file describes this fit: a failure can be resumed
         self._params: dict = {}
         self._meta: dict[str, Any] = {}
+        self._durable: dict[str, Any] = {}  # the kept files named by the state file on disk
         # per fit state seen by checkpoint(): (the state, its entries checked, H(q) of their targets)
         self._seen: dict[int, tuple] = {}
         self._stored: tuple | None = None  # (entries, H(q)) of the state a resume continues
@@ -157,6 +162,7 @@ class FitStore:
         self._params = params
         self._meta = {k: obj.get(k) for k in ("counts", "tables", "feature_names", "categories", "kl_data",
                                               "files", "extra", "fit_id")}
+        self._durable = {"files": obj.get("files")}
         return StoredFit(obj["status"], obj["backend"], tuple(obj["layout"]), params, obj["state"],
                          obj.get("feature_names"), obj.get("categories"), obj.get("kl_data"))
 
@@ -219,8 +225,11 @@ class FitStore:
         """Hold the writer lock inside the disk guard (``stage`` words the full-disk message).
 
         The lock is refused at once if another writer holds it.  On the way out, failed or
-        not, band writes still in flight (a failed pass's other tasks) are waited for, so
-        that nothing writes the store once the lock is released.
+        not, band writes still in flight in this process (a failed pass's other tasks) are
+        waited for :data:`QUIESCE_SECONDS`; writes still running then keep the lock, which a
+        background thread releases once they have ended, so that nothing writes the store
+        once the lock is released.  (Tasks in other processes: a pass of the dask executor
+        ends only after every task that began has returned.)
         """
         if plan is not None:
             self.plan = plan
@@ -229,10 +238,11 @@ class FitStore:
             try:
                 yield self
             finally:
-                try:
-                    storage.quiesce()
-                finally:
+                if storage.quiesce(QUIESCE_SECONDS):
                     lock.release()
+                else:  # writes of this process still run: the lock goes once the last one ended
+                    threading.Thread(target=_release_when_quiet, args=(lock,), name="fsll-release-lock",
+                                     daemon=True).start()
 
     def begin(self, plan, params: dict, labels: tuple | None, uniq, counts, state, files: dict | None = None,
               extra: dict | None = None) -> None:
@@ -245,6 +255,7 @@ class FitStore:
         names, categories = labels if labels is not None else (None, None)
         self._meta = {"feature_names": names, "categories": categories, "fit_id": _new_fit_id()}
         self.io.remove(STATE_FILE)  # an old state must never describe new tables
+        self._durable = {}
         self._tidy()
         data = storage.array_file_bytes(np.stack([np.asarray(uniq, np.int64), np.asarray(counts, np.int64)]))
         self.io.write_bytes(COUNTS_FILE, data)
@@ -269,11 +280,12 @@ class FitStore:
 
     def keep(self, name: str, a: np.ndarray) -> None:
         """Keep array ``a`` as the file ``fsll_NAME.0.npy`` or ``fsll_NAME.1.npy``, the one the
-        state does not name (so the state's file stays intact until the next state write,
-        which records the new one and its checksum)."""
+        state file on disk does not name (so that file stays intact until the next state
+        write, which records the new one and its checksum; keeping twice in between rewrites
+        the same new file)."""
         if not name.isidentifier():
             raise ValueError(f"a kept file's name must be an identifier, got {name!r}")
-        old = ((self._meta.get("files") or {}).get(name) or {}).get("file")
+        old = ((self._durable.get("files") or {}).get(name) or {}).get("file")
         fname = f"fsll_{name}.{1 if old == f'fsll_{name}.0.npy' else 0}.npy"
         self.io.write_bytes(fname, storage.array_file_bytes(np.asarray(a)))
         self._meta.setdefault("files", {})
@@ -387,6 +399,7 @@ class FitStore:
         if lock is not None and hasattr(lock, "check"):
             lock.check()  # a writer whose lease ran out writes no state over another writer's
         self.io.write_json(STATE_FILE, obj)
+        self._durable = {"files": obj.get("files")}
 
     def _tidy(self) -> None:
         self.io.tidy()
@@ -467,6 +480,13 @@ def check_invariants(root, state, since: int = 0) -> None:
     if bad is not None:
         raise IntegrityError(root, f"the learner stopped at iteration {state.n_iter}: {bad}",
                              _DAMAGED.format(store=str(root)))
+
+
+def _release_when_quiet(lock) -> None:
+    """Release ``lock`` once no band write of this process is in flight."""
+    while not storage.quiesce(QUIESCE_SECONDS):
+        pass
+    lock.release()
 
 
 def _new_fit_id() -> str:

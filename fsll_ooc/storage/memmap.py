@@ -232,11 +232,12 @@ def _write_direct(spec: TableSpec, ids, value: np.ndarray):
     each run with direct writes, its unaligned ends buffered; False (nothing written) when
     direct I/O is not available.  On the overlapped path (:func:`_overlaps`) returns the
     chunks' CRC-32C, computed while the band was written; else True."""
+    value = np.ascontiguousarray(value, dtype=spec.dtype)  # before the descriptor: may raise
+    overlapped = _overlaps(spec, ids)
     fd = _direct_fd(spec, True)
     if fd is None:
         return False
-    value = np.ascontiguousarray(value, dtype=spec.dtype)
-    if _overlaps(spec, ids):
+    if overlapped:
         try:
             return _overlapped(spec, fd, True, ids, value)
         finally:

@@ -87,9 +87,13 @@ def _check_chunk_files(spec: TableSpec, files) -> None:
     want = spec.chunk_nbytes + CHECKSUM_BYTES
     for f in files:
         try:
-            size = os.stat(f).st_size
+            st = os.lstat(f)  # a link is refused, never followed
         except FileNotFoundError:
             raise IntegrityError(f, "chunk file is missing (deleted, or the table was never completely written)") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise IntegrityError(f, "chunk file is not a regular file (a symbolic link, say); fsll-ooc never reads "
+                                    "or writes a store's chunks through a link (remove it)")
+        size = st.st_size
         if size != want:
             raise IntegrityError(f, f"chunk file has {size:,} bytes, expected {want:,} (truncated or altered)")
 
@@ -110,7 +114,7 @@ def _chunk_id(spec: TableSpec, coords) -> int:
 
 def _stored_crc(f: str) -> int:
     """The codec's CRC-32C of chunk file ``f`` (its last 4 bytes; the file's size was checked)."""
-    fd = os.open(f, os.O_RDONLY)
+    fd = files.open_nofollow(f, os.O_RDONLY | os.O_NONBLOCK)
     try:
         tail = os.pread(fd, CHECKSUM_BYTES, os.fstat(fd).st_size - CHECKSUM_BYTES)
     finally:
@@ -460,6 +464,7 @@ class ZarrBackend(TableBackend):
         if own is not None:
             return _own_read(spec, own, _key_shape(spec, key))
         coords, _ = key_chunks(spec, key)
+        _refuse_links(spec, coords)
         files = [_chunk_file(spec, arr, c) for c in coords]
         _check_chunk_files(spec, files)
         _check_places(spec, coords, files)

@@ -1,17 +1,27 @@
 """The backend ``"zarr_url"``: a table is a Zarr v3 array at a URL (fsspec: ``s3://``, ``gs://``, ...).
 
-The arrays are the ones the local ``zarr`` backend writes (uncompressed, chunks of the
-planner's chunk shape, a CRC-32C per chunk, every chunk stored), so a store copied
-between a bucket and a disk stays a store.  A spec's ``path`` is the array's URL and its
+The arrays have the layout the local ``zarr`` backend writes (uncompressed, chunks of the
+planner's chunk shape, 4 bytes of checksum after each chunk's values, every chunk
+stored); where a local table keeps each chunk's binding in a side file, a table at a URL
+keeps it in the chunk object (below), so a store copied between a bucket and a disk is
+refused as not bound (``restart=True`` rebuilds its tables).  A spec's ``path`` is the array's URL and its
 ``options`` the fsspec storage options (JSON), which travel with the spec to every
 dask worker.
 
-Whole-chunk reads and writes (what the engine's tasks do) go straight to the chunk
-objects, many at once (``fs.cat`` / ``fs.pipe``): every chunk read must exist with its
-exact size and checksum, else :class:`~fsll_ooc.storage.IntegrityError` names the object
-(a missing chunk is damage, never zeros).  Each chunk is one PUT, which an object store
-applies atomically, so there are no temporary objects to clean up.  Other keys go
-through zarr itself.
+Every read and write goes to the chunk objects themselves, many at once (``fs.cat`` /
+``fs.pipe``; a key that covers part of a chunk reads the whole chunk, and a partial write
+rewrites it whole): every chunk read must exist with its exact size and checksum, else
+:class:`~fsll_ooc.storage.IntegrityError` names the object (a missing chunk is damage,
+never zeros).  Each chunk is one PUT, which an object store applies atomically, so there
+are no temporary objects to clean up.
+
+The 4 bytes after a chunk's values, where zarr's ``crc32c`` codec keeps the CRC-32C of the
+values, hold that CRC bound to the chunk's place (:func:`fsll_ooc.storage.binding.bind`:
+the fit's id, the table's name, the chunk's number), so a chunk object swapped with
+another, moved from another table or copied from another fit is refused by name, as on a
+local disk, with no side object to keep in step.  The price: zarr itself (or
+``dask.array.from_zarr``) refuses these chunks as damaged; read a table through
+:func:`fsll_ooc.storage.read` or :func:`fsll_ooc.storage.as_array`.
 """
 from __future__ import annotations
 
@@ -19,6 +29,7 @@ import hashlib
 
 import numpy as np
 
+from . import binding
 from .base import CHECKSUM_BYTES, TableBackend, TableSpec, chunk_slices, forget, key_chunks, normalize_key, \
     open_table, register_backend
 from .errors import IntegrityError
@@ -37,8 +48,13 @@ def _chunk_path(spec: TableSpec, coords) -> str:
     return path + "/c/" + "/".join(str(int(i)) for i in coords)
 
 
-def _decode(spec: TableSpec, where: str, data) -> np.ndarray:
-    """The chunk's values from its stored bytes, checked (size, CRC-32C)."""
+def _chunk_id(spec: TableSpec, coords) -> int:
+    """The chunk's C-order number (its place in :func:`fsll_ooc.storage.binding.place`)."""
+    return int(np.ravel_multi_index(tuple(int(c) for c in coords), spec.grid))
+
+
+def _decode(spec: TableSpec, where: str, data, coords) -> np.ndarray:
+    """The chunk's values from its stored bytes, checked (size, CRC-32C bound to its place)."""
     if isinstance(data, BaseException):
         if isinstance(data, FileNotFoundError):
             raise IntegrityError(where, "chunk object is missing (deleted, or the table was never completely written)")
@@ -47,14 +63,32 @@ def _decode(spec: TableSpec, where: str, data) -> np.ndarray:
     if len(data) != want:
         raise IntegrityError(where, f"chunk object has {len(data):,} bytes, expected {want:,} (truncated or altered)")
     body = memoryview(data)[:-CHECKSUM_BYTES]
-    if crc32c(body) != int.from_bytes(bytes(data[-CHECKSUM_BYTES:]), "little"):
-        raise IntegrityError(where, "chunk checksum mismatch (the object was altered or damaged)")
+    crc = crc32c(body)
+    stored = int.from_bytes(bytes(data[-CHECKSUM_BYTES:]), "little")
+    if binding.bind(spec, crc, _chunk_id(spec, coords)) != stored:
+        if stored == crc:
+            raise IntegrityError(where, "chunk checksum is not bound to its place (the object was written by zarr "
+                                        "itself or by an older fsll-ooc)")
+        raise IntegrityError(where, "chunk checksum mismatch: the object was altered or damaged, or " + binding.PLACE_PROBLEM)
     return np.frombuffer(body, dtype=np.dtype(spec.dtype).newbyteorder("<")).reshape(spec.chunks)
 
 
-def _encode(block: np.ndarray) -> bytes:
+def _encode(spec: TableSpec, block: np.ndarray, coords) -> bytes:
     body = np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<")).tobytes()
-    return body + crc32c(body).to_bytes(CHECKSUM_BYTES, "little")
+    return body + binding.bind(spec, crc32c(body), _chunk_id(spec, coords)).to_bytes(CHECKSUM_BYTES, "little")
+
+
+def _read_chunks(spec: TableSpec, coords: list) -> dict:
+    """``{coords: values}`` of the chunks ``coords``, each checked (:func:`_decode`), 64 objects at a time."""
+    fs, _ = filesystem(spec.path, spec.options)
+    out = {}
+    for i in range(0, len(coords), 64):
+        part = coords[i:i + 64]
+        paths = [_chunk_path(spec, c) for c in part]
+        got = _cat(fs, paths)
+        for c, p in zip(part, paths):
+            out[tuple(c)] = _decode(spec, p, got.get(p, FileNotFoundError(p)), c)
+    return out
 
 
 def _region(spec: TableSpec, key) -> tuple[list[tuple[int, int]], list[int]]:
@@ -115,11 +149,7 @@ class ZarrURLBackend(TableBackend):
         bounds, drop = _region(spec, key)
         out = np.empty([b - a for a, b in bounds], dtype=spec.dtype)
         if coords:
-            fs, _ = filesystem(spec.path, spec.options)
-            paths = [_chunk_path(spec, c) for c in coords]
-            got = _cat(fs, paths)
-            for c, p in zip(coords, paths):
-                chunk = _decode(spec, p, got.get(p, FileNotFoundError(p)))
+            for c, chunk in _read_chunks(spec, coords).items():
                 src, dst = [], []
                 for (a, b), sl, size in zip(bounds, chunk_slices(spec, c), spec.chunks):
                     lo, hi = max(a, sl.start), min(b, sl.stop)
@@ -130,29 +160,47 @@ class ZarrURLBackend(TableBackend):
 
     def write(self, spec: TableSpec, key: tuple, value: np.ndarray) -> None:
         coords, aligned = key_chunks(spec, key)
-        if not aligned or not coords:
-            open_table(spec)[key] = value
+        if not coords:
             return
         bounds, _ = _region(spec, key)
-        value = np.asarray(value, dtype=spec.dtype).reshape([b - a for a, b in bounds])
+        value = np.broadcast_to(np.asarray(value, dtype=spec.dtype), [b - a for a, b in bounds])
+        # a key covering part of a chunk rewrites the chunk whole (a chunk never written: zeros)
+        old = {} if aligned else _read_chunks_or_zeros(spec, coords)
         objects = {}
         for c in coords:
-            block = np.zeros(spec.chunks, dtype=spec.dtype)  # an edge chunk is stored whole, padded
-            sl = chunk_slices(spec, c)
-            part = tuple(slice(s.start - a, s.stop - a) for s, (a, _) in zip(sl, bounds))
-            block[tuple(slice(0, s.stop - s.start) for s in sl)] = value[part]
-            objects[_chunk_path(spec, c)] = _encode(block)
+            block = np.array(old[tuple(c)]) if tuple(c) in old else np.zeros(spec.chunks, dtype=spec.dtype)
+            sl = chunk_slices(spec, c)  # an edge chunk is stored whole, padded
+            lo = [max(a, s.start) for (a, _), s in zip(bounds, sl)]
+            hi = [min(b, s.stop) for (_, b), s in zip(bounds, sl)]
+            block[tuple(slice(l - s.start, h - s.start) for l, h, s in zip(lo, hi, sl))] = \
+                value[tuple(slice(l - a, h - a) for l, h, (a, _) in zip(lo, hi, bounds))]
+            objects[_chunk_path(spec, c)] = _encode(spec, block, c)
         fs, _ = filesystem(spec.path, spec.options)
         fs.pipe(objects)
 
     def gather(self, spec: TableSpec, flat: np.ndarray) -> np.ndarray:
-        arr = open_table(spec)
-        return np.asarray(arr.get_coordinate_selection(np.unravel_index(flat, spec.shape)), dtype=np.float64)
+        """The cells ``flat``, from their chunks (each read once and checked)."""
+        open_table(spec)
+        flat = np.asarray(flat, dtype=np.int64).reshape(-1)
+        cell = np.stack(np.unravel_index(flat, spec.shape), axis=1) if flat.size else np.zeros((0, len(spec.shape)), int)
+        where = cell // np.asarray(spec.chunks)
+        out = np.empty(flat.size, dtype=np.float64)
+        ids = np.ravel_multi_index(tuple(where.T), spec.grid) if flat.size else where[:, 0]
+        order = np.unique(ids)
+        chunks = _read_chunks(spec, [tuple(int(v) for v in np.unravel_index(i, spec.grid)) for i in order])
+        for i in order:
+            rows = np.flatnonzero(ids == i)
+            c = tuple(int(v) for v in np.unravel_index(i, spec.grid))
+            inside = cell[rows] - np.asarray(c) * np.asarray(spec.chunks)
+            out[rows] = chunks[c][tuple(inside.T)]
+        return out
 
     def as_array(self, spec: TableSpec):
+        """A lazy ``dask.array`` whose blocks are the table's chunks, each read and checked."""
         import dask.array as da
 
-        return da.from_zarr(spec.path, storage_options=decode_options(spec.options) or None)
+        open_table(spec)
+        return da.from_array(_Chunks(spec), chunks=spec.chunks, asarray=True, fancy=False)
 
     def check(self, spec: TableSpec) -> None:
         """Metadata, and every chunk object present with its exact size (one listing)."""
@@ -176,13 +224,9 @@ class ZarrURLBackend(TableBackend):
     def verify(self, spec: TableSpec) -> None:
         """Every chunk object's size and checksum (reads the whole table once, 64 chunks at a time)."""
         self.check(spec)
-        fs, _ = filesystem(spec.path, spec.options)
         grid = list(np.ndindex(*spec.grid))
         for i in range(0, len(grid), 64):
-            paths = [_chunk_path(spec, c) for c in grid[i:i + 64]]
-            got = _cat(fs, paths)
-            for p in paths:
-                _decode(spec, p, got.get(p, FileNotFoundError(p)))
+            _read_chunks(spec, grid[i:i + 64])
 
     def fingerprint(self, spec: TableSpec) -> dict:
         return {"metadata": _METADATA, "sha256": self._metadata_hash(spec)}
@@ -202,6 +246,25 @@ class ZarrURLBackend(TableBackend):
                                  "array metadata changed since the fit wrote it (altered or replaced)")
         forget(spec)
         open_table(spec)
+
+
+class _Chunks:
+    """A table at a URL as an array-like for ``dask.array.from_array`` (reads through the backend)."""
+
+    def __init__(self, spec: TableSpec):
+        self.spec = spec
+        self.shape, self.dtype, self.ndim = spec.shape, np.dtype(spec.dtype), len(spec.shape)
+
+    def __getitem__(self, key):
+        return ZarrURLBackend().read(self.spec, key)
+
+
+def _read_chunks_or_zeros(spec: TableSpec, coords: list) -> dict:
+    """:func:`_read_chunks` of the chunks that exist (a partial write into a chunk never
+    written starts from zeros, as zarr's fill value)."""
+    fs, _ = filesystem(spec.path, spec.options)
+    there = [c for c in coords if fs.exists(_chunk_path(spec, c))]
+    return _read_chunks(spec, there)
 
 
 def _cat(fs, paths: list[str]) -> dict:

@@ -1,0 +1,117 @@
+"""A store given by URL is bound like a local one: chunk objects swapped, moved or copied from
+another fit are refused by name, on an S3-compatible server started here (moto); and worker
+processes that keep tables open never write a new fit's table through an old one's handle."""
+import numpy as np
+import pytest
+
+from fsll_ooc import FSLL, storage
+from fsll_ooc.storage import IntegrityError
+from fsll_ooc.storage.fit_store import FitStore
+from fsll_ooc.storage.url_store import URLRoot
+
+from interrupts import Crash, stop_after
+from test_url_store import KW, _data, _same_model, client, s3  # noqa: F401 - the server and cluster fixtures
+
+CARDS = (2, 3, 4, 5, 2, 3)
+
+
+def _interrupted(s3, name, monkeypatch):
+    """A fit into ``s3://bucket/NAME`` stopped after its second iteration; its root and dbar spec."""
+    stop_after(monkeypatch, 4)
+    with pytest.raises(Crash):
+        FSLL(store=f"s3://bucket/{name}", storage_options=s3, **KW).fit(_data())
+    monkeypatch.undo()
+    root = URLRoot(f"s3://bucket/{name}", s3)
+    state = root.read_json("fsll_state.json")
+    spec = root.table_spec("zarr", "dbar", CARDS, state["chunks"], fit_id=state["fit_id"])
+    return root, spec
+
+
+def _object(root, spec, table, coords):
+    return f"{root.path}/{table}/c/" + "/".join(map(str, coords))
+
+
+def _two_chunks(spec):
+    """Two chunks of ``spec`` whose values differ (a swap that changes the table)."""
+    grid = list(np.ndindex(*spec.grid))
+    return grid[0], grid[-1]
+
+
+def test_swapped_dbar_chunk_objects_are_refused_by_name_at_once(s3, monkeypatch):
+    root, spec = _interrupted(s3, "swap", monkeypatch)
+    a, b = _two_chunks(spec)
+    pa, pb = _object(root, spec, "dbar", a), _object(root, spec, "dbar", b)
+    da, db = root.fs.cat_file(pa), root.fs.cat_file(pb)
+    assert da != db
+    root.fs.pipe({pa: db, pb: da})
+    with pytest.raises(IntegrityError) as e:
+        FSLL.resume("s3://bucket/swap", storage_options=s3)
+    msg = str(e.value)
+    assert "dbar/c/" in msg and "is not the chunk this fit wrote at this place" in msg and "restart=True" in msg, msg
+    assert FitStore("s3://bucket/swap", storage_options=s3).read().state["n_iter"] == 2  # nothing continued
+    m = FSLL.resume("s3://bucket/swap", storage_options=s3, restart=True)
+    local = FSLL(store=None, **KW).fit(_data())
+    assert m.theta_ == local.theta_ and m.n_iter_ == local.n_iter_
+
+
+@pytest.mark.parametrize("damage", ["moved from thetabar", "copied from another fit"])
+def test_moved_or_foreign_chunk_objects_are_refused_by_name(s3, monkeypatch, damage):
+    name = "moved" if damage.startswith("moved") else "foreign"
+    root, spec = _interrupted(s3, name, monkeypatch)
+    c = _two_chunks(spec)[0]
+    if damage.startswith("moved"):
+        src = _object(root, spec, "thetabar", c)
+    else:
+        other, _ = _interrupted(s3, name + "-other", monkeypatch)  # the same data, another fit id
+        src = _object(other, spec, "dbar", c)
+    root.fs.pipe_file(_object(root, spec, "dbar", c), root.fs.cat_file(src))
+    with pytest.raises(IntegrityError, match=r"dbar/c/[0-9/]+: chunk checksum mismatch: .*is not the chunk this fit "
+                                             r"wrote at this place"):
+        storage.read(spec, storage.base.chunk_slices(spec, c))
+    with pytest.raises(IntegrityError, match="is not the chunk this fit wrote"):
+        FSLL.resume(f"s3://bucket/{name}", storage_options=s3)
+
+
+def test_partial_keys_gathers_and_dask_arrays_read_through_the_checks(s3):
+    root = URLRoot("s3://bucket/table", s3)
+    spec = root.create_table("zarr", "t", (5, 6), (2, 4), fit_id="f")
+    want = np.arange(30, dtype=float).reshape(5, 6)
+    storage.write(spec, (slice(None), slice(None)), want)
+    storage.write(spec, (slice(1, 4), slice(2, 5)), -np.ones((3, 3)))  # parts of four chunks
+    want[1:4, 2:5] = -1
+    np.testing.assert_array_equal(storage.read(spec, (slice(None), slice(None))), want)
+    flat = np.array([0, 7, 29, 14, 7])
+    np.testing.assert_array_equal(storage.gather(spec, flat), want.reshape(-1)[flat])
+    np.testing.assert_array_equal(np.asarray(storage.as_array(spec)), want)
+    p = f"{root.path}/t/c/0/0"
+    data = root.fs.cat_file(p)
+    root.fs.pipe_file(p, data[:8] + bytes([data[8] ^ 1]) + data[9:])
+    for read in (lambda: storage.gather(spec, flat), lambda: np.asarray(storage.as_array(spec))):
+        with pytest.raises(IntegrityError, match="t/c/0/0: chunk checksum mismatch"):
+            read()
+
+
+@pytest.mark.parametrize("backend", ["memmap", "zarr", "s3"])
+def test_worker_processes_never_write_a_new_fit_through_an_old_handle(s3, client, tmp_path, monkeypatch, backend):
+    """Two fits into one store on a cluster of two worker processes (which keep tables and
+    checksum files open between tasks), then a third stopped midway and resumed: every table
+    verifies, and the models are those of the same fits in memory."""
+    store = f"s3://bucket/workers-{tmp_path.name}" if backend == "s3" else str(tmp_path / "s")
+    kw = dict(KW, store=store, scheduler=client, backend="zarr" if backend == "s3" else backend,
+              storage_options=s3 if backend == "s3" else None)
+    X2 = _data(seed=1)
+    FSLL(**kw).fit(_data())
+    second = FSLL(**kw).fit(X2)
+    in_memory = FSLL(**KW).fit(X2)
+    assert second.theta_ == in_memory.theta_
+    fs = FitStore(store, storage_options=kw["storage_options"])
+    state = fs.read()
+    for name in ("dbar", "thetabar"):
+        spec = fs.io.table_spec(state.backend, name, CARDS, second.plan_.layout.chunk_shape, fit_id=fs._meta["fit_id"])
+        storage.verify_table(spec)
+    stop_after(monkeypatch, 4)
+    with pytest.raises(Crash):
+        FSLL(**kw).fit(_data(seed=2))
+    monkeypatch.undo()
+    resumed = FSLL.resume(store, scheduler=client, storage_options=kw["storage_options"])
+    _same_model(resumed, FSLL(**KW).fit(_data(seed=2)), exact=False)
