@@ -115,3 +115,29 @@ def test_worker_processes_never_write_a_new_fit_through_an_old_handle(s3, client
     monkeypatch.undo()
     resumed = FSLL.resume(store, scheduler=client, storage_options=kw["storage_options"])
     _same_model(resumed, FSLL(**KW).fit(_data(seed=2)), exact=False)
+
+
+def test_a_writer_whose_lease_was_taken_over_writes_no_chunk(s3, monkeypatch):
+    """Writer A stops renewing (stopped, say); B takes the stale lease over; A's next band
+    write is refused before any chunk object is sent, and B's table keeps B's values."""
+    from fsll_ooc.planner import plan
+    from fsll_ooc.storage import url_store
+    from fsll_ooc.storage.lock import StoreLockedError
+    from fsll_ooc.storage.url_store import ObjectLock
+
+    a = FitStore("s3://bucket/lease", "zarr", storage_options=s3)
+    p = a.account(plan((4, 6), out_of_core=True))
+    with a.writing("fit", "fitting", p):
+        spec = a.create_tables((4, 6), (2, 3))[1]
+        assert spec.lease
+        storage.write(spec, (slice(None), slice(None)), np.ones((4, 6)))
+        a._lock._stop.set()  # A stops renewing its lease
+        later = url_store._now() + url_store.LEASE + url_store.CLOCK_SLACK + 1
+        monkeypatch.setattr(url_store, "_now", lambda: later)
+        b = ObjectLock(URLRoot("s3://bucket/lease", s3)).acquire()  # the stale lease taken over
+        b_spec = spec.__class__(**{**spec.__dict__, "lease": b.lease_token})
+        storage.write(b_spec, (slice(None), slice(None)), np.full((4, 6), 2.0))
+        with pytest.raises(StoreLockedError, match="lease on the store ran out and was taken over"):
+            storage.write(spec, (slice(0, 2), slice(0, 3)), np.zeros((2, 3)))
+        np.testing.assert_array_equal(storage.read(spec, (slice(None), slice(None))), np.full((4, 6), 2.0))
+        b.release()

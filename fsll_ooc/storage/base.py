@@ -39,7 +39,9 @@ class TableSpec:
     options of a table stored by URL, sent with the spec to every worker; ``fit_id``
     names the fit the table belongs to (checksummed local backends bind every chunk's
     checksum to it, to the table and to the chunk's position:
-    :mod:`fsll_ooc.storage.binding`).
+    :mod:`fsll_ooc.storage.binding`); ``lease`` (a table of a store at a URL, written
+    under its lease) is the token of the writer's lease: every write first checks that the
+    store's lock object still names it (:mod:`fsll_ooc.storage.url_store`).
 
     Small and picklable, so a dask worker in another process opens the same table by itself
     (:func:`fsll_ooc.storage.open_table`); a table that lives in this process's memory refuses
@@ -54,6 +56,7 @@ class TableSpec:
     array: Any = None
     options: str | None = None
     fit_id: str = ""
+    lease: str = ""
 
     def __reduce__(self):
         if not self.backend_impl.persistent:
@@ -61,7 +64,7 @@ class TableSpec:
                             f"another process; use a store (backend one of {_persistent_names()}) with a "
                             "distributed scheduler")
         return (TableSpec, (self.backend, self.path, self.shape, self.chunks, self.dtype, None, self.options,
-                            self.fit_id))
+                            self.fit_id, self.lease))
 
     @property
     def backend_impl(self) -> "TableBackend":

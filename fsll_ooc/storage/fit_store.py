@@ -308,8 +308,13 @@ class FitStore:
         """New, empty tables ``dbar``, ``thetabar``, ``scratch`` in the store."""
         if not self._meta.get("fit_id"):
             self._meta["fit_id"] = _new_fit_id()
-        return [self.io.create_table(self.backend, nm, cards, chunks, fit_id=self._meta["fit_id"])
+        return [self._leased(self.io.create_table(self.backend, nm, cards, chunks, fit_id=self._meta["fit_id"]))
                 for nm in TABLE_NAMES]
+
+    def _leased(self, spec: TableSpec) -> TableSpec:
+        """``spec`` whose writes check this writer's lease first (a store at a URL, under its lock)."""
+        token = getattr(getattr(self, "_lock", None), "lease_token", None)
+        return dataclasses.replace(spec, lease=token) if token and self._lock.held else spec
 
     def tables_ready(self, specs, state) -> None:
         """Targets and duals written: make them durable, fingerprint the tables, status ``running``."""
@@ -367,6 +372,7 @@ class FitStore:
         if reader_owner is not None:
             specs[2] = self._reader_scratch(tuple(cards), tuple(chunks), reader_owner)
             return specs
+        specs = [self._leased(sp) for sp in specs]
         if not fit_id:
             raise IntegrityError(self.state_file, _OLD_STORE.format(store=str(self.root)))
         tables = self._meta.get("tables") or {}

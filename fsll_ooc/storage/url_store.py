@@ -52,7 +52,7 @@ from .errors import IntegrityError
 from .lock import StoreLockedError
 
 __all__ = ["is_url", "local_path", "encode_options", "decode_options", "filesystem", "URLRoot", "ObjectLock",
-           "LEASE"]
+           "LEASE", "check_lease"]
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: Seconds a writer lock stays valid without renewal (the holder renews every LEASE / 4).
@@ -277,6 +277,20 @@ def _server_age(fs, path: str) -> tuple[dict | None, str | None, float | None]:
     return (record if isinstance(record, dict) else {}), etag, age
 
 
+def check_lease(spec) -> None:
+    """Raise :class:`~fsll_ooc.storage.lock.StoreLockedError` unless the lock object of the
+    store holding table ``spec`` still names the lease ``spec.lease`` (one GET; what every
+    write of a table at a URL does first: a writer whose lease ran out and was taken over
+    writes no chunk over its successor's)."""
+    fs, path = filesystem(spec.path, spec.options)
+    store = path.rsplit("/", 1)[0]
+    record, _, _ = _server_age(fs, f"{store}/{LOCK_OBJECT}")
+    if record is None or record.get("token") != spec.lease:
+        url = spec.path.rsplit("/", 1)[0]
+        raise StoreLockedError(url, record, False, "(this writer's lease on the store ran out and was taken over "
+                                                   "or removed: it writes nothing more)")
+
+
 class ObjectLock:
     """The writer lock of a store at a URL: a lease object renewed by a heartbeat (see the module doc).
 
@@ -302,6 +316,11 @@ class ObjectLock:
     @property
     def held(self) -> bool:
         return self._held
+
+    @property
+    def lease_token(self) -> str:
+        """The token naming this holder's lease in the lock object (what a table's writes check)."""
+        return self._token
 
     @property
     def _path(self) -> str:

@@ -34,7 +34,7 @@ from .base import CHECKSUM_BYTES, TableBackend, TableSpec, chunk_slices, forget,
     open_table, register_backend
 from .errors import IntegrityError
 from .files import crc32c
-from .url_store import URL_FORMS, is_s3, decode_options, filesystem
+from .url_store import URL_FORMS, check_lease, decode_options, filesystem, is_s3
 from .zarr_tables import open_checked
 
 __all__ = ["ZarrURLBackend"]
@@ -176,6 +176,8 @@ class ZarrURLBackend(TableBackend):
                 value[tuple(slice(l - a, h - a) for l, h, (a, _) in zip(lo, hi, bounds))]
             objects[_chunk_path(spec, c)] = _encode(spec, block, c)
         fs, _ = filesystem(spec.path, spec.options)
+        if spec.lease:
+            check_lease(spec)
         fs.pipe(objects)
 
     def gather(self, spec: TableSpec, flat: np.ndarray) -> np.ndarray:
