@@ -31,7 +31,7 @@ def model(n: int, terms: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     theta = {1 << i: 0.1 for i in range(n)}
     theta.update({(1 << i) | (1 << (i + 1)): 0.05 for i in range(n - 1)})
-    while len(theta) < terms:
+    while len(theta) < min(terms, n + (n - 1) + n * (n - 1) * (n - 2) // 6):
         vs = rng.choice(n, 3, replace=False)
         theta[int(sum(1 << int(v) for v in vs))] = float(rng.normal(0, 0.01))
     return theta

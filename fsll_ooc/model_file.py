@@ -274,15 +274,17 @@ def check_stored(fs, stored) -> None:
     that fit.  A store's state is checksummed, but whoever can write the store can write a
     new checksum: nothing in it is believed unchecked."""
     try:
-        check_state(stored.state, stored.feature_names, stored.categories)
+        check_state(stored.state, stored.feature_names, stored.categories, complete=stored.status == "complete")
     except ValueError as e:
         with fs.damage_hint():
             raise storage.IntegrityError(fs.state_file, f"the stored model cannot be trusted ({e})") from None
 
 
-def check_state(state: Any, feature_names=None, categories=None) -> None:
+def check_state(state: Any, feature_names=None, categories=None, complete: bool = True) -> None:
     """``ValueError`` unless ``state`` (the dict of :meth:`fsll_ooc.learn.FitState.to_json`) and
-    the labels pass the checks of :func:`check_stored`."""
+    the labels pass the checks of :func:`check_stored` (a target for every parameter: only
+    in a ``complete`` state; a fit in progress may hold parameters whose targets it has yet
+    to read, as EM does)."""
     try:
         if not isinstance(state, dict):
             raise TypeError(f"the fit state must be an object, got {type(state).__name__}")
@@ -295,7 +297,7 @@ def check_state(state: Any, feature_names=None, categories=None) -> None:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(v) <= 1 + 1e-9:
                 raise ValueError(f"the target of cell {y} is {v!r}, not a number in [-1, 1]")
             dbar[y] = v
-        missing = [y for y in theta if y not in dbar]
+        missing = [y for y in theta if y not in dbar] if complete else []
         if missing:
             raise ValueError(f"parameter {missing[0]} has no target")
         _count(state["n_samples"])
