@@ -65,7 +65,7 @@ def test_moved_or_foreign_chunk_objects_are_refused_by_name(s3, monkeypatch, dam
         other, _ = _interrupted(s3, name + "-other", monkeypatch)  # the same data, another fit id
         src = _object(other, spec, "dbar", c)
     root.fs.pipe_file(_object(root, spec, "dbar", c), root.fs.cat_file(src))
-    with pytest.raises(IntegrityError, match=r"dbar/c/[0-9/]+: chunk checksum mismatch: .*is not the chunk this fit "
+    with pytest.raises(IntegrityError, match=r"s3://bucket/\w+/dbar/c/[0-9/]+: chunk checksum mismatch: .*is not the chunk this fit "
                                              r"wrote at this place"):
         storage.read(spec, storage.base.chunk_slices(spec, c))
     with pytest.raises(IntegrityError, match="is not the chunk this fit wrote"):
@@ -141,3 +141,86 @@ def test_a_writer_whose_lease_was_taken_over_writes_no_chunk(s3, monkeypatch):
             storage.write(spec, (slice(0, 2), slice(0, 3)), np.zeros((2, 3)))
         np.testing.assert_array_equal(storage.read(spec, (slice(None), slice(None))), np.full((4, 6), 2.0))
         b.release()
+
+
+URL_DAMAGES = ("swap", "move", "truncate", "replace", "foreign")
+
+
+@pytest.fixture(scope="module")
+def url_stores(s3):
+    """The store fuzz's fit on the S3 server: the uninterrupted model, a stopped fit, another fit's store."""
+    from test_store_fuzz import LAYOUT, data
+
+    mp = pytest.MonkeyPatch()
+    kw = dict(progress=False, backend="zarr", layout=LAYOUT, scheduler="serial", epsilon=1e-4, storage_options=s3)
+    ref = FSLL(store="s3://bucket/fuzz-ref", **kw).fit(data(0))
+    for name, seed in (("fuzz-stopped", 0), ("fuzz-other", 1)):
+        stop_after(mp, 4)
+        with pytest.raises(Crash):
+            FSLL(store=f"s3://bucket/{name}", **kw).fit(data(seed))
+        mp.undo()
+    return ref, URLRoot("s3://bucket/fuzz-stopped", s3)
+
+
+@pytest.mark.parametrize("kind", URL_DAMAGES)
+def test_a_damaged_url_store_resumes_to_the_same_model_or_is_refused_by_name(s3, url_stores, kind):
+    """The store fuzz (``tests/test_store_fuzz.py``) on chunk objects: drawn damages to a copy
+    of the stopped fit; each resumes to exactly the uninterrupted model or is refused with one
+    line naming an object of the store."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    ref, stopped = url_stores
+    fs = stopped.fs
+    counter = [0]
+
+    @settings(max_examples=3, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(draw=st.data())
+    def run(draw):
+        counter[0] += 1
+        url = f"s3://bucket/fuzz-{kind}-{counter[0]}"
+        root = URLRoot(url, s3)
+        fs.copy(stopped.path, root.path, recursive=True)
+        table = draw.draw(st.sampled_from(("dbar", "thetabar", "scratch")))
+        objects = sorted(fs.find(f"{root.path}/{table}/c"))
+        i = draw.draw(st.integers(0, len(objects) - 1))
+        if kind == "swap":
+            j = draw.draw(st.integers(0, len(objects) - 1))
+            a, b = fs.cat_file(objects[i]), fs.cat_file(objects[j])
+            fs.pipe({objects[i]: b, objects[j]: a})
+        elif kind == "move":
+            src = draw.draw(st.sampled_from(("dbar", "thetabar", "scratch")))
+            fs.pipe_file(objects[i], fs.cat_file(objects[i].replace(f"/{table}/c/", f"/{src}/c/")))
+        elif kind == "truncate":
+            data = fs.cat_file(objects[i])
+            fs.pipe_file(objects[i], data[:draw.draw(st.integers(0, len(data) - 1))])
+        elif kind == "replace":
+            data = bytearray(fs.cat_file(objects[i]))
+            k = draw.draw(st.integers(0, len(data) - 1))
+            data[k] = (data[k] + draw.draw(st.integers(1, 255))) % 256
+            fs.pipe_file(objects[i], bytes(data))
+        else:  # the table copied from another fit of the same cardinalities
+            fs.rm(f"{root.path}/{table}", recursive=True)
+            fs.copy(f"{stopped.path.rsplit('/', 1)[0]}/fuzz-other/{table}", f"{root.path}/{table}", recursive=True)
+        try:
+            m = FSLL.resume(url, progress=False, storage_options=s3)
+        except ValueError as e:
+            msg = str(e)
+            assert "\n" not in msg and msg.startswith(url), msg
+            return
+        assert m.theta_ == ref.theta_ and m.n_iter_ == ref.n_iter_ and m.cost_ == ref.cost_
+
+    run()
+
+
+def test_keys_with_integers_read_and_write_through_the_checks(s3):
+    root = URLRoot("s3://bucket/int-keys", s3)
+    spec = root.create_table("zarr", "t", (2, 3, 4), (1, 3, 2), fit_id="f")
+    want = np.arange(24, dtype=float).reshape(2, 3, 4)
+    for i in range(2):
+        storage.write(spec, (i, slice(None), slice(None)), want[i])  # the band of one value of the first axis
+    np.testing.assert_array_equal(storage.read(spec, (1, slice(None), slice(None))), want[1])
+    storage.write(spec, (0, 1, slice(1, 3)), np.array([-1.0, -2.0]))  # part of a chunk
+    want[0, 1, 1:3] = [-1, -2]
+    np.testing.assert_array_equal(storage.read(spec, (slice(None),) * 3), want)

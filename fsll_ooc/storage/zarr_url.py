@@ -48,6 +48,11 @@ def _chunk_path(spec: TableSpec, coords) -> str:
     return path + "/c/" + "/".join(str(int(i)) for i in coords)
 
 
+def _chunk_url(spec: TableSpec, coords) -> str:
+    """The URL of chunk ``coords`` (how messages name it)."""
+    return spec.path.rstrip("/") + "/c/" + "/".join(str(int(i)) for i in coords)
+
+
 def _chunk_id(spec: TableSpec, coords) -> int:
     """The chunk's C-order number (its place in :func:`fsll_ooc.storage.binding.place`)."""
     return int(np.ravel_multi_index(tuple(int(c) for c in coords), spec.grid))
@@ -87,7 +92,7 @@ def _read_chunks(spec: TableSpec, coords: list) -> dict:
         paths = [_chunk_path(spec, c) for c in part]
         got = _cat(fs, paths)
         for c, p in zip(part, paths):
-            out[tuple(c)] = _decode(spec, p, got.get(p, FileNotFoundError(p)), c)
+            out[tuple(c)] = _decode(spec, _chunk_url(spec, c), got.get(p, FileNotFoundError(p)), c)
     return out
 
 
@@ -163,7 +168,9 @@ class ZarrURLBackend(TableBackend):
         if not coords:
             return
         bounds, _ = _region(spec, key)
-        value = np.broadcast_to(np.asarray(value, dtype=spec.dtype), [b - a for a, b in bounds])
+        shape = [b - a for a, b in bounds]  # an integer in the key keeps its axis here, of size 1
+        value = np.asarray(value, dtype=spec.dtype)
+        value = value.reshape(shape) if value.size == int(np.prod(shape)) else np.broadcast_to(value, shape)
         # a key covering part of a chunk rewrites the chunk whole (a chunk never written: zeros)
         old = {} if aligned else _read_chunks_or_zeros(spec, coords)
         objects = {}
@@ -219,9 +226,9 @@ class ZarrURLBackend(TableBackend):
             p = _chunk_path(spec, c)
             size = sizes.get(p)
             if size is None:
-                raise IntegrityError(p, "chunk object is missing (deleted, or the table was never completely written)")
+                raise IntegrityError(_chunk_url(spec, c), "chunk object is missing (deleted, or the table was never completely written)")
             if size != want:
-                raise IntegrityError(p, f"chunk object has {size:,} bytes, expected {want:,} (truncated or altered)")
+                raise IntegrityError(_chunk_url(spec, c), f"chunk object has {size:,} bytes, expected {want:,} (truncated or altered)")
 
     def verify(self, spec: TableSpec) -> None:
         """Every chunk object's size and checksum (reads the whole table once, 64 chunks at a time)."""
