@@ -136,16 +136,10 @@ class FSLL(queries.QueryMethods):
         Stop EM when a round lowers the objective by less than this (nats per row);
         default the learner's resolved ``epsilon``.
     category_order : {"auto", "frequency", "given"}
-        The order of each variable's categories in the basis (code 0 is the +-1 basis's
-        reference; a variable of 2^m categories is grouped in halves by its codes).
-        ``"frequency"``: most frequent first, equal counts by their pairwise count profiles
-        (:func:`fsll_ooc.io.frequency_order`), so that for unordered categories the fitted
-        distribution does not depend on how the labels are spelled or in which order they
-        appear; ordered pandas Categoricals and ``fit(..., ordered=...)`` keep their order.
-        ``"given"``: the codes' own order.  ``"auto"`` (default): ``"frequency"`` for data
-        with labels (a DataFrame, or codes with ``categories``), ``"given"`` for bare integer
-        codes (the paper's convention, bit for bit).  Everything shown keeps the user's
-        labels and order.
+        The categories' order in the basis: ``"frequency"`` (:func:`fsll_ooc.io.frequency_order`:
+        the model does not depend on how labels are spelled; ordered Categoricals and
+        ``fit(..., ordered=...)`` keep theirs), ``"given"``, or ``"auto"`` (default: frequency
+        for labelled data, given for bare codes).  What is shown keeps the user's order.
 
     Attributes (after ``fit``)
     --------------------------
@@ -253,9 +247,8 @@ class FSLL(queries.QueryMethods):
 
         ``feature_names`` (one per column) and ``categories`` (``k_i`` labels per column)
         label integer codes; a DataFrame brings its own.  Out of core they are kept in the
-        store's state, so that a resumed or reopened fit has them too.  ``ordered``: the
-        variables (names or indices) whose categories keep their given order in the basis
-        (see ``category_order``; ordered pandas Categoricals always do).
+        store's state, so that a resumed or reopened fit has them too.  ``ordered``:
+        variables (names or indices) whose categories keep their order (``category_order``).
         """
         self._fit_ordered = ordered
         backend = self._check_params()
@@ -382,9 +375,8 @@ class FSLL(queries.QueryMethods):
         """``X`` with its missing cells filled: each row's most probable completion given
         its observed cells (``method="mode"``) or a draw from that conditional
         (``"sample"``).  A DataFrame comes back as a DataFrame of labels, an array as codes.
-        See :func:`fsll_ooc.missing.impute`.  ``return_proba=True``: ``(filled, proba)``,
-        ``proba`` a dict ``{column: DataFrame}`` giving, for each column with missing cells,
-        its distribution in every row where it is missing (:func:`fsll_ooc.queries.missing_proba`).
+        See :func:`fsll_ooc.missing.impute`.  ``return_proba=True``: ``(filled, proba)``
+        (:func:`fsll_ooc.queries.missing_proba`: each missing cell's distribution).
         """
         from . import missing
 

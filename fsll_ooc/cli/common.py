@@ -259,15 +259,8 @@ def read_data(args, path: str):
     data = read_table(path, sep=getattr(args, "sep", None), header=not getattr(args, "no_header", False),
                       na_values=getattr(args, "na_values", None), keep_na=getattr(args, "keep_na", False),
                       missing=getattr(args, "missing", None) == "em")
-    drop = [c.strip() for d in getattr(args, "drop", None) or [] for c in d.split(",") if c.strip()]
+    drop = name_list(args, "drop", data, path)
     if drop:
-        if not hasattr(data, "columns"):
-            raise DataError("--drop needs named columns (a .csv, .tsv, .txt or .parquet file)")
-        names = [str(c) for c in data.columns]
-        unknown = [c for c in drop if c not in names]
-        if unknown:
-            raise DataError(f"--drop: no column {', '.join(repr(c) for c in unknown)} in {path} "
-                            f"(columns: {', '.join(names[:12])}{', ...' if len(names) > 12 else ''})")
         data = data.drop(columns=drop)
         if data.shape[1] == 0:
             raise DataError("--drop leaves no column to fit")
