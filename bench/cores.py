@@ -8,7 +8,8 @@ compiled kernels' helper threads, :mod:`fsll_ooc.kernels.threadpool`, and numba'
 * ``paper``: ``FSLL(epsilon=1e-4, max_iter=150)``, the paper's rule, 150 iterations.
 
 ``--commit C`` (repeatable) measures the code of commit ``C`` of this repository (a
-temporary detached git worktree, removed afterwards); default: this checkout.  Commits
+temporary detached git worktree, removed afterwards); ``--root DIR=LABEL`` a code tree as
+it is (a copy without git, say); default: this checkout.  Commits
 are interleaved, thread count by thread count.  Prints one markdown table: wall seconds
 of the timed fit (after a warm-up fit in the same child), the speed-up over one thread,
 held-out log-likelihood and terms (the same model at every thread count).
@@ -39,6 +40,8 @@ FITS = {"default": {}, "paper": {"epsilon": 1e-4, "max_iter": 150}}
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--commit", action="append", default=None, help="a commit to measure (repeatable)")
+    ap.add_argument("--root", action="append", default=None, metavar="DIR[=LABEL]",
+                    help="a code tree to measure, as it is (repeatable; for a copy without git)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--fits", nargs="+", default=list(FITS), choices=list(FITS))
     ap.add_argument("--case", default="24", help="bench/learner.py case (default: 24, the 2^24 network)")
@@ -52,7 +55,13 @@ def main(argv=None):
             subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", path, c], check=True,
                            capture_output=True)
             roots.append(path)
-        roots = roots or [ROOT]
+        labels = {r: commit_of(r) for r in roots}
+        for spec in args.root or []:
+            path, _, label = spec.partition("=")
+            roots.append(os.path.abspath(path))
+            labels[roots[-1]] = label or os.path.basename(os.path.abspath(path))
+        if not roots:
+            roots, labels = [ROOT], {ROOT: commit_of(ROOT)}
         print(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
               f"load {os.getloadavg()[0]:.2f}; case {args.case}")
         print("| fit | commit | threads | wall s | speed-up | held-out LL | terms | load |")
@@ -62,7 +71,7 @@ def main(argv=None):
             for threads in args.threads:
                 for root in roots:
                     r = run_child(root, args.case, threads, args.repeats, FITS[fit])
-                    c = commit_of(root)
+                    c = labels[root]
                     if "error" in r:
                         print(f"| {fit} | {c} | {threads} | error: {r['error'][0]} | | | | |", flush=True)
                         continue

@@ -94,7 +94,8 @@ def child(case: str, repeats: int, kw: dict) -> dict:
 
 
 def run_child(root: str, case: str, threads: int, repeats: int, kw: dict) -> dict:
-    env = dict(os.environ, PYTHONPATH=root, NUMBA_NUM_THREADS=str(threads),
+    path = os.pathsep.join([root] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    env = dict(os.environ, PYTHONPATH=path, NUMBA_NUM_THREADS=str(threads),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", case, "--repeats", str(repeats),
            "--kw", json.dumps(kw)]
