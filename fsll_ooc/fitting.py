@@ -16,6 +16,7 @@ import numpy as np
 from . import basis, cost as C, storage
 from .engine import Engine, Table
 from .io import validate_data
+from .kernels import threadpool
 from .learn import FitState, LearnOptions, learn
 from .machine import cgroup_memory_limit, free_disk, total_memory
 from .model_file import json_or_none, jsonable_categories, params_from_json, plain_value
@@ -88,11 +89,17 @@ def warm_start(engine: Engine, state: FitState, start: dict | None) -> None:
                           "added_gain": list(start.get("gain") or ())})
 
 
-def workers(est, default: int) -> int:
-    """Tasks at once: the dask scheduler's threads, else ``default``."""
+def workers(est, out_of_core: bool) -> int:
+    """Band tasks at once, which the plan budgets memory for: a dask.distributed client's
+    threads, an :class:`~fsll_ooc.executors.Executor`'s ``threads`` where it has them; else 1
+    in core (one band) and, out of core, the local pool's threads
+    (:func:`fsll_ooc.kernels.threadpool.num_threads`, at least 2), which the engine then
+    keeps to (:func:`fsll_ooc.executors.make_executor`)."""
     if est.scheduler is not None and hasattr(est.scheduler, "nthreads"):
         return max(1, sum(est.scheduler.nthreads().values()))
-    return default
+    if getattr(est.scheduler, "threads", None):
+        return max(1, int(est.scheduler.threads))
+    return max(2, threadpool.num_threads()) if out_of_core else 1
 
 
 def make_plan(est, cards, backend: storage.TableBackend, disk_free=None, memory=None):
@@ -102,7 +109,7 @@ def make_plan(est, cards, backend: storage.TableBackend, disk_free=None, memory=
     mem = est.memory_limit if est.memory_limit is not None or ooc else memory
     if mem is None:  # out of core without a limit: a container's limit still holds
         mem = cgroup_memory_limit()
-    p = chunk_plan(cards, memory_limit=mem, disk_free=disk_free, workers=workers(est, 2 if ooc else 1),
+    p = chunk_plan(cards, memory_limit=mem, disk_free=disk_free, workers=workers(est, ooc),
                   out_of_core=True if ooc else None, layout=est.layout)
     if not ooc and p.layout.a > 0 and est.layout is None:
         raise PlanError(f"the {math.prod(cards):,}-cell tables do not fit in memory "

@@ -274,3 +274,19 @@ def test_thread_count_follows_numba_num_threads():
     env = dict(os.environ, NUMBA_NUM_THREADS="3")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["3", "3"]
+
+
+@pytest.mark.parametrize("threads, scheduler, want", [(3, None, 3), (1, None, 2), (1, "pool5", 5)])
+def test_out_of_core_plan_budgets_the_tasks_the_pool_runs(tmp_path, threads, scheduler, want):
+    """Out of core, the plan's memory budget holds as many band tasks as the executor runs
+    at once: the local pool's threads (at least 2) or an executor's own ``threads``."""
+    X, _ = datasets.paper_dataset("BN20-37S", seed=0)
+    sched = PoolExecutor(threads=5) if scheduler == "pool5" else None
+    try:
+        threadpool.set_num_threads(threads)
+        m = FSLL(store=str(tmp_path / "s"), memory_limit="1GiB", layout=(3, 10), max_iter=3, scheduler=sched,
+                 progress=False).fit(X)
+    finally:
+        threadpool.set_num_threads(None)
+    assert m.plan_.workers == want
+    assert isinstance(m.engine_.executor, PoolExecutor) and m.engine_.executor.threads == want

@@ -113,15 +113,16 @@ class Engine:
         (its layout).  The penalties are those of ``n_samples`` samples, times
         ``penalty_scale`` (:func:`fsll_ooc.cost.penalty_weights`); the executor is
         :func:`fsll_ooc.executors.make_executor` of ``scheduler`` (``None``: serial for one
-        band, the pool of the kernels' threads for several).  With ``sample_flat`` (the data's flat indices,
+        band, the pool of the kernels' threads for several, at most a plan's ``workers`` at once).  With ``sample_flat`` (the data's flat indices,
         a new fit) the engine runs its setup passes: the targets ``dbar`` of the data and
         the duals of ``theta = 0`` in ``thetabar``.  Without, the tables are used as they
         are (a resumed or finished fit).  ``progress``: per-pass progress bars.
         """
+        workers = getattr(layout, "workers", None)  # a plan's: the tasks its memory budget holds
         layout = getattr(layout, "layout", layout)
         r0, w = cost.penalty_weights(layout.cards, n_samples, penalty_scale)
         n_tasks = max(layout.n_a_bands, layout.n_b_bands if layout.a > 0 else 1)
-        engine = cls(layout, specs, r0, w, make_executor(scheduler, n_tasks))
+        engine = cls(layout, specs, r0, w, make_executor(scheduler, n_tasks, workers))
         engine.progress = bool(progress)
         if sample_flat is not None:
             # the first fit after installing: the update + scan kernels compile in a second

@@ -71,18 +71,21 @@ def executor_kinds() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def make_executor(scheduler: Any, n_tasks_hint: int = 1) -> Executor:
+def make_executor(scheduler: Any, n_tasks_hint: int = 1, workers: int | None = None) -> Executor:
     """The executor for the estimator's ``scheduler`` parameter.
 
     An :class:`Executor` is used as it is; ``None`` picks ``"serial"`` for one band and
-    ``"pool"`` (the bands on the kernels' threads, without dask) otherwise; any other value
-    goes to the first registered kind that accepts it (``"serial"``, ``"pool"``; dask's
-    scheduler names and ``dask.distributed.Client`` objects).
+    ``"pool"`` (the bands on the kernels' threads, without dask) otherwise, running at most
+    ``workers`` bands at once where given (the plan's: its memory budget holds that many
+    tasks); any other value goes to the first registered kind that accepts it (``"serial"``,
+    ``"pool"``; dask's scheduler names and ``dask.distributed.Client`` objects).
     """
     if isinstance(scheduler, Executor):
         return scheduler
     if scheduler is None:
-        scheduler = "serial" if n_tasks_hint <= 1 else "pool"
+        if n_tasks_hint > 1:
+            return _REGISTRY["pool"](threads=workers)
+        scheduler = "serial"
     for cls in _REGISTRY.values():
         if cls.accepts(scheduler):
             return cls.from_scheduler(scheduler)
