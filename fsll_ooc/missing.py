@@ -1108,6 +1108,12 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
         names += [f"H{j}" if f"H{j}" not in taken else f"_H{j}" for j in range(len(hidden))]
         fixed = tuple(2 if isinstance(k, str) else k for k in hidden)
         validate_data(np.zeros((1, len(cards) + len(hidden)), np.int64), tuple(cards) + fixed)  # the table's limits
+    if backend.persistent:  # the store's refusals come before the held-out choice's fits
+        from .storage.fit_store import FitStore
+        from .validation import check_store_path
+
+        check_store_path(est.store)
+        FitStore(est.store, backend.name, getattr(est, "storage_options", None)).check_new()
     rows, counts = distinct_rows(codes_)
     del codes_
     seeds = restart_seeds(est.random_state, est.n_restarts if est.n_restarts is not None else (3 if hidden else 1))

@@ -239,3 +239,20 @@ def test_cli_fit_with_missing_cells_out_of_core(tmp_path):
     assert set(m.theta_) == set(ref.theta_)
     assert all(m.theta_[y] == pytest.approx(v, abs=1e-9) for y, v in ref.theta_.items())
     assert FSLL.resume(tmp_path / "s", progress=False).em_rounds_ == ref.em_rounds_
+
+
+@pytest.mark.parametrize("kw", [{}, {"hidden": ["auto"]}])
+def test_em_store_refusal_comes_before_the_held_out_choice(tmp_path, monkeypatch, Xm, kw):
+    """A store that holds a user's files is refused before any fit runs: the held-out
+    choice of the scale or of the number of states never starts."""
+    from fsll_ooc import missing
+
+    def never(*a, **k):
+        raise AssertionError("the held-out choice ran before the store was checked")
+
+    monkeypatch.setattr(missing, "choose", never)
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="notes.txt|not empty|not an fsll-ooc"):
+        FSLL(missing="em", store=str(tmp_path / "s"), progress=False, **kw).fit(Xm[:, :3] if kw else Xm)
+    assert (tmp_path / "s" / "notes.txt").read_text() == "mine"
