@@ -516,7 +516,7 @@ class FSLL(queries.QueryMethods):
         self.history_ = state.history
         self.converged_ = state.converged
         to_basis = getattr(self, "_fit_to_basis", None) if isinstance(to_basis, str) else to_basis
-        to_basis = [None] * len(state.cards) if to_basis is None else to_basis
+        to_basis = list(to_basis or []) + [None] * (len(state.cards) - len(to_basis or []))  # hidden: as given
         self.basis_order_ = [np.arange(k) if t is None else np.argsort(np.asarray(t, np.int64))
                              for t, k in zip(to_basis, state.cards)]
         if categories is not None and not shown:

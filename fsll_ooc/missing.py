@@ -1227,7 +1227,8 @@ def _fit_in_store(est, backend, rows, counts, cards, n_hidden: int, seeds, names
                  state, files={"rows": np.concatenate([rows, counts[:, None]], axis=1)},
                  extra={"em": {"seeds": [int(x) for x in seeds], "restart": 0, "phase": "start", "best": None},
                         EM_CHOICE: {"start": choice.start, "scores": [[float(k), float(v)] for k, v in choice.scores.items()],
-                                    "hidden_scores": [[int(k), float(v)] for k, v in choice.hidden_scores.items()]}})
+                                    "hidden_scores": [[int(k), float(v)] for k, v in choice.hidden_scores.items()]},
+                        **(fitting.store_extra(est, None) or {})})
         _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, categories, state, fresh=True)
 
 

@@ -158,3 +158,15 @@ def test_missing_cells_em_is_invariant_too(X):
     m1, m2 = FSLL(**kw).fit(df1), FSLL(**kw).fit(df2)
     assert m1.n_bases_ == m2.n_bases_
     np.testing.assert_allclose(m1.log_prob(df1), m2.log_prob(df2), atol=1e-6)
+
+
+def test_hidden_variables_and_an_em_store_keep_the_order(X, tmp_path):
+    df = _frame(X[:800], _renamed).iloc[:, :4].copy()
+    df.iloc[::7, 1] = None
+    m = FSLL(progress=False, hidden=[2], epsilon=1e-4, n_restarts=1, random_state=0).fit(df)
+    assert len(m.basis_order_) == 5 and list(m.basis_order_[4]) == [0, 1]  # the hidden variable as it is
+    assert len(m.interactions()) == m.n_bases_
+    ooc = FSLL(progress=False, missing="em", epsilon=1e-4, store=tmp_path / "s").fit(df)
+    back = FSLL.resume(tmp_path / "s", progress=False)
+    assert back.categories_ == ooc.categories_ == [sorted(set(df[c].dropna())) for c in df.columns]
+    np.testing.assert_allclose(back.log_prob(df), ooc.log_prob(df), atol=1e-10)
