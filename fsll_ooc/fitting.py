@@ -20,7 +20,7 @@ from .kernels import threadpool
 from .learn import FitState, LearnOptions, learn
 from .machine import cgroup_memory_limit, free_disk, total_memory
 from .model_file import json_or_none, jsonable_categories, params_from_json, plain_value
-from .planner import PlanError, plan as chunk_plan
+from .planner import PlanError, parse_bytes, plan as chunk_plan
 from .queries import log_potential
 from .storage.fit_store import TABLE_NAMES, FitStore, StoredFit
 from .storage.url_store import decode_options
@@ -102,17 +102,23 @@ def workers(est, out_of_core: bool) -> int:
     return max(2, threadpool.num_threads()) if out_of_core else 1
 
 
-def make_plan(est, cards, backend: storage.TableBackend, disk_free=None, memory=None):
+def make_plan(est, cards, backend: storage.TableBackend, disk_free=None, memory=None, table_sets: int = 1):
     """The chunk plan of a fit: in core within the machine's memory, out of core within the
-    store's free disk (``disk_free``) and ``memory_limit``; ``PlanError`` if it cannot fit."""
+    store's free disk (``disk_free``) and ``memory_limit``; ``PlanError`` if it cannot fit.
+    ``table_sets``: in core, how many sets of tables the fit holds at once (each gets that
+    share of the memory)."""
     ooc = backend.persistent
     mem = est.memory_limit if est.memory_limit is not None or ooc else memory
     if mem is None:  # out of core without a limit: a container's limit still holds
         mem = cgroup_memory_limit()
+    if not ooc and table_sets > 1 and mem is not None:
+        mem = parse_bytes(mem) // table_sets
     p = chunk_plan(cards, memory_limit=mem, disk_free=disk_free, workers=workers(est, ooc),
                   out_of_core=True if ooc else None, layout=est.layout)
     if not ooc and p.layout.a > 0 and est.layout is None:
-        raise PlanError(f"the {math.prod(cards):,}-cell tables do not fit in memory "
+        sets = (f" {table_sets} times over (n_restarts keeps the best run's tables while the next "
+                f"run builds its own; n_restarts=1 needs one set)" if table_sets > 1 else "")
+        raise PlanError(f"the {math.prod(cards):,}-cell tables do not fit in memory{sets} "
                         f"({p.report().splitlines()[0]}); pass store=PATH to fit out of core")
     if not p.feasible:
         raise PlanError("infeasible fit:\n" + p.report())

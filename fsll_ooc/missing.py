@@ -646,6 +646,7 @@ def fit_em(make_learner: Callable[..., MStep], rows: np.ndarray, counts: np.ndar
             best = res
         if keeper is not None:
             keeper.restart_done(r, best)
+        res = learner = None  # a run that is not the best lets its tables go before the next is built
     return best
 
 
@@ -1134,7 +1135,8 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
     from .learn import learn
     from .storage.fit_store import TABLE_NAMES
 
-    plan = fitting.make_plan(est, cards, backend, memory=total_memory())
+    # the best run's engine and tables stay while the next restart builds its own: two sets
+    plan = fitting.make_plan(est, cards, backend, memory=total_memory(), table_sets=2 if len(seeds) > 1 else 1)
     options = fitting.options(est)
 
     def run(engine, state, fresh):

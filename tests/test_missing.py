@@ -494,3 +494,21 @@ def test_cli_fit_with_missing_cells(tmp_path, capsys):
     df = pd.read_csv(path)
     ref = FSLL(progress=False, missing="em").fit(df)
     assert m.theta_ == ref.theta_
+
+
+def test_in_core_em_restarts_plan_two_sets_of_tables():
+    """In core, EM with several restarts keeps the best run's tables while the next run builds
+    its own: the plan budgets two sets, and a memory limit that holds only one is refused
+    with the fix named; one restart fits in it."""
+    from fsll_ooc import planner
+
+    cards = (2,) * 18
+    limit = int(planner.min_memory(cards, out_of_core=False) * 1.5)  # one set fits, two do not
+    rng = np.random.default_rng(0)
+    X = rng.integers(0, 2, (200, 18))
+    X[::7, 3] = -1
+    kw = dict(missing="em", penalty_scale=1.0, memory_limit=limit, progress=False, max_iter=3, random_state=0)
+    with pytest.raises(planner.PlanError, match="n_restarts=1"):
+        FSLL(n_restarts=2, **kw).fit(X)
+    m = FSLL(n_restarts=1, **kw).fit(X)
+    assert m.plan_.memory_limit == limit and m.plan_.layout.a == 0
