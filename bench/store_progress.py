@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--case", default="bn30", help="the case the store was fitted on (default: %(default)s)")
     ap.add_argument("--heldout", action="store_true", help="also score the current model on the held-out sample")
     args = ap.parse_args(argv)
-    from fsll_ooc import FSLL
+    from fsll_ooc import FSLL, fitting
     from fsll_ooc.learn import FitState
 
     obj = json.loads((args.store / "fsll_state.json").read_text())
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
             last = p
     if args.heldout:
         m = FSLL(cardinalities=tuple(st.cards), progress=False)
-        m._set_fitted(st)
+        fitting.set_fitted(m, st)
         parents, cpts = scale.random_bn(tuple(st.cards), 3, seed=0)
         H = scale.ancestral_sample(tuple(st.cards), parents, cpts, 10_000, seed=2)
         lp = m.log_prob(H)

@@ -314,7 +314,7 @@ class FSLLAverage:
         members = []
         for mf in af.members:
             m = FSLL._with_params(mf.params, f"{path}: malformed fsll-ooc average file (member parameters)")
-            m._set_fitted(mf.state, cost=mf.cost, kl_data=mf.kl_data, feature_names=af.feature_names,
+            fitting.set_fitted(m, mf.state, cost=mf.cost, kl_data=mf.kl_data, feature_names=af.feature_names,
                           categories=af.categories, to_basis=mf.category_order, shown=True)
             members.append(m)
         own = {k: v for k, v in params_from_json(af.members[0].params).items() if k not in ("random_state",)}

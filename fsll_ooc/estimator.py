@@ -14,17 +14,14 @@ True
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
 
 from . import fitting, model_file, queries, storage, validation as V
-from .engine import Table
 from .io import check_category_order, inverse_orders, recode, validate_data
 from .learn import FitState, LearnOptions, resolve_refine
 from . import cost as C
-from .machine import total_memory
 from .model_file import MODEL_FORMAT, MODEL_VERSION, params_from_json, plain_value
 from .storage.fit_store import FitStore, StoredFit
 from .validation import check_cardinalities_param, check_labels
@@ -408,32 +405,11 @@ class FSLL(queries.QueryMethods):
         In core: a numpy array.  Out of core: a dask array over the store's scratch
         table (valid until the next call that writes the scratch table).
         """
-        p = self._basis_table()
+        p = fitting.basis_table(self)
         for i, t in enumerate(inverse_orders(self.basis_order_)):
             if t is not None:  # shown code u is basis code t[u]
                 p = p[(slice(None),) * i + (t,)]
         return p
-
-    def _basis_table(self):
-        """:meth:`probabilities` with every axis in the basis order."""
-        self._check_fitted()
-        st = self._state
-        sup = np.fromiter(st.theta.keys(), np.int64, len(st.theta))
-        val = np.fromiter(st.theta.values(), np.float64, len(st.theta))
-        eng = getattr(self, "_engine", None)
-        if eng is None:  # a loaded model: build the table here
-            _check_table_fits_memory(self.cardinalities_)
-            table = np.zeros(self.cardinalities_)
-            table.reshape(-1)[sup] = val
-            from .kernels.transform import transform_inplace
-
-            transform_inplace(table, transpose=True, first_use="reference")  # no compile for one table
-            l = table
-            l -= l.max()
-            p = np.exp(l, out=l)
-            return p / p.sum()
-        total = eng.density(sup, val, self.log_z_)
-        return storage.as_array(eng.ctx.spec(Table.SCRATCH)) / total
 
     def sample(self, n_samples: int = 1, random_state=None, as_frame: bool | None = None):
         """Draw ``n_samples`` rows from ``p_theta``.
@@ -476,7 +452,7 @@ class FSLL(queries.QueryMethods):
         """Read a model written by :meth:`save`; unknown formats/versions give a clear error."""
         mf = model_file.load(path)
         m = cls._with_params(mf.params, f"{path}: malformed fsll-ooc model file")
-        m._set_fitted(mf.state, cost=mf.cost, kl_data=mf.kl_data, feature_names=mf.feature_names,
+        fitting.set_fitted(m, mf.state, cost=mf.cost, kl_data=mf.kl_data, feature_names=mf.feature_names,
                       categories=mf.categories, to_basis=mf.category_order)
         model_file.set_em_summary(m, mf.em)
         return m
@@ -491,44 +467,3 @@ class FSLL(queries.QueryMethods):
             return cls(**params_from_json(params))
         except (TypeError, ValueError) as e:
             raise ValueError(f"{what} ({type(e).__name__}: {e})") from None
-
-    def _set_fitted(self, state: FitState, *, plan=None, engine=None, cost=None, kl_data=None,
-                    feature_names=None, categories=None, to_basis="fit", shown: bool = False) -> None:
-        """The one place that sets the fitted attributes (after ``fit``, ``resume`` and ``load``).
-
-        ``categories`` are in the basis order (``shown``: in the order shown); ``to_basis``
-        (per variable the basis code of each shown code, or None; ``"fit"``: this fit's,
-        :func:`fsll_ooc.fitting.encoded`) gives the order shown.
-        """
-        self._state = state
-        self._engine = engine
-        self.plan_ = plan
-        self.cardinalities_ = tuple(state.cards)
-        self.n_features_in_ = len(state.cards)
-        self.n_samples_ = state.n_samples
-        self.theta_ = {state.digits(y): v for y, v in sorted(state.theta.items())}
-        self.log_z_ = state.log_z
-        self.n_bases_ = len(state.theta)
-        self.penalty_scale_ = state.penalty_scale
-        self.n_iter_ = state.n_iter
-        self.cost_ = state.cost() if cost is None and engine is not None else cost
-        self.kl_data_ = kl_data
-        self.history_ = state.history
-        self.converged_ = state.converged
-        to_basis = getattr(self, "_fit_to_basis", None) if isinstance(to_basis, str) else to_basis
-        to_basis = list(to_basis or []) + [None] * (len(state.cards) - len(to_basis or []))  # hidden: as given
-        self.basis_order_ = [np.arange(k) if t is None else np.argsort(np.asarray(t, np.int64))
-                             for t, k in zip(to_basis, state.cards)]
-        if categories is not None and not shown:
-            categories = [list(c) if t is None else [c[b] for b in t] for c, t in zip(categories, to_basis)]
-        self.feature_names_in_, self.categories_ = check_labels(feature_names, categories, self.cardinalities_)
-
-
-def _check_table_fits_memory(cards) -> None:
-    """Building the whole ``p_theta`` table of a loaded model in memory takes about two tables."""
-    need, mem = 16 * math.prod(cards), total_memory()
-    if mem is not None and need > mem:
-        raise ValueError(f"the model's joint table has {math.prod(cards):,} cells; building it in memory needs "
-                         f"about {need / 2**30:.1f} GiB, more than this machine's {mem / 2**30:.1f} GiB")
-
-

@@ -29,7 +29,8 @@ from .validation import check_code_range, check_labels, check_store_path
 __all__ = ["FEW_SAMPLES", "WARM_START", "OWN_OPTIONS", "flat_index", "start_of", "warm_start", "workers", "make_plan",
            "show_progress", "fit", "choose_penalty_scale", "encoded", "stored_params", "fit_in_store", "make_engine",
            "options", "learn_with_progress", "resume_in_store", "from_stored", "open_finished", "kl_data",
-           "labelled", "store_extra", "CATEGORY_ORDER"]
+           "labelled", "store_extra", "CATEGORY_ORDER", "set_fitted", "basis_table",
+           "check_table_fits_memory"]
 
 
 def flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
@@ -41,7 +42,7 @@ def flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
 FEW_SAMPLES = 10
 #: the key under which a store keeps the model a new fit starts from (``penalty_scale="auto"``)
 WARM_START = "warm_start"
-#: The store's record (``FitStore.extra``) of a fit's basis order (see ``FSLL._set_fitted``).
+#: The store's record (``FitStore.extra``) of a fit's basis order (see ``set_fitted``).
 CATEGORY_ORDER = "category_order"
 
 
@@ -161,7 +162,7 @@ def fit(est, X, backend, feature_names=None, categories=None, sub_class=None) ->
                                          for nm in TABLE_NAMES], N, sample_flat=flat, penalty_scale=state.penalty_scale)
         warm_start(engine, state, choice.start)
         learn_with_progress(est, engine, state, fresh=True, checkpoint=None)
-        est._set_fitted(state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
+        set_fitted(est, state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
                         categories=categories)
         est.kl_data_ = kl_data(est, flat, counts, N)
         return
@@ -207,7 +208,7 @@ def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
             state.converged = False
             engine = make_engine(sub, sub.plan_, specs, state.n_samples, penalty_scale=s)
             learn(engine, state, options(sub), fresh=False)
-            sub._set_fitted(state, plan=sub.plan_, engine=engine)
+            set_fitted(sub, state, plan=sub.plan_, engine=engine)
             yield (lambda c: log_potential(sub, c) - sub.log_z_), start_of(state)
 
     return choose_scale(fit_path, codes)
@@ -216,7 +217,7 @@ def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
 def encoded(est, X, feature_names=None, categories=None, mask=None):
     """``(codes, cards, names, categories)`` of ``X`` (codes, or a DataFrame of labels), checked,
     in the basis order of the fit (:func:`fsll_ooc.io.basis_order`; kept on ``est`` for its
-    ``_set_fitted``; ``mask``: the missing cells, which are not counted)."""
+    ``set_fitted``; ``mask``: the missing cells, which are not counted)."""
     from .io import basis_order, recode
 
     codes, cards, names, categories, is_labelled, keep = labelled(est, X, feature_names, categories)
@@ -287,7 +288,7 @@ def fit_in_store(est, fs: FitStore, plan, state: FitState, uniq, counts, *, flat
     # tables are written only under its lock (docs/reliability.md)
     engine = Engine.create(plan, fs.open_tables(cards, plan.layout.chunk_shape, reader_owner=est), N,
                            est.scheduler)
-    est._set_fitted(state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
+    set_fitted(est, state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
                     categories=categories)
     est.kl_data_ = kl_data(est, uniq, counts, N) if flat is None else kl_data(est, flat, counts, N)
     fs.complete(state, est.kl_data_)
@@ -373,7 +374,7 @@ def open_finished(cls, fs: FitStore, stored: StoredFit, scheduler, progress, mem
     state = FitState.from_json(stored.state)
     plan = fs.account(make_plan(m, tuple(state.cards), storage.get_backend(stored.backend)))
     specs = fs.open_tables(state.cards, plan.layout.chunk_shape, reader_owner=m)
-    m._set_fitted(state, plan=plan, engine=make_engine(m, plan, specs, state.n_samples), cost=state.cost(),
+    set_fitted(m, state, plan=plan, engine=make_engine(m, plan, specs, state.n_samples), cost=state.cost(),
                   kl_data=stored.kl_data, feature_names=stored.feature_names, categories=stored.categories)
     return m
 
@@ -402,8 +403,70 @@ def kl_data(est, flat, counts, N) -> float:
     eng = getattr(est, "_engine", None)
     if eng is not None and eng.layout.a == 0 and len(uniq) * len(est.theta_) > eng.layout.size:
         # in core with many occupied cells and terms: one pass over the table is cheaper
-        lp = np.log(est._basis_table().reshape(-1)[uniq])
+        lp = np.log(basis_table(est).reshape(-1)[uniq])
     else:
         codes = np.stack(np.unravel_index(uniq, est.cardinalities_), axis=1)
         lp = log_potential(est, codes) - est.log_z_
     return float(-C.empirical_entropy(counts, N) - np.dot(counts, lp) / N)
+
+
+def set_fitted(est, state: FitState, *, plan=None, engine=None, cost=None, kl_data=None,
+               feature_names=None, categories=None, to_basis="fit", shown: bool = False) -> None:
+    """The one place that sets an estimator's fitted attributes (after ``fit``, ``resume`` and ``load``).
+
+    ``categories`` are in the basis order (``shown``: in the order shown); ``to_basis``
+    (per variable the basis code of each shown code, or None; ``"fit"``: this fit's,
+    :func:`fsll_ooc.fitting.encoded`) gives the order shown.
+    """
+    est._state = state
+    est._engine = engine
+    est.plan_ = plan
+    est.cardinalities_ = tuple(state.cards)
+    est.n_features_in_ = len(state.cards)
+    est.n_samples_ = state.n_samples
+    est.theta_ = {state.digits(y): v for y, v in sorted(state.theta.items())}
+    est.log_z_ = state.log_z
+    est.n_bases_ = len(state.theta)
+    est.penalty_scale_ = state.penalty_scale
+    est.n_iter_ = state.n_iter
+    est.cost_ = state.cost() if cost is None and engine is not None else cost
+    est.kl_data_ = kl_data
+    est.history_ = state.history
+    est.converged_ = state.converged
+    to_basis = getattr(est, "_fit_to_basis", None) if isinstance(to_basis, str) else to_basis
+    to_basis = list(to_basis or []) + [None] * (len(state.cards) - len(to_basis or []))  # hidden: as given
+    est.basis_order_ = [np.arange(k) if t is None else np.argsort(np.asarray(t, np.int64))
+                         for t, k in zip(to_basis, state.cards)]
+    if categories is not None and not shown:
+        categories = [list(c) if t is None else [c[b] for b in t] for c, t in zip(categories, to_basis)]
+    est.feature_names_in_, est.categories_ = check_labels(feature_names, categories, est.cardinalities_)
+
+
+def basis_table(est) -> np.ndarray:
+    """``est.probabilities()`` with every axis in the basis order."""
+    est._check_fitted()
+    st = est._state
+    sup = np.fromiter(st.theta.keys(), np.int64, len(st.theta))
+    val = np.fromiter(st.theta.values(), np.float64, len(st.theta))
+    eng = getattr(est, "_engine", None)
+    if eng is None:  # a loaded model: build the table here
+        check_table_fits_memory(est.cardinalities_)
+        table = np.zeros(est.cardinalities_)
+        table.reshape(-1)[sup] = val
+        from .kernels.transform import transform_inplace
+
+        transform_inplace(table, transpose=True, first_use="reference")  # no compile for one table
+        l = table
+        l -= l.max()
+        p = np.exp(l, out=l)
+        return p / p.sum()
+    total = eng.density(sup, val, est.log_z_)
+    return storage.as_array(eng.ctx.spec(Table.SCRATCH)) / total
+
+
+def check_table_fits_memory(cards) -> None:
+    """Building the whole ``p_theta`` table of a loaded model in memory takes about two tables."""
+    need, mem = 16 * math.prod(cards), total_memory()
+    if mem is not None and need > mem:
+        raise ValueError(f"the model's joint table has {math.prod(cards):,} cells; building it in memory needs "
+                         f"about {need / 2**30:.1f} GiB, more than this machine's {mem / 2**30:.1f} GiB")

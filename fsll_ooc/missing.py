@@ -961,7 +961,7 @@ def _table_for(model, g: Group, cache: dict):
     if not in_core and "p" not in cache and len(g.codes) * g.size * max(1, len(model.theta_)) <= 4 * math.prod(cards):
         return None
     if "p" not in cache:
-        cache["p"] = model._basis_table()  # the codes here are in the basis order
+        cache["p"] = fitting.basis_table(model)  # the codes here are in the basis order
     return cache["p"]
 
 
@@ -1190,7 +1190,7 @@ def _run_restarts(est, make, rows, counts, cards, n_hidden: int, seeds, keeper=N
 
 def _set_fitted(est, res: EMResult, plan, engine, names, categories, n_hidden: int, choice: EMChoice) -> None:
     st = res.state
-    est._set_fitted(st, plan=plan, engine=engine, cost=st.cost(), kl_data=res.kl_soft, feature_names=names,
+    fitting.set_fitted(est, st, plan=plan, engine=engine, cost=st.cost(), kl_data=res.kl_soft, feature_names=names,
                     categories=categories)
     _set_em_attributes(est, res, n_hidden, choice.scores, choice.hidden_scores)
 
