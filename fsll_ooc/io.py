@@ -365,6 +365,7 @@ def _plan_labels(name: str, values: np.ndarray, k_decl: int | None, where: _Wher
         raise DataError(f"column '{name}': missing value ({values[r]!r}) at {where(r)}; "
                         "every cell must hold a category")
     _check_label_objects(name, values, where)
+    _check_bool_and_number(name, values, where)
     fcodes, uniques = _factorize(values)
     for u in uniques:
         if isinstance(u, (float, np.floating)) and math.isinf(u):
@@ -383,6 +384,21 @@ def _plan_labels(name: str, values: np.ndarray, k_decl: int | None, where: _Wher
         pos[lab] = c
     lut = np.array([pos[_py(u)] for u in uniques], dtype=np.int64)
     return _ColumnCoding(cats, lambda out: np.copyto(out, lut[fcodes]))
+
+
+def _check_bool_and_number(name: str, values: np.ndarray, where: _Where) -> None:
+    """``True == 1`` and ``False == 0`` in Python: a column holding both kinds would merge
+    them into one label silently, so it is refused."""
+    is_bool = np.fromiter((isinstance(v, (bool, np.bool_)) for v in values), bool, len(values))
+    if not is_bool.any() or is_bool.all():
+        return
+    is_num = np.fromiter((isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_))
+                          for v in values), bool, len(values))
+    if is_num.any():
+        b, n = _first(is_bool), _first(is_num)
+        raise DataError(f"column '{name}' mixes booleans ({values[b]!r} at {where(b)}) with numbers "
+                        f"({values[n]!r} at {where(n)}), which Python counts as equal (True == 1); "
+                        "make the column one kind, e.g. df[col].astype(str)")
 
 
 #: What ``pandas.api.types.infer_dtype`` calls a column whose values are all usable labels.

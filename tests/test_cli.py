@@ -522,3 +522,11 @@ def test_info_and_plot_without_history(capsys, model_path, tmp_path):
     pytest.importorskip("matplotlib")
     rc, out, _ = run(capsys, "plot", bare, "-d", tmp_path)
     assert rc == 0 and out.splitlines() == [f"wrote {tmp_path / 'bare-interactions.png'}"]
+
+
+@pytest.mark.parametrize("argv", [("plan", "--cards", "2x10", "--memory", "-5GiB"),
+                                  ("plan", "--cards", "2x10", "--disk", "-1")])
+def test_a_negative_size_is_read_as_the_options_value(capsys, argv):
+    """``--memory -5GiB`` is the option's value (argparse alone reads it as another option
+    and says "expected one argument"); the size's own check refuses it in one line."""
+    assert_usage_error(*run(capsys, *argv), "cannot read", repr(argv[-1]))

@@ -412,3 +412,12 @@ def test_bounded_lines_split_as_the_file_does(parts, block):
     finally:
         fio._BLOCK = old
     assert got == list(_io.StringIO(text, newline=""))
+
+
+def test_a_column_of_booleans_and_numbers_is_refused_not_merged():
+    """``True == 1`` in Python: a column ``[True, 1, 0, False]`` would become two labels
+    where the user wrote four values of two kinds, so it is refused by name."""
+    df = pd.DataFrame({"a": [True, 1, 0, False] * 5, "b": [0, 1] * 10})
+    _raises(["column 'a'", "booleans", "True at row 0", "1 at row 1", "astype(str)"], encode, df)
+    assert encode(pd.DataFrame({"a": [True, False] * 5})).categories[0] == [False, True]
+    assert encode(pd.DataFrame({"a": ["x", True] * 5})).categories[0] == [True, "x"]

@@ -102,11 +102,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Options that take a size: a value given after them is theirs even when it starts with "-"
+#: (argparse would read ``--memory -5GiB`` as two options), so that the size's own check
+#: says what is wrong with it.
+SIZE_OPTIONS = ("--memory", "--memory-limit", "--disk", "--disk-speed")
+
+
+def _sizes_joined(argv: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in SIZE_OPTIONS and i + 1 < len(argv) and argv[i + 1].startswith("-") and argv[i + 1][1:2].isdigit():
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 2 bad input/usage, 1 unexpected failure)."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_sizes_joined(sys.argv[1:] if argv is None else list(argv)))
     except common.UsageError as exc:
         _err(str(exc))
         return 2
