@@ -243,18 +243,10 @@ def em_time(reps: int = 3) -> list[dict]:
     return rows
 
 
-def planted_classes(k: int, n: int, seed: int, cards=(3, 4, 5, 3, 4, 5)):
-    """Rows of a latent-class model with ``k`` classes, each putting 0.8 of its mass on a value
-    of its own per variable (the rest spread), and their classes."""
-    rng = np.random.default_rng(seed)
-    z = rng.integers(0, k, n)
-    X = np.empty((n, len(cards)), np.int64)
-    for i, c in enumerate(cards):
-        top = rng.permutation(max(c, k))[:k] % c
-        prof = np.full((k, c), 0.2 / c)
-        prof[np.arange(k), top] += 0.8
-        X[:, i] = np.minimum((rng.random(n)[:, None] > prof[z].cumsum(axis=1)).sum(axis=1), c - 1)
-    return X, z
+def planted_classes(k: int, n: int, seed: int):
+    """Rows of a latent-class model with ``k`` classes and their classes
+    (:func:`fsll_ooc.datasets.latent_classes`)."""
+    return datasets.latent_classes(k, n, seed=seed)
 
 
 def hidden_auto(quick: bool) -> list[dict]:

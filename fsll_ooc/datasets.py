@@ -50,6 +50,7 @@ __all__ = [
     "potts_grid",
     "random_bayesnet",
     "sample_table",
+    "latent_classes",
     "paper_dataset",
     "paper_true_distribution",
 ]
@@ -320,6 +321,26 @@ def sample_table(p: np.ndarray, n: int, seed: SeedLike = None) -> np.ndarray:
     last = int(np.flatnonzero(flat)[-1])
     np.minimum(idx, last, out=idx)
     return np.stack(np.unravel_index(idx, p.shape), axis=1).astype(np.int64)
+
+
+def latent_classes(k: int, n: int, seed: SeedLike = None, cards: Sequence[int] = (3, 4, 5, 3, 4, 5)):
+    """``(X, z)``: ``n`` rows of a latent-class model with ``k`` classes (``z``), each class
+    putting 0.8 of its mass on a value of its own per variable (the rest spread evenly), for
+    hidden-variable fits (``FSLL(hidden=[k])``, ``hidden=["auto"]``).
+
+    >>> X, z = latent_classes(3, 200, seed=0)
+    >>> X.shape, sorted(set(z.tolist()))
+    ((200, 6), [0, 1, 2])
+    """
+    rng = np.random.default_rng(seed)
+    z = rng.integers(0, k, n)
+    X = np.empty((n, len(cards)), np.int64)
+    for i, c in enumerate(cards):
+        top = rng.permutation(max(c, k))[:k] % c
+        prof = np.full((k, c), 0.2 / c)
+        prof[np.arange(k), top] += 0.8
+        X[:, i] = np.minimum((rng.random(n)[:, None] > prof[z].cumsum(axis=1)).sum(axis=1), c - 1)
+    return X, z
 
 
 # --------------------------------------------------------------------------- paper data

@@ -398,18 +398,8 @@ def test_hidden_variable_recovers_planted_classes():
         assert math.isclose(m.log_prob(X[r:r + 1])[0], math.log(P[tuple(X[r])].sum()), rel_tol=1e-10)
 
 
-def _planted(k, n, seed, cards=(3, 4, 5, 3, 4, 5)):
-    """Rows of a latent-class model with ``k`` classes, each putting 0.8 of its mass on a value
-    of its own per variable, and their classes."""
-    rng = np.random.default_rng(seed)
-    z = rng.integers(0, k, n)
-    X = np.empty((n, len(cards)), np.int64)
-    for i, c in enumerate(cards):
-        top = rng.permutation(max(c, k))[:k] % c
-        prof = np.full((k, c), 0.2 / c)
-        prof[np.arange(k), top] += 0.8
-        X[:, i] = np.minimum((rng.random(n)[:, None] > prof[z].cumsum(axis=1)).sum(axis=1), c - 1)
-    return X, z
+def _planted(k, n, seed):
+    return datasets.latent_classes(k, n, seed=seed)
 
 
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
