@@ -258,9 +258,9 @@ def parallel(cases, reps: int) -> None:
                 t[name] = time.perf_counter() - t0
                 if name == "avg":
                     ref = [mm.theta_ for mm in m.members_]
-                elif name == "par":  # the same members up to round-off (the kernels' helper threads are shared)
+                elif name == "par":  # the same members, bit for bit
                     for a, b in zip(m.members_, ref):
-                        assert set(a.theta_) == set(b) and max(abs(v - b[y]) for y, v in a.theta_.items()) < 1e-9
+                        assert a.theta_ == b
             print(f"| {_data(':'.join(case.split(':')[:2]))} | {rep} | {t['fit']:.2f} | {t['avg']:.2f} | {t['par']:.2f} | "
                   f"{t['avg'] / t['fit']:.2f} | {t['par'] / t['fit']:.2f} | {os.getloadavg()[0]:.1f} |", flush=True)
 

@@ -52,11 +52,10 @@ class FSLLAverage:
         Seed of the subsamples (default 0: a fit is repeatable).
     n_jobs : int
         Members fitted at once, each in a thread of its own (default 1: one after the
-        other).  The members are the same whatever ``n_jobs`` (each is its own fit of its
-        own rows) up to round-off: the members' fits share the kernels' helper threads, and
-        their sums may then be added in another order (measured: the same terms, ``theta``
-        within 1e-13).  In core a fit's table passes already use every core, so the gain
-        is the learner's own work between them.
+        other).  The members are the same whatever ``n_jobs``, bit for bit: each is its
+        own fit of its own rows, and fits running at once share no state that changes their
+        numbers.  In core a fit's table passes already use every core, so the gain is the
+        learner's own work between them.
     **params
         Parameters of every member's :class:`~fsll_ooc.FSLL` (``epsilon``, ``penalty``,
         ``cardinalities``, ``store``, ...).  With ``store=DIR`` member ``k`` is fitted

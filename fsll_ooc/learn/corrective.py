@@ -36,7 +36,9 @@ resyncs (each about 2-3 table passes; timings in ``docs/benchmarks.md``).
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -197,23 +199,57 @@ class RefineResult:
     swept: tuple = None      # ``table_current=False``: (cells, exact duals there) of the first sweep
 
 
-_BLAS = []  # the thread-pool controller, made once (finding the loaded libraries takes milliseconds)
+_BLAS = []  # (controller, release) made once (finding the loaded libraries takes milliseconds)
+_BLAS_LOCK = threading.Lock()
+_BLAS_HELD = {"solves": 0, "limiter": None}  # solves under way in this process; the limit they share
 
 
+def _blas_controller():
+    """threadpoolctl's controller and its ``release()``, which lets the calling thread set
+    OpenBLAS's process-wide limit (threadpoolctl lets only the first thread that set one set
+    it again: the limit of a solve in another thread would silently do nothing)."""
+    with _BLAS_LOCK:
+        if not _BLAS:
+            try:
+                import threadpoolctl
+            except ImportError:  # pragma: no cover - optional
+                _BLAS.append((None, None))
+            else:
+                openblas = getattr(threadpoolctl, "OpenBLASController", None)
+                clear = getattr(openblas, "clear_controlling_thread", None)
+                _BLAS.append((threadpoolctl.ThreadpoolController(),
+                              (lambda: clear(force=True)) if clear is not None else (lambda: None)))
+        return _BLAS[0]
+
+
+@contextlib.contextmanager
 def _one_blas_thread():
-    """Small dense solves run far faster on one BLAS thread next to busy numba threads."""
-    if not _BLAS:
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:  # pragma: no cover - optional
-            _BLAS.append(None)
-        else:
-            _BLAS.append(ThreadpoolController())
-    if _BLAS[0] is None:  # pragma: no cover - optional
-        import contextlib
-
-        return contextlib.nullcontext()
-    return _BLAS[0].limit(limits=1, user_api="blas")
+    """Small dense solves run far faster on one BLAS thread next to busy numba threads; and
+    a solve's bits depend on how many threads LAPACK splits it between, so every solve runs
+    on one.  BLAS's thread count is one setting of the whole process: the solves of fits
+    running at once in several threads share one limit, set when the first begins and lifted
+    when the last ends, by whichever thread that is (a limit per solve would let one fit's
+    solve run on every BLAS thread while another's ended: other bits than the fit alone)."""
+    ctl, release = _blas_controller()
+    if ctl is None:  # pragma: no cover - optional
+        yield
+        return
+    with _BLAS_LOCK:
+        if _BLAS_HELD["solves"] == 0:
+            release()
+            _BLAS_HELD["limiter"] = ctl.limit(limits=1, user_api="blas")
+            release()
+        _BLAS_HELD["solves"] += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            _BLAS_HELD["solves"] -= 1
+            if _BLAS_HELD["solves"] == 0:
+                release()
+                _BLAS_HELD["limiter"].restore_original_limits()
+                release()
+                _BLAS_HELD["limiter"] = None
 
 
 def _solve(H: np.ndarray, g: np.ndarray) -> np.ndarray:
