@@ -15,11 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import threadpoolctl
 
 from fsll_ooc import FSLL, FSLLAverage, datasets
 from fsll_ooc.learn import corrective
-
-threadpoolctl = pytest.importorskip("threadpoolctl")
 
 CARDS = (3, 4, 5, 3, 4, 5, 3, 4, 5, 3)  # large enough for multi-threaded LAPACK in the corrective solves
 

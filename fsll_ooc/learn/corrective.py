@@ -210,15 +210,12 @@ def _blas_controller():
     it again: the limit of a solve in another thread would silently do nothing)."""
     with _BLAS_LOCK:
         if not _BLAS:
-            try:
-                import threadpoolctl
-            except ImportError:  # pragma: no cover - optional
-                _BLAS.append((None, None))
-            else:
-                openblas = getattr(threadpoolctl, "OpenBLASController", None)
-                clear = getattr(openblas, "clear_controlling_thread", None)
-                _BLAS.append((threadpoolctl.ThreadpoolController(),
-                              (lambda: clear(force=True)) if clear is not None else (lambda: None)))
+            import threadpoolctl
+
+            openblas = getattr(threadpoolctl, "OpenBLASController", None)
+            clear = getattr(openblas, "clear_controlling_thread", None)
+            _BLAS.append((threadpoolctl.ThreadpoolController(),
+                          (lambda: clear(force=True)) if clear is not None else (lambda: None)))
         return _BLAS[0]
 
 
@@ -231,9 +228,6 @@ def _one_blas_thread():
     when the last ends, by whichever thread that is (a limit per solve would let one fit's
     solve run on every BLAS thread while another's ended: other bits than the fit alone)."""
     ctl, release = _blas_controller()
-    if ctl is None:  # pragma: no cover - optional
-        yield
-        return
     with _BLAS_LOCK:
         if _BLAS_HELD["solves"] == 0:
             release()
