@@ -290,7 +290,12 @@ def test_ctrl_c_and_sigterm_stop_cleanly_with_the_resume_command(tmp_path, sig):
     while p.poll() is None and not (state.exists() and "running" in state.read_text(errors="replace")):
         time.sleep(0.05)
     p.send_signal(sig)
-    _, err = p.communicate()
+    try:  # a guard against a hang, not a time limit on the work: the stop takes a second or two
+        _, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+        pytest.fail(f"the fit did not stop within 300 s of the signal: {err}")
     assert p.returncode == 128 + sig, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err and "Task was destroyed" not in err, err
