@@ -2,7 +2,10 @@
 ``pool`` executor (band tasks on the kernels' threads) and the thread count."""
 from __future__ import annotations
 
+import concurrent.futures.thread
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -172,6 +175,59 @@ def test_parallel_for_runs_every_piece_and_raises_the_first_error():
 
     threadpool.parallel_for(2, 6, nested)
     assert out[:6] == [6] * 6
+
+
+def _interrupted_at(k, count=6):
+    """parallel_for(2, count) with KeyboardInterrupt raised in the caller at its k-th traced
+    bytecode (as Ctrl-C lands between any two), in parallel_for or the threading code it calls;
+    returns whether it was raised, and the pieces begun and ended when the call left."""
+    begun, ended = [], []
+
+    def work(i):
+        begun.append(i)
+        time.sleep(0.001)  # the helper is inside a piece while the caller runs
+        ended.append(i)
+
+    seen = [0]
+    watched = (threadpool.__file__, threading.__file__, concurrent.futures.thread.__file__)
+
+    def trace(frame, event, arg):
+        if frame.f_code.co_filename not in watched:
+            return None
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            seen[0] += 1
+            if seen[0] == k:
+                raise KeyboardInterrupt
+        return trace
+
+    sys.settrace(trace)
+    try:
+        threadpool.parallel_for(2, count, work)
+        raised = False
+    except KeyboardInterrupt:
+        raised = True
+    finally:
+        sys.settrace(None)
+    return raised, begun, list(begun), list(ended)
+
+
+def test_parallel_for_interrupted_anywhere_leaves_no_piece_running_and_its_helpers_free():
+    # Ctrl-C in the main thread used to leave a helper blocked on a lock the caller had taken
+    # (or still running the rest of the pass): the interpreter's exit then waited for it for ever
+    k, interrupted = 0, 0
+    while True:
+        k += 1
+        raised, live, begun, ended = _interrupted_at(k)
+        assert sorted(begun) == sorted(ended)  # every piece that began has ended
+        # the helper takes new work (a generous guard against a hang, not a timing) ...
+        assert threadpool.helpers(2).submit(int).result(timeout=120) == 0
+        assert live == begun  # ... and began no piece after the call had left
+        if not raised:  # k is past the last bytecode: the call ran to its end
+            assert sorted(begun) == list(range(6))
+            break
+        interrupted += 1
+    assert interrupted > 50  # the interrupt was tried at many places
 
 
 # ----------------------------------------------------------------------------- the pool executor

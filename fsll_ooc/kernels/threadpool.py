@@ -139,31 +139,62 @@ def parallel_for(n: int, count: int, work) -> None:
         for i in range(count):
             work(i)
         return
+    # The caller never holds a lock that a helper needs: Ctrl-C (KeyboardInterrupt) reaches
+    # the main thread between any two bytecodes, also just after a lock was taken and before
+    # the ``with`` that would release it began, and a helper then blocked on that lock would
+    # keep the interpreter's exit (which joins the helpers) waiting for ever.  So only the
+    # helpers take ``mu``; the caller sets ``stop`` and reads ``active`` (each helper counts
+    # itself in before it checks ``stop``, the caller sets ``stop`` before it reads ``active``:
+    # under the GIL one of them sees the other), and waits on ``wake``, which the helpers
+    # release and the caller only acquires.
     nxt = itertools.count()  # next() is atomic under the GIL
     failed: list = []
-    done = [0]
-    cond = threading.Condition()
+    stop = [False]
+    active = [0]
+    mu = threading.Lock()
+    wake = threading.Lock()
+    wake.acquire()
 
-    def loop():
+    def helper():
         while True:
-            i = next(nxt)
-            if i >= count:
-                return
-            if not failed:
+            with mu:
+                active[0] += 1
+            try:
+                if stop[0] or failed:
+                    return
+                i = next(nxt)
+                if i >= count:
+                    return
                 try:
                     work(i)
                 except BaseException as exc:  # noqa: BLE001 - raised by the caller below
                     failed.append(exc)
-            with cond:
-                done[0] += 1
-                if done[0] == count:
-                    cond.notify_all()
+            finally:
+                with mu:
+                    active[0] -= 1
+                    if active[0] == 0 and wake.locked():
+                        wake.release()
 
     ex = helpers(n)
-    for _ in range(min(n, count) - 1):
-        ex.submit(loop)
-    loop()
-    with cond:
-        cond.wait_for(lambda: done[0] == count)
+    pending: list = []
+    try:
+        for _ in range(min(n, count) - 1):
+            ex.submit(helper)
+        while not failed:
+            i = next(nxt)
+            if i >= count:
+                break
+            work(i)
+    except BaseException as exc:  # noqa: BLE001 - raised below, once no helper is in a piece
+        pending.append(exc)
+    # no piece begins from now on, and every piece that began ends before this returns
+    stop[0] = True
+    while active[0]:
+        try:
+            wake.acquire(timeout=0.05)
+        except BaseException as exc:  # noqa: BLE001 - a second Ctrl-C: still wait for the pieces
+            pending.append(exc)
+    if pending:
+        raise pending[0]
     if failed:
         raise failed[0]
