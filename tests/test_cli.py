@@ -530,3 +530,21 @@ def test_a_negative_size_is_read_as_the_options_value(capsys, argv):
     """``--memory -5GiB`` is the option's value (argparse alone reads it as another option
     and says "expected one argument"); the size's own check refuses it in one line."""
     assert_usage_error(*run(capsys, *argv), "cannot read", repr(argv[-1]))
+
+
+def test_plan_budgets_the_threads_a_fit_runs_out_of_core(capsys):
+    """``plan`` without ``--workers`` budgets as many tasks as a fit out of core runs at once:
+    this machine's threads, at least 2 (the fit's own plan, ``fitting.workers``)."""
+    import json
+
+    from fsll_ooc.kernels import threadpool
+
+    try:
+        threadpool.set_num_threads(5)
+        rc, out, err = run(capsys, "plan", "--cards", "2x24", "--memory", "1GiB", "--json")
+    finally:
+        threadpool.set_num_threads(None)
+    assert rc == 0, err
+    assert json.loads(out)["workers"] == 5
+    rc, out, err = run(capsys, "plan", "--cards", "2x24", "--memory", "1GiB", "--json", "--workers", "3")
+    assert rc == 0 and json.loads(out)["workers"] == 3

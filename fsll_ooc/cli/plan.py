@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 
+from ..kernels import threadpool
 from ..machine import free_disk, total_memory
 from . import common
 
@@ -30,8 +31,9 @@ def register(sub) -> None:
     p.add_argument("--store", metavar="DIR", help="where the store would go (its free space is the disk budget)")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                    help="table dtype (default: %(default)s; fits use float64)")
-    p.add_argument("--workers", type=common.positive_int, default=2, metavar="N",
-                   help="tasks running at once: threads or dask workers (default: %(default)s)")
+    p.add_argument("--workers", type=common.positive_int, default=None, metavar="N",
+                   help="tasks running at once: threads or dask workers (default: this machine's "
+                        "threads, at least 2, as a fit out of core runs them)")
     p.add_argument("--out-of-core", action="store_true",
                    help="plan an out-of-core fit even if the tables fit in memory")
     p.add_argument("--disk-speed", metavar="SIZE",
@@ -92,6 +94,8 @@ def run(args) -> int:
         memory = parse_bytes(args.memory) if args.memory is not None else total_memory()
         disk = parse_bytes(args.disk) if args.disk is not None else (
             common.store_free_disk(args.store) if args.store is not None else None)
+        if args.workers is None:  # as fitting.workers: the pool's threads out of core
+            args.workers = max(2, threadpool.num_threads())
         # a fit with --store keeps its tables there: out of core, whatever the memory
         out_of_core = True if args.out_of_core or args.store is not None else None
         p = plan(cards, dtype=args.dtype, memory_limit=memory, disk_free=disk, workers=args.workers,
