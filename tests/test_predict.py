@@ -2,13 +2,13 @@
 brute force on the model's dense table (missing cells summed out by hand)."""
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from fsll_ooc import FSLL, datasets
+from fsll_ooc import FSLL
+from conftest import bayesnet_rows
 
 CARDS = (2, 3, 4, 5)
 NAMES = ["sex", "colour", "size", "grade"]
@@ -17,8 +17,7 @@ LABELS = [["f", "m"], ["blue", "green", "red"], ["l", "m", "s", "xl"], ["A", "B"
 
 @pytest.fixture(scope="module")
 def codes():
-    p, _ = datasets.random_bayesnet(CARDS, 2, seed=3)
-    return datasets.sample_table(p, 2000, seed=1)
+    return bayesnet_rows(CARDS, 2000)
 
 
 @pytest.fixture(scope="module")

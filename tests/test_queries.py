@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from fsll_ooc import FSLL, datasets, queries
+from conftest import bayesnet_rows
 
 CARDS = (2, 3, 4, 5)
 NAMES = ["sex", "colour", "size", "grade"]
@@ -22,8 +23,7 @@ LABELS = [["f", "m"], ["red", "green", "blue"], [0, 1, 2, 3], ["A", "B", "C", "D
 
 @pytest.fixture(scope="module")
 def codes():
-    p, _ = datasets.random_bayesnet(CARDS, 2, seed=3)
-    return datasets.sample_table(p, 2000, seed=1)
+    return bayesnet_rows(CARDS, 2000)
 
 
 @pytest.fixture(scope="module")
