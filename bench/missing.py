@@ -23,6 +23,13 @@ Parts (``--parts``):
   on the complete rows (``FSLL()``), the fit on the rows with each missing cell set to its
   column's mode, and pgmpy's hill climbing (BIC, BDeu(1) parameters) on the complete
   rows; seconds of EM, of the complete-row fit and of a default fit of the full table.
+* ``seeds``: the survey-like MCAR case (both ``mechanisms`` networks, 6 % of the cells
+  removed completely at random) on more seeds (``--mcar-seeds``, default 0-19): per seed
+  ``KL(p* || p)`` of EM and of the complete-row fit, whether their terms are the same, and
+  what a guard would have chosen that also offers the complete-row model to EM's held-out
+  choice: the complete training rows' default fit (the same four fifths of the rows as EM's
+  held-out choice), scored by the same held-out rows' observed-data log-likelihood, the
+  higher score winning.
 * ``time``: seconds of EM (6 % MCAR) against a default fit of the same table with no cell
   missing, interleaved, three times, on the two ``mechanisms`` networks (seed 0).
 * ``hidden``: ``FSLL(hidden=["auto"])`` on data from a latent-class model with 2, 3, 4, 5
@@ -222,6 +229,43 @@ def mechanisms(quick: bool) -> list[dict]:
     return rows
 
 
+def mcar_seeds(seeds) -> list[dict]:
+    """EM against the complete-row fit at 6 % MCAR on many seeds, and the held-out guard (module doc)."""
+    from fsll_ooc.missing import distinct_rows, split_counts
+
+    cases = [("BN 2-4", lambda seed: datasets.random_bayesnet(MECH_CARDS, 2, seed=np.random.SeedSequence([seed, 21]))[0])]
+    ps = survey_network()
+    if ps is not None:
+        cases.insert(0, ("survey", lambda seed: ps))
+    rows = []
+    for name, net in cases:
+        for seed in seeds:
+            p_true = net(seed)
+            cards = p_true.shape
+            X = datasets.sample_table(p_true, MECH_N, seed=np.random.SeedSequence([seed, 22]))
+            Xm = remove_cells(X, 0.06, "MCAR", seed=1000 * seed + 6)  # as ``mechanisms`` removes them
+            keep = (Xm >= 0).all(axis=1)
+            em, t_em = fit_timed(FSLL(progress=False, missing="em", cardinalities=cards), Xm)
+            cc, t_cc = fit_timed(FSLL(progress=False, cardinalities=cards), Xm[keep])
+            # the guard: EM's held-out rows score the complete-row model of EM's training rows
+            d, counts = distinct_rows(Xm)
+            tc, hc = split_counts(counts)
+            Xt, Xh = np.repeat(d, tc, axis=0), np.repeat(d, hc, axis=0)
+            cct = FSLL(progress=False, cardinalities=cards).fit(Xt[(Xt >= 0).all(axis=1)])
+            s_cc = float(np.mean(cct.log_prob(Xh)))
+            s_em = max(em.penalty_scale_scores_.values())
+            k_em, k_cc = kl(p_true, em.probabilities()), kl(p_true, cc.probabilities())
+            row = {"data": name, "seed": seed, "N": MECH_N, "cells_missing": float((Xm < 0).mean()),
+                   "rows_incomplete": float(1 - keep.mean()), "kl_em": k_em, "kl_cc": k_cc,
+                   "same_terms": set(em.theta_) == set(cc.theta_), "terms_em": em.n_bases_, "terms_cc": cc.n_bases_,
+                   "em_scale": em.penalty_scale_, "cc_scale": cc.penalty_scale_, "heldout_em": s_em,
+                   "heldout_cc": s_cc, "guard_kl": k_cc if s_cc > s_em else k_em, "em_s": t_em, "cc_s": t_cc,
+                   "load": os.getloadavg()[0]}
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
 def em_time(reps: int = 3) -> list[dict]:
     """Seconds of EM against a default fit of the same table with no cell missing, interleaved
     (complete fit, EM, complete fit, EM, ...): the survey-like cases at 6 % MCAR, seed 0."""
@@ -388,6 +432,28 @@ def report(res: dict) -> str:
                      f"{' '.join(str(r['em_rounds']) for r in rs)} | {mean(rs, 'em_s'):.2f} | {mean(rs, 'cc_s'):.2f} | "
                      f"{mean(rs, 'full_s'):.2f} |")
         L.append("")
+    if "seeds" in res:
+        L += ["| data | seed | rows incomplete | KL EM | KL complete rows | EM / complete rows | same terms (EM / "
+              "complete) | scale EM / complete | held-out EM | held-out complete-row model | guard picks | KL guard |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in res["seeds"]:
+            L.append(f"| {r['data']} | {r['seed']} | {100 * r['rows_incomplete']:.0f} % | {r['kl_em']:.6f} | "
+                     f"{r['kl_cc']:.6f} | {r['kl_em'] / r['kl_cc']:.2f} | "
+                     f"{'yes' if r['same_terms'] else 'no'} ({r['terms_em']} / {r['terms_cc']}) | "
+                     f"{r['em_scale']:g} / {r['cc_scale']:g} | {r['heldout_em']:.5f} | {r['heldout_cc']:.5f} | "
+                     f"{'complete rows' if r['heldout_cc'] > r['heldout_em'] else 'EM'} | {r['guard_kl']:.6f} |")
+        by: dict = {}
+        for r in res["seeds"]:
+            by.setdefault(r["data"], []).append(r)
+        L.append("")
+        for d, rs in by.items():
+            ratio = [r["kl_em"] / r["kl_cc"] for r in rs]
+            L.append(f"* {d}: EM at least as close on {sum(x <= 1 for x in ratio)} of {len(rs)} seeds; mean KL EM "
+                     f"{np.mean([r['kl_em'] for r in rs]):.6f}, complete rows {np.mean([r['kl_cc'] for r in rs]):.6f}, "
+                     f"guard {np.mean([r['guard_kl'] for r in rs]):.6f} (guard at least as close as the complete rows on "
+                     f"{sum(r['guard_kl'] <= r['kl_cc'] for r in rs)} of {len(rs)}); ratio EM / complete rows "
+                     f"median {np.median(ratio):.2f}, range {min(ratio):.2f}-{max(ratio):.2f}.")
+        L.append("")
     if "time" in res:
         L += ["| data | rep | s default fit, no cell missing | s EM, 6 % MCAR | EM rounds | EM / fit | EM / (fit x rounds) "
               "| load |", "|---|---|---|---|---|---|---|---|"]
@@ -447,8 +513,10 @@ def report(res: dict) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", nargs="+", default=["synth", "mechanisms", "hidden", "latent", "adult"],
-                    choices=["synth", "mechanisms", "time", "hidden", "latent", "adult", "ooc"])
+                    choices=["synth", "mechanisms", "seeds", "time", "hidden", "latent", "adult", "ooc"])
     ap.add_argument("--ooc-layout", default="4,8", help="chunk layout 'a,c' of the out-of-core fits of --parts ooc")
+    ap.add_argument("--mcar-seeds", type=int, nargs="+", default=list(range(20)),
+                    help="seeds of --parts seeds (default 0-19)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument("--adult", default=os.path.join(ROOT, "..", "shared", "data", "adult", "adult.csv"))
@@ -465,6 +533,8 @@ def main(argv=None):
         res["synth"] = synth(a.quick)
     if "mechanisms" in a.parts:
         res["mechanisms"] = mechanisms(a.quick)
+    if "seeds" in a.parts:
+        res["seeds"] = mcar_seeds(a.mcar_seeds[:1] if a.quick else a.mcar_seeds)
     if "time" in a.parts:
         res["time"] = em_time(1 if a.quick else 3)
     if "hidden" in a.parts:
