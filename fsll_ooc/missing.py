@@ -60,7 +60,7 @@ __all__ = ["MISSING", "Group", "EMResult", "MStep", "StoreKeeper", "group_rows",
            "soft_counts", "e_step", "objective", "uniform_mean_log_p", "initial_model", "initial_values",
            "initial_table", "restart_seeds", "run_em", "fit_em", "split_missing", "log_prob", "impute",
            "posterior", "CHUNK_CELLS", "EMChoice", "choose", "latent_states", "split_counts", "row_logliks",
-           "start_of", "stored_choice", "EM_CHOICE", "HIDDEN_MAX", "HIDDEN_PATIENCE"]
+           "start_of", "complete_start", "stored_choice", "EM_CHOICE", "HIDDEN_MAX", "HIDDEN_PATIENCE"]
 
 #: The code of a missing cell.
 MISSING = -1
@@ -620,28 +620,35 @@ def restart_seeds(random_state, n_restarts: int) -> list[int]:
 def fit_em(make_learner: Callable[..., MStep], rows: np.ndarray, counts: np.ndarray, cards: Sequence[int], *,
            n_hidden: int = 0, seeds: Sequence[int], tol: float, max_rounds: int = 100,
            progress: Callable[[dict], None] | None = None, keeper=None, resume: dict | None = None,
-           start: dict | None = None) -> EMResult:
+           starts: Sequence[dict] | None = None) -> EMResult:
     """:func:`run_em` from the first-round seeds ``seeds`` (:func:`restart_seeds`); returns the
-    run with the lowest final objective (its ``state`` holds the model).
+    run with the lowest final objective (its ``state`` holds the model; the first run wins
+    ties).  Each round of the history records its run (``restart``).
 
     ``make_learner(state=None)``: an :class:`MStep` over a new fit state (or, resuming, the
     stored ``state``).  ``keeper``/``resume``: see :func:`run_em`; the keeper is also told
-    the best run after each restart (``restart_done``).  ``start``: every run starts from
-    that model (:meth:`MStep.start_from`; :func:`choose` passes one seed then).
+    the best run after each restart (``restart_done``).  ``starts``: run ``r`` starts from
+    the model ``starts[r]`` (:meth:`MStep.start_from`; one per seed, whose seed is then
+    unused: :func:`choose`'s models).
     """
+    if starts is not None and len(starts) != len(seeds):
+        raise ValueError(f"{len(starts)} starts for {len(seeds)} runs")
     best = resume.get("best") if resume else None
     first = resume["restart"] if resume else 0
     for r in range(first, len(seeds)):
         run = resume if resume is not None and r == first and resume.get("phase") != "start" else None
         learner = make_learner(state=run["state"], fresh=run["fresh"]) if run else make_learner()
-        if start is not None and run is None:
+        start = None if starts is None or run is not None else starts[r]
+        if start is not None:
             learner.start_from(start)
         if keeper is not None:
             keeper.restart = r
         res = run_em(learner, rows, counts, cards, n_hidden=n_hidden, tol=tol, max_rounds=max_rounds,
-                     seed=seeds[r], keeper=keeper, resume=run, warm=start is not None and run is None,
+                     seed=seeds[r], keeper=keeper, resume=run, warm=start is not None,
                      progress=None if progress is None else (lambda e, r=r: progress({**e, "restart": r})))
         res.restart = r
+        for entry in res.history:
+            entry["restart"] = r
         if best is None or res.objective < best.objective:
             best = res
         if keeper is not None:
@@ -674,6 +681,16 @@ class EMChoice:
     start: dict | None = None
     #: why nothing was compared (``""`` when it was)
     reason: str = ""
+    #: the complete rows' own default fit, where a second run of the fit on every row starts
+    #: (:func:`complete_start`; None without one)
+    complete_start: dict | None = None
+
+    @property
+    def starts(self) -> list | None:
+        """The models the runs of the fit on every row start from (None: from the first round's model)."""
+        if self.start is None:
+            return None
+        return [self.start] + ([self.complete_start] if self.complete_start is not None else [])
 
 
 def start_of(state) -> dict:
@@ -792,7 +809,45 @@ def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], 
     for s in scales[1:]:
         if scores[s] > scores[best]:
             best = s
-    return EMChoice(best, hidden, scores, hidden_scores, starts[best])
+    return EMChoice(best, hidden, scores, hidden_scores, starts[best],
+                    complete_start=None if hidden else complete_start(est, rows, counts, cards))
+
+
+def complete_start(est, rows: np.ndarray, counts: np.ndarray, cards: Sequence[int]) -> dict | None:
+    """The complete rows' own default fit as a start for the EM fit on every row
+    (:func:`start_of`), or None: with fewer than :data:`fsll_ooc.learn.select.MIN_ROWS`
+    complete rows, with none incomplete, or in core when two sets of tables (the
+    runs from both starts) do not fit in memory.
+
+    EM from the held-out choice's model can stop on a fixed point of its objective that a
+    run from another model beats: the E-step completes the rows under a model that lacks
+    some interaction, so the M-step sees less evidence for it than the observed cells hold.
+    The fit on the complete rows alone (an ordinary default fit, its own penalty scale, in
+    memory: the learning parameters of ``est``) is such another model; the run from it,
+    under the scale chosen for EM, competes with the run from the held-out choice's model
+    by the same objective as restarts do (:func:`fit_em`)."""
+    from .learn.select import MIN_ROWS
+    from .machine import total_memory
+    from .planner import PlanError, parse_bytes, plan as make_plan
+
+    keep = (rows >= 0).all(axis=1)
+    n = int(counts[keep].sum())
+    if n < MIN_ROWS or n == int(counts.sum()):
+        return None
+    if est.store is None:  # in core the best run keeps its tables while the next builds its own
+        limit = est.memory_limit if est.memory_limit is not None else total_memory()
+        try:
+            p = make_plan(tuple(cards), memory_limit=parse_bytes(limit) // 2, disk_free=None, workers=1,
+                          out_of_core=None)
+        except PlanError:
+            return None
+        if not (p.feasible and p.layout.a == 0):
+            return None
+    own = {k: getattr(est, k) for k in ("epsilon", "max_iter", "resync_every", "refine", "penalty", "penalty_scale",
+                                        "learn_options", "memory_limit")}
+    sub = type(est)(cardinalities=tuple(cards), progress=False, **own)
+    sub.fit(np.repeat(rows[keep], counts[keep], axis=0))
+    return start_of(sub._state)
 
 
 def latent_states(rows_t, counts_t, rows_h, counts_h, obs_cards: Sequence[int], hidden: Sequence,
@@ -1119,8 +1174,8 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
     del codes_
     seeds = restart_seeds(est.random_state, est.n_restarts if est.n_restarts is not None else (3 if hidden else 1))
     choice = choose(est, rows, counts, obs_cards, hidden, seeds)
-    if choice.start is not None:  # the restarts ran on the training rows: one run from the chosen model
-        seeds = seeds[:1]
+    if choice.start is not None:  # the restarts ran on the training rows: one run from each chosen model
+        seeds = seeds[:1] * len(choice.starts)
     hidden = choice.hidden
     cards = obs_cards + tuple(hidden)
     if hidden:
@@ -1147,7 +1202,7 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
         return MStep(fitting.make_engine(est, plan, specs, N, penalty_scale=choice.scale),
                      state or _new_state(est, cards, N, choice.scale), run, fresh, state is None)
 
-    res = _run_restarts(est, make, rows, counts, tuple(cards), len(hidden), seeds, start=choice.start)
+    res = _run_restarts(est, make, rows, counts, tuple(cards), len(hidden), seeds, starts=choice.starts)
     _set_fitted(est, res, plan, res.learner.engine, names, categories, len(hidden), choice)
     return True
 
@@ -1159,7 +1214,7 @@ def _new_state(est, cards, N: int, scale: float):
 
 
 def _run_restarts(est, make, rows, counts, cards, n_hidden: int, seeds, keeper=None, resume=None,
-                  start=None) -> EMResult:
+                  starts=None) -> EMResult:
     """:func:`fit_em` with ``est``'s EM parameters and its progress bar (rounds, objective,
     and each round's table passes: E-step and M-step)."""
     from .learn import resolve_epsilon
@@ -1182,7 +1237,7 @@ def _run_restarts(est, make, rows, counts, cards, n_hidden: int, seeds, keeper=N
     tol = est.em_tol if est.em_tol is not None else resolve_epsilon(est.epsilon, N)
     try:
         return fit_em(make, rows, counts, cards, n_hidden=n_hidden, seeds=seeds, tol=tol,
-                      max_rounds=est.em_max_rounds, progress=shown, keeper=keeper, resume=resume, start=start)
+                      max_rounds=est.em_max_rounds, progress=shown, keeper=keeper, resume=resume, starts=starts)
     finally:
         if bar is not None:
             bar.close()
@@ -1228,7 +1283,7 @@ def _fit_in_store(est, backend, rows, counts, cards, n_hidden: int, seeds, names
         fs.begin(plan, fitting.stored_params(est), (names, json_or_none(jsonable_categories(categories))), empty, empty,
                  state, files={"rows": np.concatenate([rows, counts[:, None]], axis=1)},
                  extra={"em": {"seeds": [int(x) for x in seeds], "restart": 0, "phase": "start", "best": None},
-                        EM_CHOICE: {"start": choice.start, "scores": [[float(k), float(v)] for k, v in choice.scores.items()],
+                        EM_CHOICE: {"start": choice.start, "complete_start": choice.complete_start, "scores": [[float(k), float(v)] for k, v in choice.scores.items()],
                                     "hidden_scores": [[int(k), float(v)] for k, v in choice.hidden_scores.items()]},
                         **(fitting.store_extra(est, None) or {})})
         _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, categories, state, fresh=True)
@@ -1262,7 +1317,7 @@ def _learn_in_store(est, fs, plan, rows, counts, cards, n_hidden, seeds, names, 
 
     with fs.damage_hint():
         res = _run_restarts(est, make, rows, counts, cards, n_hidden, seeds, keeper=keeper, resume=resume,
-                            start=choice.start)
+                            starts=choice.starts)
     reader = Engine.create(plan, fs.open_tables(cards, chunks, reader_owner=est), N, est.scheduler)
     _set_fitted(est, res, plan, reader, names, categories, n_hidden, choice)
     fs.set_extra("em", {"seeds": [int(x) for x in seeds], "result": {k: v for k, v in res.to_json().items()
@@ -1275,7 +1330,8 @@ def stored_choice(fs, scale: float) -> EMChoice:
     an older store has none: no start, no scores)."""
     kept = fs.extra(EM_CHOICE) or {}
     return EMChoice(scale, [], {float(k): float(v) for k, v in kept.get("scores") or ()},
-                    {int(k): float(v) for k, v in kept.get("hidden_scores") or ()}, kept.get("start"))
+                    {int(k): float(v) for k, v in kept.get("hidden_scores") or ()}, kept.get("start"),
+                    complete_start=kept.get("complete_start"))
 
 
 def resume_in_store(est, fs, stored, restart: bool) -> None:

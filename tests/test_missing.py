@@ -293,6 +293,58 @@ def test_em_chooses_its_scale_on_held_out_rows(data, em_default):
     assert math.isclose(m.em_objective_, _brute_objective(m, Xm, scale=m.penalty_scale_), rel_tol=1e-10)
 
 
+@pytest.fixture(scope="module")
+def few_holes():
+    """Rows with 8 % of the cells missing: most rows complete (the complete rows' fit is a start)."""
+    p, _ = datasets.random_bayesnet(CARDS, 2, seed=5)
+    return _holes(datasets.sample_table(p, 600, seed=2), 0.08, seed=2)
+
+
+def test_em_keeps_the_better_of_its_runs_from_the_held_out_model_and_the_complete_rows_fit(few_holes, monkeypatch):
+    """The fit on every row runs EM twice: from the held-out choice's model and from the complete
+    rows' own default fit (``complete_start``), under the chosen scale; it keeps the run with
+    the lower objective, each run's objective that of the same run alone (brute force)."""
+    Xm = few_holes
+    m = FSLL(progress=False, missing="em").fit(Xm)
+    rows, counts = M.distinct_rows(Xm)
+    keep = (rows >= 0).all(axis=1)
+    cc = FSLL(progress=False, cardinalities=CARDS).fit(np.repeat(rows[keep], counts[keep], axis=0))
+    start = M.complete_start(FSLL(progress=False, missing="em"), rows, counts, CARDS)
+    assert start["theta"] == M.start_of(cc._state)["theta"] and start["log_z"] == cc.log_z_
+    # each run alone: the held-out choice's model only, then the complete rows' fit only
+    choose = M.choose
+    monkeypatch.setattr(M, "complete_start", lambda *a: None)
+    held = FSLL(progress=False, missing="em").fit(Xm)
+
+    def only_complete(*a):
+        c = choose(*a)
+        c.start, c.complete_start = start, None
+        return c
+
+    monkeypatch.setattr(M, "choose", only_complete)
+    other = FSLL(progress=False, missing="em").fit(Xm)
+    assert held.penalty_scale_ == other.penalty_scale_ == m.penalty_scale_
+    # on these rows the run from the complete rows' fit ends lower: it is the one kept
+    assert other.em_objective_ < held.em_objective_
+    assert m.em_objective_ == pytest.approx(other.em_objective_, rel=1e-12) and m.theta_.keys() == other.theta_.keys()
+    assert {h["restart"] for h in m.em_history_} == {1} and {h["restart"] for h in held.em_history_} == {0}
+    for fit in (m, held, other):
+        objs = [h["objective"] for h in fit.em_history_]
+        assert all(b <= a + 1e-12 * abs(a) for a, b in zip(objs, objs[1:]))
+        assert math.isclose(fit.em_objective_, _brute_objective(fit, Xm, scale=fit.penalty_scale_), rel_tol=1e-10)
+
+
+def test_no_complete_rows_start_without_enough_complete_rows(data, few_holes):
+    """Fewer than 100 complete rows (or none incomplete): one run, from the held-out choice's model."""
+    _, Xm = data
+    rows, counts = M.distinct_rows(Xm)
+    assert int(counts[(rows >= 0).all(axis=1)].sum()) < 100
+    assert M.complete_start(FSLL(progress=False, missing="em"), rows, counts, CARDS) is None
+    full = np.where(few_holes < 0, 0, few_holes)
+    rows, counts = M.distinct_rows(full)
+    assert M.complete_start(FSLL(progress=False, missing="em"), rows, counts, CARDS) is None
+
+
 @pytest.mark.parametrize("penalty", [None, "paper"])
 def test_em_with_hidden_objective_never_increases(penalty):
     rng = np.random.default_rng(1)

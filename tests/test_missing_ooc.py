@@ -226,6 +226,27 @@ def test_resume_between_restarts_with_a_hidden_variable(Xh, ref_hidden, tmp_path
     assert_same(FSLL.resume(store, progress=False, restart=True), ref_hidden)
 
 
+def test_out_of_core_em_from_both_starts_is_the_in_core_em_and_resumes(tmp_path, monkeypatch):
+    """Most rows complete: the fit on every row runs from the held-out choice's model and from the
+    complete rows' fit (kept in the store); out of core the same two runs, the same model kept
+    (the second run's), also when stopped inside the second run or between the two."""
+    p, _ = datasets.random_bayesnet(CARDS, 2, seed=5)
+    X = _holes(datasets.sample_table(p, 600, seed=2), 0.08, seed=2)
+    ref = FSLL(progress=False, missing="em").fit(X)
+    assert {h["restart"] for h in ref.em_history_} == {1}
+    store = tmp_path / "s"
+    fit = lambda: _ooc(X, store, "memmap")  # noqa: E731
+    writes, whole = _state_writes(monkeypatch, fit)
+    assert_same(whole, ref)
+    fs = FitStore(store)
+    fs.read()
+    assert fs.extra("em_choice")["complete_start"]["theta"]
+    for pred in (lambda s, ph, r, rd, it, b: ph == "start" and r == 1,  # the first run kept as best
+                 lambda s, ph, r, rd, it, b: ph == "m-step" and r == 1 and it > b):  # inside the second run
+        m = _stop_and_resume(monkeypatch, fit, store, 1 + next(i for i, w in enumerate(writes) if pred(*w)))
+        assert_same(m, ref)
+
+
 def test_cli_fit_with_missing_cells_out_of_core(tmp_path):
     import pandas as pd
 
