@@ -25,7 +25,8 @@ Parts (``--parts``):
   rows; seconds of EM, of the complete-row fit and of a default fit of the full table.
 * ``seeds``: the survey-like MCAR case (both ``mechanisms`` networks, 6 % of the cells
   removed completely at random) on more seeds (``--mcar-seeds``, default 0-19): per seed
-  ``KL(p* || p)`` of EM and of the complete-row fit, whether their terms are the same, and
+  ``KL(p* || p)`` of EM and of the complete-row fit, whether their terms are the same, which
+  of EM's two runs was kept (from the held-out choice's model or the complete rows' fit), and
   what a guard would have chosen that also offers the complete-row model to EM's held-out
   choice: the complete training rows' default fit (the same four fifths of the rows as EM's
   held-out choice), scored by the same held-out rows' observed-data log-likelihood, the
@@ -260,6 +261,7 @@ def mcar_seeds(seeds) -> list[dict]:
                    "same_terms": set(em.theta_) == set(cc.theta_), "terms_em": em.n_bases_, "terms_cc": cc.n_bases_,
                    "em_scale": em.penalty_scale_, "cc_scale": cc.penalty_scale_, "heldout_em": s_em,
                    "heldout_cc": s_cc, "guard_kl": k_cc if s_cc > s_em else k_em, "em_s": t_em, "cc_s": t_cc,
+                   "em_run": em.em_history_[-1].get("restart", 0),
                    "load": os.getloadavg()[0]}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
@@ -434,13 +436,14 @@ def report(res: dict) -> str:
         L.append("")
     if "seeds" in res:
         L += ["| data | seed | rows incomplete | KL EM | KL complete rows | EM / complete rows | same terms (EM / "
-              "complete) | scale EM / complete | held-out EM | held-out complete-row model | guard picks | KL guard |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "complete) | scale EM / complete | EM run kept | held-out EM | held-out complete-row model | guard picks "
+              "| KL guard |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in res["seeds"]:
             L.append(f"| {r['data']} | {r['seed']} | {100 * r['rows_incomplete']:.0f} % | {r['kl_em']:.6f} | "
                      f"{r['kl_cc']:.6f} | {r['kl_em'] / r['kl_cc']:.2f} | "
                      f"{'yes' if r['same_terms'] else 'no'} ({r['terms_em']} / {r['terms_cc']}) | "
-                     f"{r['em_scale']:g} / {r['cc_scale']:g} | {r['heldout_em']:.5f} | {r['heldout_cc']:.5f} | "
+                     f"{r['em_scale']:g} / {r['cc_scale']:g} | "
+                     f"{('held-out model', 'complete rows')[r.get('em_run', 0)]} | {r['heldout_em']:.5f} | {r['heldout_cc']:.5f} | "
                      f"{'complete rows' if r['heldout_cc'] > r['heldout_em'] else 'EM'} | {r['guard_kl']:.6f} |")
         by: dict = {}
         for r in res["seeds"]:
