@@ -182,6 +182,18 @@ def survey_network():
         return None
 
 
+def mech_cases(seeds):
+    """``(name, seed, p*, rows)`` of the ``mechanisms`` cases: pgmpy's survey network (when
+    pgmpy is there), then the random network over ``MECH_CARDS``, ``MECH_N`` rows per seed."""
+    ps = survey_network()
+    nets = ([("survey", lambda seed: ps)] if ps is not None else []) + [
+        ("BN 2-4", lambda seed: datasets.random_bayesnet(MECH_CARDS, 2, seed=np.random.SeedSequence([seed, 21]))[0])]
+    for name, net in nets:
+        for seed in seeds:
+            p_true = net(seed)
+            yield name, seed, p_true, datasets.sample_table(p_true, MECH_N, seed=np.random.SeedSequence([seed, 22]))
+
+
 def mode_filled(Xm: np.ndarray) -> np.ndarray:
     """Each missing cell set to its column's most frequent observed value."""
     out = Xm.copy()
@@ -195,38 +207,29 @@ def mode_filled(Xm: np.ndarray) -> np.ndarray:
 def mechanisms(quick: bool) -> list[dict]:
     from reproduce_paper import fit_pgmpy
 
-    cases = []
-    ps = survey_network()
-    if ps is not None:
-        cases.append(("survey", lambda seed: ps))
-    cases.append(("BN 2-4", lambda seed: datasets.random_bayesnet(MECH_CARDS, 2, seed=np.random.SeedSequence([seed, 21]))[0]))
-    seeds = (0,) if quick else (0, 1, 2)
     rows = []
-    for name, net in cases:
-        for seed in seeds:
-            p_true = net(seed)
-            cards = p_true.shape
-            X = datasets.sample_table(p_true, MECH_N, seed=np.random.SeedSequence([seed, 22]))
-            full, t_full = fit_timed(FSLL(progress=False, cardinalities=cards), X)
-            for mech in ("MCAR", "MAR", "MNAR"):
-                for rate in ((0.06,) if quick else (0.06, 0.2)):
-                    Xm = remove_cells(X, rate, mech, seed=1000 * seed + int(rate * 100) + 7 * ("MCAR", "MAR", "MNAR").index(mech))
-                    keep = (Xm >= 0).all(axis=1)
-                    em, t_em = fit_timed(FSLL(progress=False, missing="em", cardinalities=cards), Xm)
-                    cc, t_cc = fit_timed(FSLL(progress=False, cardinalities=cards), Xm[keep])
-                    mo, t_mo = fit_timed(FSLL(progress=False, cardinalities=cards), mode_filled(Xm))
-                    t = time.perf_counter()
-                    p_hc, _, _ = fit_pgmpy("HC-BIC+BDeu", Xm[keep], cards)
-                    t_hc = time.perf_counter() - t
-                    row = {"data": name, "seed": seed, "N": MECH_N, "mechanism": mech, "rate": rate,
-                           "cells_missing": float((Xm < 0).mean()), "rows_incomplete": float(1 - keep.mean()),
-                           "kl_full": kl(p_true, full.probabilities()), "kl_em": kl(p_true, em.probabilities()),
-                           "kl_cc": kl(p_true, cc.probabilities()), "kl_mode": kl(p_true, mo.probabilities()),
-                           "kl_hc_cc": kl(p_true, p_hc), "em_scale": em.penalty_scale_, "cc_scale": cc.penalty_scale_,
-                           "em_rounds": em.em_rounds_, "em_s": t_em, "cc_s": t_cc, "mode_s": t_mo, "hc_s": t_hc,
-                           "full_s": t_full, "load": os.getloadavg()[0]}
-                    rows.append(row)
-                    print(json.dumps(row), file=sys.stderr, flush=True)
+    for name, seed, p_true, X in mech_cases((0,) if quick else (0, 1, 2)):
+        cards = p_true.shape
+        full, t_full = fit_timed(FSLL(progress=False, cardinalities=cards), X)
+        for mech in ("MCAR", "MAR", "MNAR"):
+            for rate in ((0.06,) if quick else (0.06, 0.2)):
+                Xm = remove_cells(X, rate, mech, seed=1000 * seed + int(rate * 100) + 7 * ("MCAR", "MAR", "MNAR").index(mech))
+                keep = (Xm >= 0).all(axis=1)
+                em, t_em = fit_timed(FSLL(progress=False, missing="em", cardinalities=cards), Xm)
+                cc, t_cc = fit_timed(FSLL(progress=False, cardinalities=cards), Xm[keep])
+                mo, t_mo = fit_timed(FSLL(progress=False, cardinalities=cards), mode_filled(Xm))
+                t = time.perf_counter()
+                p_hc, _, _ = fit_pgmpy("HC-BIC+BDeu", Xm[keep], cards)
+                t_hc = time.perf_counter() - t
+                row = {"data": name, "seed": seed, "N": MECH_N, "mechanism": mech, "rate": rate,
+                       "cells_missing": float((Xm < 0).mean()), "rows_incomplete": float(1 - keep.mean()),
+                       "kl_full": kl(p_true, full.probabilities()), "kl_em": kl(p_true, em.probabilities()),
+                       "kl_cc": kl(p_true, cc.probabilities()), "kl_mode": kl(p_true, mo.probabilities()),
+                       "kl_hc_cc": kl(p_true, p_hc), "em_scale": em.penalty_scale_, "cc_scale": cc.penalty_scale_,
+                       "em_rounds": em.em_rounds_, "em_s": t_em, "cc_s": t_cc, "mode_s": t_mo, "hc_s": t_hc,
+                       "full_s": t_full, "load": os.getloadavg()[0]}
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
     return rows
 
 
@@ -234,37 +237,30 @@ def mcar_seeds(seeds) -> list[dict]:
     """EM against the complete-row fit at 6 % MCAR on many seeds, and the held-out guard (module doc)."""
     from fsll_ooc.missing import distinct_rows, split_counts
 
-    cases = [("BN 2-4", lambda seed: datasets.random_bayesnet(MECH_CARDS, 2, seed=np.random.SeedSequence([seed, 21]))[0])]
-    ps = survey_network()
-    if ps is not None:
-        cases.insert(0, ("survey", lambda seed: ps))
     rows = []
-    for name, net in cases:
-        for seed in seeds:
-            p_true = net(seed)
-            cards = p_true.shape
-            X = datasets.sample_table(p_true, MECH_N, seed=np.random.SeedSequence([seed, 22]))
-            Xm = remove_cells(X, 0.06, "MCAR", seed=1000 * seed + 6)  # as ``mechanisms`` removes them
-            keep = (Xm >= 0).all(axis=1)
-            em, t_em = fit_timed(FSLL(progress=False, missing="em", cardinalities=cards), Xm)
-            cc, t_cc = fit_timed(FSLL(progress=False, cardinalities=cards), Xm[keep])
-            # the guard: EM's held-out rows score the complete-row model of EM's training rows
-            d, counts = distinct_rows(Xm)
-            tc, hc = split_counts(counts)
-            Xt, Xh = np.repeat(d, tc, axis=0), np.repeat(d, hc, axis=0)
-            cct = FSLL(progress=False, cardinalities=cards).fit(Xt[(Xt >= 0).all(axis=1)])
-            s_cc = float(np.mean(cct.log_prob(Xh)))
-            s_em = max(em.penalty_scale_scores_.values())
-            k_em, k_cc = kl(p_true, em.probabilities()), kl(p_true, cc.probabilities())
-            row = {"data": name, "seed": seed, "N": MECH_N, "cells_missing": float((Xm < 0).mean()),
-                   "rows_incomplete": float(1 - keep.mean()), "kl_em": k_em, "kl_cc": k_cc,
-                   "same_terms": set(em.theta_) == set(cc.theta_), "terms_em": em.n_bases_, "terms_cc": cc.n_bases_,
-                   "em_scale": em.penalty_scale_, "cc_scale": cc.penalty_scale_, "heldout_em": s_em,
-                   "heldout_cc": s_cc, "guard_kl": k_cc if s_cc > s_em else k_em, "em_s": t_em, "cc_s": t_cc,
-                   "em_run": em.em_history_[-1].get("restart", 0),
-                   "load": os.getloadavg()[0]}
-            rows.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
+    for name, seed, p_true, X in mech_cases(seeds):
+        cards = p_true.shape
+        Xm = remove_cells(X, 0.06, "MCAR", seed=1000 * seed + 6)  # as ``mechanisms`` removes them
+        keep = (Xm >= 0).all(axis=1)
+        em, t_em = fit_timed(FSLL(progress=False, missing="em", cardinalities=cards), Xm)
+        cc, t_cc = fit_timed(FSLL(progress=False, cardinalities=cards), Xm[keep])
+        # the guard: EM's held-out rows score the complete-row model of EM's training rows
+        d, counts = distinct_rows(Xm)
+        tc, hc = split_counts(counts)
+        Xt, Xh = np.repeat(d, tc, axis=0), np.repeat(d, hc, axis=0)
+        cct = FSLL(progress=False, cardinalities=cards).fit(Xt[(Xt >= 0).all(axis=1)])
+        s_cc = float(np.mean(cct.log_prob(Xh)))
+        s_em = max(em.penalty_scale_scores_.values())
+        k_em, k_cc = kl(p_true, em.probabilities()), kl(p_true, cc.probabilities())
+        row = {"data": name, "seed": seed, "N": MECH_N, "cells_missing": float((Xm < 0).mean()),
+               "rows_incomplete": float(1 - keep.mean()), "kl_em": k_em, "kl_cc": k_cc,
+               "same_terms": set(em.theta_) == set(cc.theta_), "terms_em": em.n_bases_, "terms_cc": cc.n_bases_,
+               "em_scale": em.penalty_scale_, "cc_scale": cc.penalty_scale_, "heldout_em": s_em,
+               "heldout_cc": s_cc, "guard_kl": k_cc if s_cc > s_em else k_em, "em_s": t_em, "cc_s": t_cc,
+               "em_run": em.em_history_[-1].get("restart", 0),
+               "load": os.getloadavg()[0]}
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
     return rows
 
 
