@@ -616,15 +616,58 @@ def family_terms(cards, families, limit: int) -> np.ndarray:
     in the given order, skipping a family that would take the list past ``limit`` terms and
     the families of binary variables (one member each, which the support holds already)."""
     strides = _strides(cards)
+    out = [_family_block(cards, strides, axes) for axes in _families_within(cards, families, limit)]
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def _families_within(cards, families, limit: int) -> list:
+    """The families :func:`family_terms` lists, in order."""
     out, total = [], 0
     for axes in families:
         M = math.prod(cards[i] - 1 for i in axes)
         if M <= 1 or total + M > limit:
             continue
-        grids = np.meshgrid(*[np.arange(1, cards[i]) for i in axes], indexing="ij")
-        out.append(sum(g.reshape(-1).astype(np.int64) * strides[i] for g, i in zip(grids, axes)))
+        out.append(axes)
         total += M
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
+    return out
+
+
+def _family_block(cards, strides, axes) -> np.ndarray:
+    """The terms whose non-zero variables are exactly ``axes`` (C order)."""
+    grids = np.meshgrid(*[np.arange(1, cards[i]) for i in axes], indexing="ij")
+    return sum(g.reshape(-1).astype(np.int64) * strides[i] for g, i in zip(grids, axes))
+
+
+def _family_candidates(engine, state, limit: int):
+    """``(cand, dd, fam_ix, fams)`` of :func:`family_move`: the terms of :func:`family_terms` on
+    the support's families, their targets, the position of each one's family in ``fams`` (the
+    families listed).  Memoised on the support's families; each family's terms and targets are
+    built and gathered once per state (the memo goes with :meth:`FitState.targets_changed`)."""
+    named = tuple(dict.fromkeys(map(state.family, state.theta)))
+    memo = state.__dict__.get("_family_memo")
+    if memo is not None and memo[0] == named:
+        return memo[1]
+    parts = memo[2] if memo is not None else {}
+    fams = _families_within(state.cards, named, limit)
+    fresh = [a for a in fams if a not in parts]
+    if fresh:
+        strides = _strides(state.cards)
+        blocks = [_family_block(state.cards, strides, a) for a in fresh]
+        flat = np.concatenate(blocks)
+        dd = np.asarray(engine.gather(flat, table=0), np.float64)
+        at = 0
+        for a, b in zip(fresh, blocks):
+            parts[a] = (b, dd[at:at + len(b)])
+            at += len(b)
+    if fams:
+        cand = np.concatenate([parts[a][0] for a in fams])
+        dd = np.concatenate([parts[a][1] for a in fams])
+        fam_ix = np.repeat(np.arange(len(fams), dtype=np.int64), [len(parts[a][0]) for a in fams])
+    else:
+        cand, dd, fam_ix = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
+    out = (cand, dd, fam_ix, fams)
+    state.__dict__["_family_memo"] = (named, out, parts)
+    return out
 
 
 def family_move(engine, state, best, limit: int):
@@ -643,19 +686,15 @@ def family_move(engine, state, best, limit: int):
         delta = delta + (state.marginal_penalties([y], counts)[0] - state.penalty(y))
     if limit <= 0 or not state.theta:
         return delta, move, y, t, d
-    fams = tuple(dict.fromkeys(map(state.family, state.theta)))
-    memo = state.__dict__.get("_family_memo")
-    if memo is None or memo[0] != fams:
-        cand = family_terms(state.cards, fams, limit)
-        memo = state.__dict__["_family_memo"] = (fams, cand, np.asarray(engine.gather(cand, table=0), np.float64)
-                                                 if len(cand) else np.zeros(0))
-    _, cand, dd = memo
+    cand, dd, fam_ix, fams = _family_candidates(engine, state, limit)
     keep = np.fromiter((c not in state.theta for c in cand.tolist()), bool, len(cand))
     if not keep.any():
         return delta, move, y, t, d
-    cand, dd = cand[keep], dd[keep]
+    cand, dd, fam_ix = cand[keep], dd[keep], fam_ix[keep]
     tt = np.asarray(engine.gather(cand), np.float64)
-    r = np.array(state.marginal_penalties(cand.tolist(), counts))
+    # (none is in the support: each costs one more member of its family)
+    code = state.term_code()
+    r = np.array([code.add(a, counts.get(a, 0)) for a in fams])[fam_ix]
     lim = 1.0 - 2.0**-52
     tc = np.clip(tt, -lim, lim)
     gain = 0.5 * ((1.0 + dd) * (np.log1p(tc) - np.log1p(dd)) + (1.0 - dd) * (np.log1p(-tc) - np.log1p(-dd))) + r
