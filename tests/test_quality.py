@@ -220,6 +220,50 @@ def test_joint_selection_bounds_the_candidate_support_pairs(monkeypatch):
     assert len(st.theta) == size  # nothing accepted (epsilon = 1 nat), the state restored
 
 
+def test_candidate_order_expands_each_pair_as_a_products_cache_would():
+    """The joint selection reads its candidates' pairs one column at a time; each pair keeps
+    the member order a :class:`Products` cache kept across selections gives it (the order of
+    a pair's terms, so its sum keeps its bits), through lists that keep, drop and re-admit members."""
+    rng = np.random.default_rng(3)
+    cache, order = corrective.Products((3, 4, 5)), corrective.CandidateOrder()
+    pool = np.arange(1, 60)
+    for step in range(8):
+        flat = rng.permutation(pool)[:rng.integers(5, 25)] if step != 4 else cache.support[::-1].copy()
+        cache.update(flat)
+        order.update(flat)
+        first = {(int(cache.support[i]), int(cache.support[j])) for i, j in zip(cache.I, cache.J)}
+        ia, ib = order.all_pairs()
+        assert {(int(flat[i]), int(flat[j])) for i, j in zip(ia, ib)} == first
+        for c in range(len(flat)):
+            ia, ib = order.pairs_with(c)
+            assert np.array_equal(np.minimum(ia, ib), np.minimum(np.arange(len(flat)), c))
+            assert all((int(flat[i]), int(flat[j])) in first for i, j in zip(ia, ib))
+
+
+def test_joint_selection_reads_the_same_numbers_column_by_column(monkeypatch):
+    """In core the candidates' moment matrix is read for the picks' columns only; out of core
+    the whole matrix in one gather: the same picks, predicted gains and parameters, bit for
+    bit, over two selections in a row sharing one candidate order."""
+    cards = (3, 4, 5)
+    p, _ = datasets.random_bayesnet(cards, 2, seed=5)
+    X = datasets.sample_table(p, 20000, seed=6)
+    eps = auto_epsilon(len(X))
+    runs = []
+    for whole in (False, True):
+        m = FSLL(cardinalities=cards, epsilon=3e-3, refine="final", progress=False).fit(X)
+        st, eng = m.fit_state_, m.engine_
+        if whole:
+            monkeypatch.setattr(type(eng), "out_of_core", property(lambda self: True))
+        order, got = corrective.CandidateOrder(), []
+        for _ in range(2):
+            ja = corrective.joint_append(eng, st, epsilon=eps, tol=0.1 * eps, n_candidates=8, n_closure=500,
+                                         cand_order=order)
+            got.append((ja.added, ja.gains, ja.estimate, dict(st.theta), st.log_z))
+        monkeypatch.undo()
+        runs.append(got)
+    assert runs[0][0][0] and runs[0] == runs[1]
+
+
 @pytest.mark.parametrize("backend,layout", [("zarr", (1, 2)), ("memmap", (2, 4)), ("numpy", (1, 3))])
 def test_out_of_core_corrective_fit_equals_in_core(tmp_path, backend, layout):
     cards = (2, 3, 4, 5, 2, 3)

@@ -471,9 +471,50 @@ def closure_candidates(cards, support: np.ndarray, limit: int) -> np.ndarray:
     return np.concatenate(out)[:limit] if out else np.zeros(0, np.int64)
 
 
+class CandidateOrder:
+    """Which of two joint-selection candidates comes first in their pair's expansion.
+
+    A pair's terms are summed in the order of its expansion (:func:`_expand`), which depends
+    on which member is ``a``; the candidates' pairs are expanded as a :class:`Products` cache
+    kept across selections would (the order of the learner before the columns were read
+    lazily, so the sums keep their bits): ``a`` is the member that joined the candidate list
+    first (stayed in it since), and of two that joined together, the earlier in that list.
+    """
+
+    def __init__(self):
+        self.key = {}  # flat -> (the update it joined at, its position in that update's list)
+        self.updates = 0
+        self.rank = np.zeros(0, np.int64)
+
+    def update(self, flat_c: np.ndarray) -> None:
+        """The candidate list is now ``flat_c`` (distinct flat indices)."""
+        flats = np.asarray(flat_c, np.int64).tolist()
+        if flats == list(self.key):
+            return
+        old, n = self.key, self.updates
+        self.key = {f: old.get(f, (n, i)) for i, f in enumerate(flats)}
+        self.updates += 1
+        keys = list(self.key.values())
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        self.rank = np.empty(len(keys), np.int64)
+        self.rank[order] = np.arange(len(keys), dtype=np.int64)
+
+    def pairs_with(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(ia, ib)``: the pair of every candidate ``i`` (in list order) with candidate ``c``."""
+        i = np.arange(len(self.rank), dtype=np.int64)
+        first = self.rank <= self.rank[c]
+        return np.where(first, i, c), np.where(first, c, i)
+
+    def all_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ia, ib)`` of every pair ``i <= j`` of the list (the diagonal included)."""
+        i, j = np.triu_indices(len(self.rank))
+        first = self.rank[i] <= self.rank[j]
+        return np.where(first, i, j).astype(np.int64), np.where(first, j, i).astype(np.int64)
+
+
 def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int = 256, max_new: int = 32,
                  max_rounds: int = 8, products: Products | None = None, n_closure: int = 0,
-                 cand_products: Products | None = None, top: int | None = None, scan=None,
+                 cand_order: "CandidateOrder | None" = None, top: int | None = None, scan=None,
                  joint: int = 0, sweep: bool = False) -> JointResult:
     """Append the candidates that pay for themselves *jointly*, then refine (in place).
 
@@ -493,7 +534,10 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     gain exceeds ``r_y + epsilon``.  They are appended at ``theta_y = 0`` and the
     whole support is refined (:func:`refine`); the result is kept only if the exact
     cost fell by at least ``epsilon`` (else the best single pick is tried, else the
-    state is restored).  Gathers: ``|S|^2 + K |S| + K^2 / 2`` product cells.  ``top``,
+    state is restored).  Gathers: ``|S|^2 + K |S|`` product cells, and the ``K^2 / 2`` of the
+    candidates' own pairs: in core only their diagonal and the picks' columns, one gather per
+    pick; out of core all of them in the same gather (``cand_order``: a
+    :class:`CandidateOrder` kept across selections).  ``top``,
     ``joint``: as for :func:`refine` (the accepted refinement's ``scan``).  ``scan``: the
     scan of the dual table as it is; when it kept enough cells by second-order score
     (``joint`` of :func:`refine`), the candidates come from it, not from a pass.  ``sweep``:
@@ -521,16 +565,46 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     cards = state.cards
     cs_pair, cs_flat, cs_coef = _cross_moments(cards, flat_c, support) if m else (np.zeros(0, np.int64),) * 2 + (
         np.zeros(0),)
-    cc = cand_products if cand_products is not None else Products(cards)
-    cc.update(flat_c)  # a cache kept across calls expands only the pairs of new candidates
-    n1, n2, n3 = len(prod.flat), len(cs_flat), len(cc.flat)
-    uniq, inv = unique_inverse(np.concatenate([prod.flat, cs_flat, cc.flat, support, flat_c]), math.prod(cards))
+    order = cand_order if cand_order is not None else CandidateOrder()
+    order.update(flat_c)
+    dig_c = _digits(cards, flat_c)
+    # in core the candidates' own pairs are expanded and read for the diagonal and the picks'
+    # columns only (a gather per pick costs microseconds); out of core all of them, in the one
+    # gather (a gather reads whole chunks)
+    lazy = not engine.out_of_core
+    if lazy:
+        cc_pair, cc_coef = np.zeros(0, np.int64), np.zeros(0)
+        cc_flat = np.zeros(1, np.int64)  # the cell y = 0: every candidate's square
+    else:
+        cc_a, cc_b = order.all_pairs()
+        cc_pair, cc_flat, cc_coef = _expand(cards, dig_c, dig_c, cc_a, cc_b)
+    n1, n2, n3 = len(prod.flat), len(cs_flat), len(cc_flat)
+    uniq, inv = unique_inverse(np.concatenate([prod.flat, cs_flat, cc_flat, support, flat_c]), math.prod(cards))
     cell = engine.gather(uniq)[inv]
     d_c = engine.gather(flat_c, table=Table.DBAR)
     o = n1 + n2 + n3
     tb_s, tb_c = cell[o:o + m], cell[o + m:]
     d_s = np.array([state.dbar[int(y)] for y in support])
-    H_cc = moment_matrix(cc, cell[n1 + n2:n1 + n2 + n3]) - np.outer(tb_c, tb_c)
+    if lazy:
+        h_diag = kernel_products.pair_sums(np.arange(K, dtype=np.int64), np.ones(K), np.repeat(cell[n1 + n2], K), K)
+        h_diag -= tb_c * tb_c
+
+        def h_col(c):  # column c of H_cc: the pairs (i, c), each expanded as the full matrix's would be
+            ia, ib = order.pairs_with(c)
+            pair, flat, coef = _expand(cards, dig_c, dig_c, ia, ib)
+            col = kernel_products.pair_sums(pair, coef, engine.gather(flat), K)
+            col -= tb_c * tb_c[c]
+            return col
+    else:
+        s_cc = kernel_products.pair_sums(cc_pair, cc_coef, cell[n1 + n2:n1 + n2 + n3], len(cc_a))
+        M = np.zeros((K, K))
+        M[cc_a, cc_b] = s_cc
+        M[cc_b, cc_a] = s_cc
+        H_cc = M - np.outer(tb_c, tb_c)
+        h_diag = np.diag(H_cc)
+
+        def h_col(c):
+            return H_cc[:, c]
     g_c = tb_c - d_c
     family = state.penalty_code != "paper"
     if family:  # each candidate's marginal code length, updated as picks fill its family
@@ -547,17 +621,21 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         H_cs = kernel_products.pair_sums(cs_pair, cs_coef, cell[n1:n1 + n2], K * m).reshape(K, m)
         H_cs -= np.outer(tb_c, tb_s)
         X = _solve(H_ss, np.concatenate([H_cs.T, (tb_s - d_s)[:, None]], axis=1))
-        sig = H_cc - H_cs @ X[:, :K]
+        HX = H_cs @ X[:, :K]
         u = g_c - H_cs @ X[:, K]
     else:
-        sig, u = H_cc, g_c
+        HX, u = None, g_c
+
+    def sig_col(c):  # column c of ``sig = H_cc - H_cs H_ss^-1 H_sc``, the candidates given the support
+        return h_col(c) - HX[:, c] if HX is not None else h_col(c).copy()
+
     chosen, picked_gain = [], []
     floor = 1e-12
     # ``sig`` conditioned on the picks so far, kept implicitly: its diagonal ``dg`` and the
     # picks' columns ``cols`` (a column of the conditioned ``sig`` is the original column
     # less one rank-one term per earlier pick, in pick order: the numbers of an in-place
     # update of the whole matrix, at ``O(K)`` per pick and earlier pick instead of ``O(K^2)``)
-    dg = np.diag(sig).copy()
+    dg = h_diag - np.diag(HX) if HX is not None else h_diag.copy()
     cols = []
     for _ in range(min(max_new, K)):
         ok = dg > floor
@@ -574,7 +652,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
             a = fam_c[c]
             counts[a] = counts.get(a, 0) + 1
             r_c[fam_ix == fam_ix[c]] = state.term_code().add(a, counts[a])
-        col = sig[:, c].copy()
+        col = sig_col(c)
         for prev, piv in cols:
             col -= prev * prev[c] / piv
         piv = col[c]

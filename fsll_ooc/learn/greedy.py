@@ -307,7 +307,7 @@ class Search:
         self.refined = False  # a corrective phase ran since the last append/remove
         self.joint_tried = False  # a joint selection was tried on the current state
         self.products = corrective.Products(state.cards) if self.mode != "off" else None
-        self.cand_products = corrective.Products(state.cards) if self.mode != "off" else None  # joint candidates' pairs
+        self.cand_order = corrective.CandidateOrder() if self.mode != "off" else None  # joint candidates' pairs
 
     # ----------------------------------------------------------------- bookkeeping
     def support(self) -> np.ndarray:
@@ -385,7 +385,7 @@ class Search:
             ja = corrective.joint_append(self.engine, st, epsilon=self.eps, tol=kw["tol"],
                                          n_candidates=o.joint_candidates, max_rounds=o.refine_rounds,
                                          products=self.products, n_closure=o.joint_closure, max_new=o.joint_max_new,
-                                         cand_products=self.cand_products, top=self.top, scan=self.scan,
+                                         cand_order=self.cand_order, top=self.top, scan=self.scan,
                                          joint=self.joint_k, sweep=self.sweep)
         if not ja.added:
             return None
