@@ -48,7 +48,7 @@ from ..engine import Table
 from ..kernels import products as kernel_products
 from .cells import unique_inverse
 
-__all__ = ["Products", "pair_products", "moment_matrix", "RefineResult", "refine", "write_duals", "closure_candidates", "joint_append",
+__all__ = ["Products", "CandidateOrder", "pair_products", "moment_matrix", "RefineResult", "refine", "write_duals", "closure_candidates", "joint_append",
            "family_terms", "family_move"]
 
 
