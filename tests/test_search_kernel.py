@@ -3,6 +3,7 @@ time in Python) bit for bit, and against brute force at the boundary of the dual
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -235,3 +236,64 @@ def test_compiled_pair_products_are_the_expansion_in_its_order(cards):
     got = products.pair_sums(pair, coef, tb[flat], len(ya))
     np.testing.assert_allclose(got, (Phi[ya] * Phi[yb]) @ p, atol=1e-12)
     assert got.tolist() == np.bincount(pair, weights=coef * tb[flat], minlength=len(ya)).tolist()
+
+
+@pytest.mark.parametrize("kind", ["paper", "family"])
+@pytest.mark.parametrize("cards,V", [((2,) * 12, tuple(range(12))), ((2,) * 12, (0, 3, 4, 7, 9, 10, 11)),
+                                     ((4, 2, 8, 2, 2, 4), (0, 1, 2, 3, 4, 5)), ((4, 8, 2), (0, 1, 2))])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_search_on_several_threads_is_the_search_on_one(cards, V, threads, kind, monkeypatch):
+    """Each step's sweep shared in pieces between threads: the same steps and duals, bit for bit."""
+    from fsll_ooc.kernels import search, threadpool
+
+    p, _ = datasets.random_bayesnet(cards, 2, seed=3)
+    n = 3000
+    X = datasets.sample_table(p, n, seed=4)
+    counts = np.bincount(np.ravel_multi_index(X.T, cards), minlength=math.prod(cards)).reshape(cards)
+    q = (counts + 1.0 / counts.size) / (n + 1.0)
+    cells = batch.marginal_cells(cards, V).reshape(-1)
+    db = basis.transform(q).reshape(-1)[cells]
+    rng = np.random.default_rng(5)
+    theta = np.zeros(math.prod(cards))
+    theta[rng.choice(np.arange(1, theta.size), size=8, replace=False)] = rng.normal(0, 0.3, size=8)
+    model = np.exp(basis.transform(theta.reshape(cards), transpose=True))
+    tb = basis.transform(model / model.sum()).reshape(-1)[cells]
+    th = {int(y): float(theta[y]) for y in np.nonzero(theta)[0]}
+    code, weights = C.TermCode(cards, n, kind, 1.0), C.penalty_weights(cards, n)
+
+    def run(k):
+        threadpool.set_num_threads(k)
+        try:
+            sub, t = tb.copy(), dict(th)
+            steps = [(s.flat, s.move, s.old, s.new, s.t, s.d, s.delta, s.log_den)
+                     for s in batch.search_marginal(cards, V, sub, db, t, weights, 1e-6, 400, code=code)]
+        finally:
+            threadpool.set_num_threads(None)
+        return steps, sub, t
+
+    one = run(1)
+    monkeypatch.setattr(search, "search_threads", lambda cells, walsh: threads if walsh else 1)
+    many = run(threads)
+    assert len(one[0]) > 20
+    assert many[0] == one[0]
+    assert np.array_equal(many[1], one[1])
+    assert many[2] == one[2] and list(many[2]) == list(one[2])
+
+
+def test_search_threads_follow_the_thread_count_size_basis_and_load(monkeypatch):
+    from fsll_ooc.kernels import search, threadpool
+
+    big = search.PARALLEL_MIN_CELLS
+    monkeypatch.setattr(search.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    threadpool.set_num_threads(3)
+    try:
+        assert search.search_threads(big, True) == 3
+        assert search.search_threads(big - 1, True) == 1  # too small to share
+        assert search.search_threads(big, False) == 1  # a +-1 axis: the partner is not one XOR
+        monkeypatch.setattr(search.os, "getloadavg", lambda: (float(os.cpu_count() or 1), 0.0, 0.0))
+        assert search.search_threads(big, True) == 1  # every core busy already
+        threadpool.set_num_threads(1)
+        monkeypatch.setattr(search.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+        assert search.search_threads(big, True) == 1
+    finally:
+        threadpool.set_num_threads(None)

@@ -26,13 +26,29 @@ count changes, with :meth:`~fsll_ooc.cost.TermCode.add`'s formula.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
 
-__all__ = ["kl_to_optimum", "search_sub", "replay_sub", "ahead_kernels", "warmup"]
+from . import threadpool
+from .scan import _fetch_add
+
+__all__ = ["kl_to_optimum", "search_sub", "sub_helper", "step_costs", "search_threads", "shared_arrays", "replay_sub", "ahead_kernels", "warmup",
+           "PARALLEL_MIN_CELLS", "RUN"]
 
 _LIM = 1.0 - 2.0**-52
+#: Cells per bound test of the search (runs; a sub-table of fewer cells is one run).
+RUN = 64
+#: A search on several threads splits each step into pieces of at least this many cells ...
+_PIECE_CELLS = 4096
+#: ... and about this many pieces per thread (a late helper delays a step by one piece).
+_PIECES_PER_THREAD = 4
+#: Sub-tables of at least this many cells (Walsh-Hadamard axes only) are searched on every
+#: thread of :mod:`fsll_ooc.kernels.threadpool` (below it, a step is too short to share).
+PARALLEL_MIN_CELLS = 2**15
 
 #: Move codes of :func:`search_sub`'s output.
 APPEND, ADJUST, REMOVE = 0, 1, 2
@@ -197,18 +213,21 @@ def _scan(x, d, ra, run):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub):
-    """``x[j] = x[j] ca + sb x[j ^ mask]`` for every cell (pairs of runs read and written
-    together), each run scanned as :func:`_scan` right after; returns its ``(change, cell)``."""
-    n = x.shape[0]
-    lo = mask & (run - 1)
-    hi = mask & ~np.int64(run - 1)
+def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, ua, ub):
+    """``x[j] = x[j] ca + sb x[j ^ mask]`` on the leading runs ``m0 .. m1-1`` and their partner
+    runs (pairs of runs read and written together), each run scanned as :func:`_scan` right
+    after; returns the best ``(change, cell)`` among them (``(0, -1)``: none).
+
+    ``hi``, ``lo``: the mask's bits above and below the run; ``hbu``: the highest bit of
+    ``hi // run`` (0 when ``hi`` is 0).  The leading runs are those whose partner run is not
+    lower (bit ``hbu`` of the run's index clear), numbered in increasing order: leader ``m`` is
+    run ``m`` with a 0 bit inserted at ``hbu``."""
     best = 0.0
     bi = np.int64(-1)
-    for a in range(0, n, run):
+    for m in range(m0, m1):
+        u = (((m & ~(hbu - 1)) << 1) | (m & (hbu - 1))) if hbu else m
+        a = u * run
         b = a ^ hi
-        if b < a:
-            continue
         for i in range(run):
             ua[i] = x[a + i]
             ub[i] = x[b + i]
@@ -226,6 +245,144 @@ def _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub):
             best, bi = _replay(x, d, ra, a, run, best, bi)
             if b != a:
                 best, bi = _replay(x, d, ra, b, run, best, bi)
+    return best, bi
+
+
+@njit(inline="always")
+def _xor_layout(n, mask, run):
+    """``(hi, lo, hbu, leaders)`` of the flat XOR ``mask`` on ``n`` cells in runs of ``run``
+    (:func:`_xor_runs`)."""
+    lo = mask & (run - 1)
+    hi = mask & ~np.int64(run - 1)
+    hu = hi // run
+    hbu = np.int64(0)
+    if hu:
+        hbu = np.int64(1)
+        while hbu * 2 <= hu:
+            hbu *= 2
+    nrun = n // run
+    return hi, lo, hbu, (nrun // 2 if hbu else nrun)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub):
+    """``x[j] = x[j] ca + sb x[j ^ mask]`` for every cell (pairs of runs read and written
+    together), each run scanned as :func:`_scan` right after; returns its ``(change, cell)``."""
+    hi, lo, hbu, nlead = _xor_layout(x.shape[0], mask, run)
+    return _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, 0, nlead, ua, ub)
+
+
+# -- the same update + scan shared between threads, step after step ---------------------------
+# ``ctl`` (int64): [0] the ticket ``gen << 32 | next piece`` (a piece is taken by a
+# compare-and-swap of the ticket), [1] pieces done in this generation, [2] stop, [3] pieces
+# the helpers took (all generations).
+# ``iprm`` (int64): hi, lo, hbu, leaders per piece, pieces, leaders; ``fprm``: ca, sb.
+_LOW = np.int64(0xFFFFFFFF)
+
+
+@intrinsic
+def _cas(typingctx, arr, idx, expected, new):
+    """``arr[idx] = new`` if it holds ``expected``, atomically (sequentially consistent); did it?"""
+    sig = types.boolean(arr, types.intp, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        aty = signature.args[0]
+        ary = context.make_array(aty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]])
+        res = builder.cmpxchg(ptr, args[2], args[3], "seq_cst", "seq_cst")
+        return builder.extract_value(res, 1)
+
+    return sig, codegen
+
+
+@intrinsic
+def _load(typingctx, arr, idx):
+    """``arr[idx]``, an atomic (sequentially consistent) read."""
+    sig = types.int64(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        aty = signature.args[0]
+        ary = context.make_array(aty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]])
+        return builder.load_atomic(ptr, "seq_cst", 8)
+
+    return sig, codegen
+
+
+@intrinsic
+def _store(typingctx, arr, idx, val):
+    """``arr[idx] = val``, an atomic (sequentially consistent) write."""
+    sig = types.void(arr, types.intp, types.int64)
+
+    def codegen(context, builder, signature, args):
+        aty = signature.args[0]
+        ary = context.make_array(aty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]])
+        builder.store_atomic(args[2], ptr, "seq_cst", 8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(inline="always")
+def _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, helper):
+    """Take pieces of the current generation until none is left; returns when the ticket
+    says so (the pieces taken by others may still run).  A helper counts its pieces in
+    ``ctl[3]``."""
+    while True:
+        c = _load(ctl, 0)
+        k = c & _LOW
+        if k >= iprm[4]:
+            return
+        if not _cas(ctl, 0, c, c + 1):
+            continue
+        per = iprm[3]
+        m0 = k * per
+        m1 = min(m0 + per, iprm[5])
+        pbest[k], ppos[k] = _xor_runs(x, d, ra, iprm[0], iprm[1], iprm[2], fprm[0], fprm[1], run, m0, m1, ua, ub)
+        if helper:
+            _fetch_add(ctl, 3, 1)
+        _fetch_add(ctl, 1, 1)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def sub_helper(x, d, ra, run, ctl, iprm, fprm, pbest, ppos):
+    """A helper thread's part of a search on several threads (:func:`search_sub` with ``ctl``):
+    takes pieces of every step's update + scan as they come, until the search says stop."""
+    ua = np.empty(run)
+    ub = np.empty(run)
+    while _load(ctl, 2) == 0:
+        _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, True)
+
+
+@njit(inline="always")
+def _update_scan_shared(x, d, ra, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pbest, ppos, n_threads, gen):
+    """:func:`_update_scan_xor` in pieces of leading runs taken by this thread and the helpers
+    (:func:`sub_helper`); the pieces' champions reduced as one scan's (ties: the lowest cell)."""
+    hi, lo, hbu, nlead = _xor_layout(x.shape[0], mask, run)
+    per = max(np.int64(_PIECE_CELLS // (2 * run)), nlead // (_PIECES_PER_THREAD * n_threads))
+    per = max(per, (nlead + pbest.shape[0] - 1) // pbest.shape[0], np.int64(1))
+    npieces = (nlead + per - 1) // per
+    iprm[0] = hi
+    iprm[1] = lo
+    iprm[2] = hbu
+    iprm[3] = per
+    iprm[4] = npieces
+    iprm[5] = nlead
+    fprm[0] = ca
+    fprm[1] = sb
+    _store(ctl, 1, 0)
+    _store(ctl, 0, gen << 32)  # publishes the step: the helpers may take pieces from now on
+    _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, False)
+    while _load(ctl, 1) < npieces:
+        pass
+    best = 0.0
+    bi = np.int64(-1)
+    for k in range(npieces):
+        p = ppos[k]
+        if p >= 0 and (pbest[k] < best or (pbest[k] == best and p < bi)):
+            best = pbest[k]
+            bi = p
     return best, bi
 
 
@@ -247,8 +404,6 @@ def _update_scan_part(x, d, ra, part, ca, sb, run):
     return best, bi
 
 
-_RUN = 64  # cells per bound test
-
 
 @njit(cache=True, nogil=True)
 def _geometry(shape, walsh, n):
@@ -269,7 +424,8 @@ def _geometry(shape, walsh, n):
 @njit(cache=True, nogil=True, error_model="numpy")
 def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                family, fam, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, n_samples, scale,
-               out_i, out_move, out_old, out_new, out_t, out_delta, out_logden):
+               out_i, out_move, out_old, out_new, out_t, out_delta, out_logden, ra, ctl, iprm, fprm, pbest,
+               ppos, n_threads):
     """The greedy search on a sub-table (flat, C order over ``shape``), in place.
 
     ``x``: the duals (updated), ``d``: the targets, ``r``: each cell's price (a member's:
@@ -289,18 +445,25 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     Each step is one sweep over the cells that updates them and, while they are in cache,
     looks for the next step's best append (the bound of a run of cells first, as the table
     scans do); the members' adjust and remove are scored from their list.
+
+    ``ra``: room for ``n`` floats (the append prices, written here).
+    ``ctl`` (4 int64, zero; empty: this thread alone), ``iprm`` (6 int64), ``fprm`` (2 floats),
+    ``pbest``/``ppos`` (room for ``_PIECES_PER_THREAD * n_threads + 1`` pieces): with Walsh-Hadamard
+    axes only, each step's sweep is shared in pieces with the helpers running
+    :func:`sub_helper` on the same arrays (the same cells, the same bits; the champion of the
+    pieces is the scan's, ties to the lowest cell).  The search sets ``ctl[2]`` (stop) when it
+    returns.
     """
     n = x.shape[0]
     nax = shape.shape[0]
     strides, all_walsh, part, tmp = _geometry(shape, walsh, n)
-    run = min(n, _RUN)
+    run = min(n, RUN)
     ua = np.empty(run)
     ub = np.empty(run)
     if family:  # the families with members: their marginal prices
         for f in range(fam_cnt.shape[0]):
             if fam_cnt[f]:
                 _reprice(r, member, f, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, n_samples, scale)
-    ra = np.empty(n)  # the append price: inf for members
     mlist = np.empty(n, np.int64)
     nm = 0
     for j in range(n):
@@ -313,6 +476,8 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     digits = np.empty(nax, np.int64)
     ba, bi = _scan(x, d, ra, run)
     steps = 0
+    shared = all_walsh and ctl.shape[0] > 0 and n_threads > 1
+    gen = np.int64(0)
     while steps < max_steps:
         bs = np.inf
         si = np.int64(-1)
@@ -377,7 +542,12 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                 while kk > 1:
                     bits += 1
                     kk >>= 1
-            ba, bi = _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub)
+            if shared:
+                gen += 1
+                ba, bi = _update_scan_shared(x, d, ra, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pbest, ppos,
+                                             n_threads, gen)
+            else:
+                ba, bi = _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub)
         else:
             _partner(x, shape, strides, walsh, digits, False, 0, part, tmp)
             ba, bi = _update_scan_part(x, d, ra, part, ca, sb, run)
@@ -389,6 +559,8 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
         out_delta[steps] = delta
         out_logden[steps] = math.log(den)
         steps += 1
+    if ctl.shape[0]:
+        _store(ctl, 2, 1)
     return steps
 
 
@@ -405,20 +577,104 @@ def replay_sub(x, shape, walsh, cells, deltas, out_t):
     return total
 
 
+@njit(cache=True, nogil=True)
+def step_costs(ys, th, db, r, step_y, step_move, step_new, step_d, step_r, step_logden, neg_h, log_z):
+    """The cost after each step of a search, as :meth:`fsll_ooc.learn.state.FitState.cost` gives
+    it one step at a time (the same sums in the same order: the same bits), and ``log Z``.
+
+    ``ys``, ``th``, ``db``, ``r``: the support before the steps in its order, with the
+    parameters, targets and prices; ``step_*``: each step's term, move (:data:`APPEND`,
+    :data:`ADJUST`, :data:`REMOVE`), new value, target, price and ``ln`` of its normaliser;
+    ``neg_h``: ``-H(q)``; ``log_z``: before the steps.  An append joins the support's end, a
+    removal closes its gap.  Returns ``(costs, log_zs)``."""
+    m = ys.shape[0]
+    ns = step_y.shape[0]
+    Y = np.empty(m + ns, np.int64)
+    T = np.empty(m + ns)
+    D = np.empty(m + ns)
+    R = np.empty(m + ns)
+    Y[:m] = ys
+    T[:m] = th
+    D[:m] = db
+    R[:m] = r
+    costs = np.empty(ns)
+    log_zs = np.empty(ns)
+    for s in range(ns):
+        y = step_y[s]
+        if step_move[s] == APPEND:
+            Y[m] = y
+            T[m] = step_new[s]
+            D[m] = step_d[s]
+            R[m] = step_r[s]
+            m += 1
+        else:
+            j = 0
+            while Y[j] != y:
+                j += 1
+            if step_move[s] == ADJUST:
+                T[j] = step_new[s]
+                D[j] = step_d[s]
+            else:
+                for q in range(j, m - 1):
+                    Y[q] = Y[q + 1]
+                    T[q] = T[q + 1]
+                    D[q] = D[q + 1]
+                    R[q] = R[q + 1]
+                m -= 1
+        log_z += step_logden[s]
+        acc = 0.0
+        pen = 0.0
+        for q in range(m):
+            acc += T[q] * D[q]
+        for q in range(m):
+            pen += R[q]
+        costs[s] = ((neg_h + log_z) - acc) + pen
+        log_zs[s] = log_z
+    return costs, log_zs
+
+
+def search_threads(cells: int, walsh: bool) -> int:
+    """Threads that share a search of a sub-table of ``cells`` cells (``walsh``: Walsh-Hadamard
+    axes only): those of :func:`fsll_ooc.kernels.threadpool.num_threads` from
+    :data:`PARALLEL_MIN_CELLS` cells on, while the cores are not all busy already (one-minute
+    load average below the number of cores).  Every step waits for the pieces its helpers
+    took, so a helper that waits for a core holds the step up; on a machine whose other
+    programs keep every core busy the search runs on one thread.  The same bits either way."""
+    n = threadpool.num_threads()
+    if n <= 1 or not walsh or cells < PARALLEL_MIN_CELLS:
+        return 1
+    try:
+        busy = os.getloadavg()[0] >= (os.cpu_count() or 1)
+    except (AttributeError, OSError):  # no load average on this system
+        busy = False
+    return 1 if busy else n
+
+
+def shared_arrays(n_threads: int) -> tuple:
+    """``(ctl, iprm, fprm, pbest, ppos)`` of a search on ``n_threads`` threads (:func:`search_sub`);
+    ``n_threads`` 1: empty (the search runs on its own thread)."""
+    if n_threads <= 1:
+        return (np.zeros(0, np.int64), np.zeros(6, np.int64), np.zeros(2), np.zeros(1), np.zeros(1, np.int64))
+    pieces = _PIECES_PER_THREAD * int(n_threads) + 1
+    return (np.zeros(4, np.int64), np.zeros(6, np.int64), np.zeros(2), np.zeros(pieces), np.zeros(pieces, np.int64))
+
+
 def _examples():
     """Arguments of the types a search passes (one specialisation of each kernel)."""
     f, i, b = np.zeros(2), np.zeros(2, np.int64), np.zeros(2, np.bool_)
-    search = (f, f, f, b, f, i, b, 0.0, np.int64(1), True, i, i, i, f, i, i, 0.0, 0.0, 0.0, i, i, f, f, f, f, f)
-    return [(search_sub, search), (replay_sub, (f, i, b, i, f, f))]
+    search = (f, f, f, b, f, i, b, 0.0, np.int64(1), True, i, i, i, f, i, i, 0.0, 0.0, 0.0, i, i, f, f, f, f, f,
+              f, i, i, f, f, i, np.int64(1))
+    return [(search_sub, search), (replay_sub, (f, i, b, i, f, f)), (sub_helper, (f, f, f, np.int64(1), i, i, f, f, i)),
+            (step_costs, (i, f, f, f, i, i, f, f, f, f, 0.0, 0.0))]
 
 
 def ahead_kernels() -> list:
-    """``(dispatcher, argument types)`` of both kernels: what a fit with several steps per pass
+    """``(dispatcher, argument types)`` of the kernels: what a fit with several steps per pass
     compiles in a second process (:mod:`fsll_ooc.kernels.ahead`) while its first passes run."""
     return [(disp, tuple(disp.typeof_pyval(x) for x in args)) for disp, args in _examples()]
 
 
 def warmup() -> None:
-    """Compile (or load from numba's cache) both kernels."""
+    """Compile (or load from numba's cache) the kernels."""
     for disp, sig in ahead_kernels():
         disp.compile(sig)

@@ -35,9 +35,9 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .. import basis, cost as C
-from ..kernels import ahead as _ahead, search as _kernels_search
+from ..kernels import ahead as _ahead, search as _kernels_search, threadpool as _threadpool
 
-__all__ = ["BatchOptions", "AUTO_MIN_CELLS", "resolve_batch", "marginal_multiplier", "MULTIPLIER_MIN_FACTORS", "marginal_cells", "auto_max_cells", "choose_variables", "support_gains", "SubStep", "search_marginal", "merge_steps", "changed_variables", "sub_table"]
+__all__ = ["BatchOptions", "AUTO_MIN_CELLS", "resolve_batch", "marginal_multiplier", "MULTIPLIER_MIN_FACTORS", "marginal_cells", "auto_max_cells", "choose_variables", "support_gains", "SubStep", "search_marginal", "step_costs", "merge_steps", "changed_variables", "sub_table"]
 
 
 @dataclass(frozen=True)
@@ -338,9 +338,21 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
     walsh = np.array([basis.is_walsh(k) for k in shape], bool)
     ft = _NO_FAMILY if fam is None else fam
     r0, n_samples, scale = (0.0, 1.0, 1.0) if fam is None else (code.r0, code.N, code.scale)
-    steps = _kernels_search.search_sub(sub, dflat, r, member, th, np.array(shape, np.int64), walsh, float(epsilon),
-                                       n, fam is not None, *ft, r0, n_samples, scale, out_i, out_move, out_old,
-                                       out_new, out_t, out_delta, out_logden)
+    # a large sub-table on Walsh-Hadamard axes: every step shared with the kernels' helper threads
+    threads = _kernels_search.search_threads(flats.size, bool(walsh.all()))
+    shared = _kernels_search.shared_arrays(threads)
+    ra = np.empty(flats.size)  # the append prices (the search's, shared with its helpers)
+    try:
+        if threads > 1:
+            _threadpool.fire(threads, _kernels_search.sub_helper, sub, dflat, ra,
+                             np.int64(min(flats.size, _kernels_search.RUN)), *shared)
+        steps = _kernels_search.search_sub(sub, dflat, r, member, th, np.array(shape, np.int64), walsh,
+                                           float(epsilon), n, fam is not None, *ft, r0, n_samples, scale, out_i,
+                                           out_move, out_old, out_new, out_t, out_delta, out_logden, ra, *shared,
+                                           np.int64(threads))
+    finally:
+        if shared[0].size:
+            shared[0][2] = 1  # the helpers leave (the search sets it too when it returns)
     for s in range(steps):
         i = int(out_i[s])
         y = int(flats[i])
@@ -351,6 +363,26 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
             theta[y] = float(out_new[s])
         yield SubStep(y, move, float(out_old[s]), float(out_new[s]), float(out_t[s]), float(dflat[i]),
                       float(out_delta[s]), float(out_logden[s]))
+
+
+def step_costs(state, support: Sequence[tuple[int, float, float]], steps: Sequence[SubStep], log_z: float):
+    """The cost after each of ``steps`` (:meth:`fsll_ooc.learn.state.FitState.cost` as it would be
+    after each, the same bits) and ``log Z`` after each: ``(costs, log_zs)`` arrays, or None under
+    the family code (whose code length is not a sum over the support's terms).
+
+    ``support``: ``(flat, theta, dbar)`` of the support before the steps, in its order;
+    ``log_z``: ``log Z`` before them.  One compiled call instead of a sum over the support
+    in Python per step (:func:`fsll_ooc.kernels.search.step_costs`)."""
+    if state.penalty_code != "paper":
+        return None
+    ys = np.array([y for y, _, _ in support], np.int64)
+    code = {"append": _kernels_search.APPEND, "adjust": _kernels_search.ADJUST, "remove": _kernels_search.REMOVE}
+    return _kernels_search.step_costs(
+        ys, np.array([t for _, t, _ in support], np.float64), np.array([d for _, _, d in support], np.float64),
+        np.array(state.penalties(ys.tolist()), np.float64), np.array([s.flat for s in steps], np.int64),
+        np.array([code[s.move] for s in steps], np.int64), np.array([s.new for s in steps], np.float64),
+        np.array([s.d for s in steps], np.float64), np.array(state.penalties([s.flat for s in steps]), np.float64),
+        np.array([s.log_den for s in steps], np.float64), -state.entropy_q, float(log_z))
 
 
 def merge_steps(cards: Sequence[int], V: Sequence[int], tb0: np.ndarray, steps: Sequence[SubStep]):
