@@ -297,3 +297,39 @@ def test_search_threads_follow_the_thread_count_size_basis_and_load(monkeypatch)
         assert search.search_threads(big, True) == 1
     finally:
         threadpool.set_num_threads(None)
+
+
+def test_step_costs_are_the_state_costs_after_each_step_bit_for_bit():
+    """The batch's costs in one compiled call: FitState.cost() after each step, the same bits,
+    through appends, adjusts, removals and a removed term appended again (it joins the end)."""
+    from fsll_ooc.learn.state import FitState
+
+    cards, n = (2, 3, 4, 5), 700
+    rng = np.random.default_rng(11)
+    st = FitState(cards, n, 3.7, log_z=math.log(math.prod(cards)))
+    for y in (5, 17, 33, 2):
+        st.theta[y], st.dbar[y] = float(rng.normal()), float(rng.uniform(-1, 1))
+    moves = [(40, "append"), (17, "adjust"), (5, "remove"), (61, "append"), (40, "adjust"), (5, "append"),
+             (2, "remove"), (33, "remove"), (61, "adjust")]
+    before = [(y, v, st.dbar[y]) for y, v in st.theta.items()]
+    log_z0 = st.log_z
+    steps, want, want_z = [], [], []
+    for y, move in moves:
+        new = 0.0 if move == "remove" else float(rng.normal())
+        s = batch.SubStep(y, move, st.theta.get(y, 0.0), new, 0.1, float(rng.uniform(-1, 1)), -1e-3,
+                          float(rng.normal(0, 0.01)))
+        steps.append(s)
+        if move == "remove":
+            del st.theta[y]
+            st.dbar.pop(y)
+        else:
+            st.theta[y] = new
+            st.dbar[y] = s.d
+        st.log_z += s.log_den
+        want.append(st.cost())
+        want_z.append(st.log_z)
+    costs, log_zs = batch.step_costs(st, before, steps, log_z0)
+    assert costs.tolist() == want
+    assert log_zs.tolist() == want_z
+    st.penalty_code = "family"
+    assert batch.step_costs(st, before, steps, log_z0) is None  # the family code: cost() per step
