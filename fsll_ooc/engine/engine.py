@@ -381,8 +381,9 @@ class Engine:
     def sweep(self, support: np.ndarray, theta: np.ndarray, log_z: float,
               cells: np.ndarray) -> tuple[float, np.ndarray]:
         """The exact ``log Z`` of ``theta`` and its duals ``thetabar`` at the global flat indices
-        ``cells``, by the compute of a re-derivation without reading or writing any table
-        (docs/design.md, "Corrective phases between passes"): one task per A-band builds the
+        ``cells``, by the compute of a re-derivation without reading or writing any of the fit's
+        tables (docs/design.md, "Corrective phases between passes"; in memory, with one band,
+        it works in the scratch table's memory instead of a new band): one task per A-band builds the
         log-density of its slice from the sparse ``theta``, takes ``exp`` and transforms along
         its own variables, and reads off the cells; the transform along the head variables
         (``a > 0``) is then a short sum over the bands for each cell.  ``log Z`` is the same
@@ -395,7 +396,11 @@ class Engine:
         if L.a == 0:
             ops = (("T", L.a_axes, True), ("exp", log_z), ("normalize",), ("T", L.a_axes, False),
                    ("take", cells, np.arange(cells.size, dtype=np.int64)))
-            res = self._run("A", task_fill, lambda i: (self.ctx, "A", i, None, support, theta, ops), sweep=True)
+            # in memory the sweep works in the scratch table (no table of the fit is current there
+            # during a fit): a new band per sweep would cost the operating system's zeroed pages
+            spec = self.ctx.specs[SCRATCH]
+            buf = SCRATCH if spec.backend_impl.supports_inplace_views and not spec.backend_impl.persistent else None
+            res = self._run("A", task_fill, lambda i: (self.ctx, "A", i, buf, support, theta, ops), sweep=True)
             values = np.empty(cells.size)
             values[np.asarray(res.supp_pos, np.int64)] = res.supp_t
             return log_z + math.log(res.total), values
