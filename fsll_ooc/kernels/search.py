@@ -26,7 +26,6 @@ count changes, with :meth:`~fsll_ooc.cost.TermCode.add`'s formula.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 from numba import njit, types
@@ -49,6 +48,12 @@ _PIECES_PER_THREAD = 4
 #: Sub-tables of at least this many cells (Walsh-Hadamard axes only) are searched on every
 #: thread of :mod:`fsll_ooc.kernels.threadpool` (below it, a step is too short to share).
 PARALLEL_MIN_CELLS = 2**15
+#: A step of a shared search whose thread, its own pieces done, waits more than this many
+#: turns per cell of a piece for its helpers' pieces (a piece takes about one or two turns per
+#: cell) is stalled: a helper holding a piece waits for a core.  When more than one step in
+#: ``_STALL_STEPS`` stalls (counted from that many steps on), the search goes on alone.
+STALL_SPINS = 8
+_STALL_STEPS = 16
 
 #: Move codes of :func:`search_sub`'s output.
 APPEND, ADJUST, REMOVE = 0, 1, 2
@@ -276,7 +281,8 @@ def _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub):
 # ``ctl`` (int64): [0] the ticket ``gen << 32 | next piece`` (a piece is taken by a
 # compare-and-swap of the ticket), [1] pieces done in this generation, [2] stop, [3] pieces
 # the helpers took (all generations).
-# ``iprm`` (int64): hi, lo, hbu, leaders per piece, pieces, leaders; ``fprm``: ca, sb.
+# ``iprm`` (int64): hi, lo, hbu, leaders per piece, pieces, leaders, a stall's turns per cell
+# (:data:`STALL_SPINS`); ``fprm``: ca, sb.
 _LOW = np.int64(0xFFFFFFFF)
 
 
@@ -374,8 +380,9 @@ def _update_scan_shared(x, d, ra, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pb
     _store(ctl, 1, 0)
     _store(ctl, 0, gen << 32)  # publishes the step: the helpers may take pieces from now on
     _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, False)
+    spins = 0
     while _load(ctl, 1) < npieces:
-        pass
+        spins += 1
     best = 0.0
     bi = np.int64(-1)
     for k in range(npieces):
@@ -383,7 +390,7 @@ def _update_scan_shared(x, d, ra, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pb
         if p >= 0 and (pbest[k] < best or (pbest[k] == best and p < bi)):
             best = pbest[k]
             bi = p
-    return best, bi
+    return best, bi, spins
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -447,12 +454,14 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     scans do); the members' adjust and remove are scored from their list.
 
     ``ra``: room for ``n`` floats (the append prices, written here).
-    ``ctl`` (4 int64, zero; empty: this thread alone), ``iprm`` (6 int64), ``fprm`` (2 floats),
+    ``ctl`` (4 int64, zero; empty: this thread alone), ``iprm`` (7 int64, the last
+    :data:`STALL_SPINS`), ``fprm`` (2 floats),
     ``pbest``/``ppos`` (room for ``_PIECES_PER_THREAD * n_threads + 1`` pieces): with Walsh-Hadamard
     axes only, each step's sweep is shared in pieces with the helpers running
     :func:`sub_helper` on the same arrays (the same cells, the same bits; the champion of the
     pieces is the scan's, ties to the lowest cell).  The search sets ``ctl[2]`` (stop) when it
-    returns.
+    returns, or earlier when its helpers keep it waiting (a machine whose cores are busy with
+    other work: see :data:`STALL_SPINS`); it then goes on alone.
     """
     n = x.shape[0]
     nax = shape.shape[0]
@@ -478,6 +487,7 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     steps = 0
     shared = all_walsh and ctl.shape[0] > 0 and n_threads > 1
     gen = np.int64(0)
+    stalls = 0
     while steps < max_steps:
         bs = np.inf
         si = np.int64(-1)
@@ -544,8 +554,13 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                     kk >>= 1
             if shared:
                 gen += 1
-                ba, bi = _update_scan_shared(x, d, ra, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pbest, ppos,
-                                             n_threads, gen)
+                ba, bi, spins = _update_scan_shared(x, d, ra, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pbest,
+                                                    ppos, n_threads, gen)
+                if spins > iprm[6] * iprm[3] * run * (2 if iprm[2] else 1):  # turns per cell of a piece
+                    stalls += 1
+                if gen >= _STALL_STEPS and stalls * _STALL_STEPS > gen:  # helpers keep waiting for a core:
+                    shared = False  # this thread alone from here on (the same bits)
+                    _store(ctl, 2, 1)
             else:
                 ba, bi = _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub)
         else:
@@ -636,27 +651,20 @@ def step_costs(ys, th, db, r, step_y, step_move, step_new, step_d, step_r, step_
 def search_threads(cells: int, walsh: bool) -> int:
     """Threads that share a search of a sub-table of ``cells`` cells (``walsh``: Walsh-Hadamard
     axes only): those of :func:`fsll_ooc.kernels.threadpool.num_threads` from
-    :data:`PARALLEL_MIN_CELLS` cells on, while the cores are not all busy already (one-minute
-    load average below the number of cores).  Every step waits for the pieces its helpers
-    took, so a helper that waits for a core holds the step up; on a machine whose other
-    programs keep every core busy the search runs on one thread.  The same bits either way."""
+    :data:`PARALLEL_MIN_CELLS` cells on, else 1."""
     n = threadpool.num_threads()
-    if n <= 1 or not walsh or cells < PARALLEL_MIN_CELLS:
-        return 1
-    try:
-        busy = os.getloadavg()[0] >= (os.cpu_count() or 1)
-    except (AttributeError, OSError):  # no load average on this system
-        busy = False
-    return 1 if busy else n
+    return n if n > 1 and walsh and cells >= PARALLEL_MIN_CELLS else 1
 
 
 def shared_arrays(n_threads: int) -> tuple:
     """``(ctl, iprm, fprm, pbest, ppos)`` of a search on ``n_threads`` threads (:func:`search_sub`);
     ``n_threads`` 1: empty (the search runs on its own thread)."""
     if n_threads <= 1:
-        return (np.zeros(0, np.int64), np.zeros(6, np.int64), np.zeros(2), np.zeros(1), np.zeros(1, np.int64))
+        return (np.zeros(0, np.int64), np.zeros(7, np.int64), np.zeros(2), np.zeros(1), np.zeros(1, np.int64))
     pieces = _PIECES_PER_THREAD * int(n_threads) + 1
-    return (np.zeros(4, np.int64), np.zeros(6, np.int64), np.zeros(2), np.zeros(pieces), np.zeros(pieces, np.int64))
+    iprm = np.zeros(7, np.int64)
+    iprm[6] = STALL_SPINS
+    return (np.zeros(4, np.int64), iprm, np.zeros(2), np.zeros(pieces), np.zeros(pieces, np.int64))
 
 
 def _examples():
