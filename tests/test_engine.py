@@ -103,13 +103,16 @@ def test_passes_match_brute_force(cards, layout, backend, tmp_path):
         assert sorted(zip(sc.supp_pos, sc.supp_t, sc.supp_d)) == sorted(zip(plain.supp_pos, plain.supp_t,
                                                                             plain.supp_d))
         assert sorted(sc.top_delta)[:4] == sorted(plain.top_delta)[:4]
-    # a sweep: the same log Z and duals at any cells, no table read or written (one band: the same bits)
+    # a sweep: the same log Z and duals at any cells, no table of the fit read or written (one band:
+    # the same bits); in memory with one band it works in the scratch table, else it writes none
     before, tables = eng.passes, [_table(eng, t).copy() for t in Table]
     ys = np.array([size - 1, 0, 7, 3, 7, 1], np.int64)
     lz_s, at = eng.sweep(support, theta[support], log_z, ys)
     assert lz_s == exact_log_z and eng.passes == before and eng.sweeps >= 1
+    in_scratch = layout[0] == 0 and backend == "numpy"
     for t, old in zip(Table, tables):
-        np.testing.assert_array_equal(_table(eng, t), old)
+        if not (t == Table.SCRATCH and in_scratch):
+            np.testing.assert_array_equal(_table(eng, t), old)
     if layout[0] == 0:
         np.testing.assert_array_equal(at, exact[ys])
     np.testing.assert_allclose(at, (Phi @ oracle.model(theta, Phi))[ys], atol=1e-12)

@@ -311,3 +311,27 @@ def test_pass_args_name_the_compiled_drivers_parameters():
 
     params = list(inspect.signature(kernels.scan._kernel_blocks).parameters)
     assert list(kernels.PassArgs._fields) + ["rows", "ctr", "wait"] == params
+
+
+def test_second_order_scores_are_numpys_formula_bit_for_bit():
+    """The joint candidates' score in one compiled pass: numpy's operations in their order."""
+    from fsll_ooc.kernels import second_order_scores
+
+    rng = np.random.default_rng(2)
+    P, Q = 7, 33
+    t = rng.uniform(-1, 1, (P, Q))
+    t[0, 0], t[1, 1], t[2, 2] = 1.0, -1.0, 0.0  # 1 - t^2 = 0: the floor
+    d = rng.uniform(-1, 1, (P, Q))
+    rP, rQ, r_const = rng.uniform(0, 1e-3, P), rng.uniform(0, 1e-3, Q), 2.5e-5
+    want = t - d
+    np.square(want, out=want)
+    den = t * t
+    np.subtract(1.0, den, out=den)
+    np.maximum(den, 1e-300, out=den)
+    want /= den
+    want *= -0.5
+    want += rQ[None, :]
+    want += (r_const + rP)[:, None]
+    got = np.empty(P * Q)
+    second_order_scores(t, d, rP, rQ, r_const, got)
+    assert got.tolist() == want.reshape(-1).tolist()

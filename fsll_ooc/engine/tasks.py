@@ -519,17 +519,8 @@ def second_order_top(ctx: Context, kind: str, idx: int, t: np.ndarray, d: np.nda
     def block(b):
         p0 = starts[b]
         tb, db = t[p0:p0 + rows], d[p0:p0 + rows]
-        score = tb - db
-        np.square(score, out=score)
-        den = tb * tb
-        np.subtract(1.0, den, out=den)
-        np.maximum(den, 1e-300, out=den)
-        score /= den
-        del den
-        score *= -0.5
-        score += rQ[None, :]
-        score += (r_const + rP[p0:p0 + rows])[:, None]
-        score = score.reshape(-1)
+        score = np.empty(tb.size)
+        kernels.second_order_scores(tb, db, rP[p0:p0 + rows], rQ, r_const, score)
         if idx == 0 and p0 == 0:
             score[0] = np.inf
         kk = min(k, score.size)

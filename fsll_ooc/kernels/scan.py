@@ -62,6 +62,7 @@ from numba.core.extending import intrinsic
 from . import ahead, threadpool
 
 __all__ = ["update_scan_xor", "update_scan_perm", "update_scan_explicit", "reduce_rows", "support_moves",
+           "second_order_scores",
            "top_appends_threads",
            "top_appends", "warmup", "fit_kernels", "ahead_kernels", "PassArgs", "SUB", "CHUNK", "BLOCK_CELLS"]
 
@@ -575,6 +576,27 @@ def top_appends(t, d, rP, rQ, r_const, k, skip):
     return val, pos
 
 
+@njit(cache=True, nogil=True)
+def second_order_scores(t, d, rP, rQ, r_const, out):
+    """``out[p * Q + q] = r - (t - d)^2 / (2 (1 - t^2))`` for the ``(P, Q)`` rows ``t``, ``d``
+    (``r = r_const + rP[p] + rQ[q]``): the joint selection's candidate score, one pass without
+    temporaries, in the order of operations of numpy's ``((t - d)^2 / max(1 - t^2, 1e-300)) * -0.5
+    + rQ + (r_const + rP)`` (the same bits)."""
+    P, Q = t.shape
+    for p in range(P):
+        rp = r_const + rP[p]
+        tp = t[p]
+        dp = d[p]
+        base = p * Q
+        for q in range(Q):
+            tv = tp[q]
+            s = tv - dp[q]
+            s = s * s
+            den = 1.0 - tv * tv
+            s = s / max(den, 1e-300)
+            out[_U(base + q)] = (s * -0.5 + rQ[q]) + rp
+
+
 #: :func:`top_appends_threads` gives each piece about this many cells (whole rows).
 TOP_PIECE = 2**17
 
@@ -626,7 +648,8 @@ def fit_kernels() -> list:
     one = np.zeros(1)
     examples = [(_blocks, (*a, np.int64(1), np.zeros(2, np.int64), True)),
                 (reduce_rows, (a.row_best, a.row_pos)),
-                (_support_moves, (np.zeros(1, np.int64), one, one, one, one))]
+                (_support_moves, (np.zeros(1, np.int64), one, one, one, one)),
+                (second_order_scores, (a.t, a.d, a.rP, a.rQ, 0.0, one))]
     return [(disp, tuple(disp.typeof_pyval(x) for x in args)) for disp, args in examples]
 
 
