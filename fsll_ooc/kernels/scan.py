@@ -55,11 +55,10 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, types
-from numba.core import cgutils
-from numba.core.extending import intrinsic
+from numba import njit
 
 from . import ahead, threadpool
+from .atomics import fetch_add
 
 __all__ = ["update_scan_xor", "update_scan_perm", "update_scan_explicit", "reduce_rows", "support_moves",
            "second_order_scores",
@@ -70,21 +69,6 @@ SUB = 64  # cells per branch-free bound test
 CHUNK = 1024  # cells per gathered partner chunk (8 KiB: stays in L1)
 BLOCK_CELLS = 1 << 16  # cells per piece of work taken by one thread (``parallel=True``)
 _U = np.uint64
-
-
-@intrinsic
-def _fetch_add(typingctx, arr, idx, val):
-    """``old = arr[idx]; arr[idx] += val; return old`` as one atomic (sequentially
-    consistent) instruction: how the threads of a pass take rows and count them done."""
-    sig = types.int64(arr, types.intp, types.int64)
-
-    def codegen(context, builder, signature, args):
-        aty = signature.args[0]
-        ary = context.make_array(aty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]])
-        return builder.atomic_rmw("add", ptr, args[2], "seq_cst")
-
-    return sig, codegen
 
 
 @njit(inline="always")
@@ -303,7 +287,7 @@ def _kernel_blocks(t, partner, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb,
     P = t.shape[0]
     nblocks = (P + rows - 1) // rows
     while True:
-        k = _fetch_add(ctr, 0, 1)
+        k = fetch_add(ctr, 0, 1)
         if k >= nblocks:
             break
         b = threshold
@@ -316,8 +300,8 @@ def _kernel_blocks(t, partner, d, rP, rQ, r_const, permP, permQ, mp, mq, ca, sb,
                                    np.int64(p), b, pos)
             row_best[p] = b
             row_pos[p] = pos
-        _fetch_add(ctr, 1, 1)
-    while wait and _fetch_add(ctr, 1, 0) < nblocks:
+        fetch_add(ctr, 1, 1)
+    while wait and fetch_add(ctr, 1, 0) < nblocks:
         pass
 
 

@@ -28,12 +28,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, types
-from numba.core import cgutils
-from numba.core.extending import intrinsic
+from numba import njit
 
 from . import threadpool
-from .scan import _fetch_add
+from .atomics import cas, fetch_add, load, store
 
 __all__ = ["kl_to_optimum", "search_sub", "sub_helper", "step_costs", "search_threads", "shared_arrays", "replay_sub", "ahead_kernels", "warmup",
            "PARALLEL_MIN_CELLS", "RUN"]
@@ -286,69 +284,25 @@ def _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub):
 _LOW = np.int64(0xFFFFFFFF)
 
 
-@intrinsic
-def _cas(typingctx, arr, idx, expected, new):
-    """``arr[idx] = new`` if it holds ``expected``, atomically (sequentially consistent); did it?"""
-    sig = types.boolean(arr, types.intp, types.int64, types.int64)
-
-    def codegen(context, builder, signature, args):
-        aty = signature.args[0]
-        ary = context.make_array(aty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]])
-        res = builder.cmpxchg(ptr, args[2], args[3], "seq_cst", "seq_cst")
-        return builder.extract_value(res, 1)
-
-    return sig, codegen
-
-
-@intrinsic
-def _load(typingctx, arr, idx):
-    """``arr[idx]``, an atomic (sequentially consistent) read."""
-    sig = types.int64(arr, types.intp)
-
-    def codegen(context, builder, signature, args):
-        aty = signature.args[0]
-        ary = context.make_array(aty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]])
-        return builder.load_atomic(ptr, "seq_cst", 8)
-
-    return sig, codegen
-
-
-@intrinsic
-def _store(typingctx, arr, idx, val):
-    """``arr[idx] = val``, an atomic (sequentially consistent) write."""
-    sig = types.void(arr, types.intp, types.int64)
-
-    def codegen(context, builder, signature, args):
-        aty = signature.args[0]
-        ary = context.make_array(aty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]])
-        builder.store_atomic(args[2], ptr, "seq_cst", 8)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 @njit(inline="always")
 def _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, helper):
     """Take pieces of the current generation until none is left; returns when the ticket
     says so (the pieces taken by others may still run).  A helper counts its pieces in
     ``ctl[3]``."""
     while True:
-        c = _load(ctl, 0)
+        c = load(ctl, 0)
         k = c & _LOW
         if k >= iprm[4]:
             return
-        if not _cas(ctl, 0, c, c + 1):
+        if not cas(ctl, 0, c, c + 1):
             continue
         per = iprm[3]
         m0 = k * per
         m1 = min(m0 + per, iprm[5])
         pbest[k], ppos[k] = _xor_runs(x, d, ra, iprm[0], iprm[1], iprm[2], fprm[0], fprm[1], run, m0, m1, ua, ub)
         if helper:
-            _fetch_add(ctl, 3, 1)
-        _fetch_add(ctl, 1, 1)
+            fetch_add(ctl, 3, 1)
+        fetch_add(ctl, 1, 1)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -357,7 +311,7 @@ def sub_helper(x, d, ra, run, ctl, iprm, fprm, pbest, ppos):
     takes pieces of every step's update + scan as they come, until the search says stop."""
     ua = np.empty(run)
     ub = np.empty(run)
-    while _load(ctl, 2) == 0:
+    while load(ctl, 2) == 0:
         _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, True)
 
 
@@ -377,11 +331,11 @@ def _update_scan_shared(x, d, ra, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pb
     iprm[5] = nlead
     fprm[0] = ca
     fprm[1] = sb
-    _store(ctl, 1, 0)
-    _store(ctl, 0, gen << 32)  # publishes the step: the helpers may take pieces from now on
+    store(ctl, 1, 0)
+    store(ctl, 0, gen << 32)  # publishes the step: the helpers may take pieces from now on
     _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, False)
     spins = 0
-    while _load(ctl, 1) < npieces:
+    while load(ctl, 1) < npieces:
         spins += 1
     best = 0.0
     bi = np.int64(-1)
@@ -560,7 +514,7 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                     stalls += 1
                 if gen >= _STALL_STEPS and stalls * _STALL_STEPS > gen:  # helpers keep waiting for a core:
                     shared = False  # this thread alone from here on (the same bits)
-                    _store(ctl, 2, 1)
+                    store(ctl, 2, 1)
             else:
                 ba, bi = _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub)
         else:
@@ -575,7 +529,7 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
         out_logden[steps] = math.log(den)
         steps += 1
     if ctl.shape[0]:
-        _store(ctl, 2, 1)
+        store(ctl, 2, 1)
     return steps
 
 
