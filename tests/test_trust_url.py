@@ -22,8 +22,9 @@ def _interrupted(s3, name, monkeypatch):
         FSLL(store=f"s3://bucket/{name}", storage_options=s3, **KW).fit(_data())
     monkeypatch.undo()
     root = URLRoot(f"s3://bucket/{name}", s3)
-    state = root.read_json("fsll_state.json")
-    spec = root.table_spec("zarr", "dbar", CARDS, state["chunks"], fit_id=state["fit_id"])
+    fs = FitStore(root, storage_options=s3)
+    fs.read()
+    spec = fs.stored_spec("dbar", CARDS, root.read_json("fsll_state.json")["chunks"])
     return root, spec
 
 
@@ -107,7 +108,7 @@ def test_worker_processes_never_write_a_new_fit_through_an_old_handle(s3, client
     fs = FitStore(store, storage_options=kw["storage_options"])
     state = fs.read()
     for name in ("dbar", "thetabar"):
-        spec = fs.io.table_spec(state.backend, name, CARDS, second.plan_.layout.chunk_shape, fit_id=fs._meta["fit_id"])
+        spec = fs.stored_spec(name, CARDS, second.plan_.layout.chunk_shape)
         storage.verify_table(spec)
     stop_after(monkeypatch, 4)
     with pytest.raises(Crash):
@@ -141,6 +142,78 @@ def test_a_writer_whose_lease_was_taken_over_writes_no_chunk(s3, monkeypatch):
             storage.write(spec, (slice(0, 2), slice(0, 3)), np.zeros((2, 3)))
         np.testing.assert_array_equal(storage.read(spec, (slice(None), slice(None))), np.full((4, 6), 2.0))
         b.release()
+
+
+def test_a_stalled_writer_whose_lease_was_taken_over_cannot_damage_its_successor(s3, monkeypatch):
+    """Writer A checks its lease for a band of ``thetabar`` and stops right there (SIGSTOP,
+    say) for longer than its lease; B takes the store over and resumes; A continues in the
+    middle of B's fit and its band lands.  B refuses that chunk by name at its next read
+    (bound to A's lease, not B's), with the fix; the state keeps B's last checkpoint, and a
+    plain resume ends in the model of the uninterrupted fit.  (Before, the chunk passed for
+    one of B's: "dual of cell 6 is 2.66, outside [-1,1]" and every later plain resume failed.)"""
+    import threading
+
+    from fsll_ooc.storage import zarr_url
+
+    url = "s3://bucket/stalled"
+    root, dbar = _interrupted(s3, "stalled", monkeypatch)
+    a = FitStore(url, storage_options=s3)
+    a.read()
+    band = storage.base.chunk_slices(dbar, _two_chunks(dbar)[0])
+    # plausible duals: those of the interrupted fit's last checkpoint
+    values = storage.read(a.stored_spec("thetabar", CARDS, dbar.chunks), band)
+    checked, go = threading.Event(), threading.Event()
+    writing = a.writing("fit", "resuming")
+    writing.__enter__()
+    theta_a = a.open_tables(CARDS, dbar.chunks)[1]
+    assert theta_a.lease == theta_a.generation == a._lock.lease_token
+    real_check = zarr_url.check_lease
+
+    def check_then_stall(spec):  # A passes its lease check, then stops before its PUT
+        real_check(spec)
+        if spec.lease == theta_a.lease:
+            checked.set()
+            go.wait()
+
+    monkeypatch.setattr(zarr_url, "check_lease", check_then_stall)
+    late = threading.Thread(target=storage.write, args=(theta_a, band, values))
+    late.start()
+    try:
+        _take_over_while_stalled(url, s3, a, late, checked, go, monkeypatch)
+    finally:
+        go.set()
+        late.join()
+        writing.__exit__(None, None, None)  # A stops ("lock was lost" at its next write)
+    monkeypatch.undo()
+    stored = FitStore(url, storage_options=s3).read()
+    assert stored.status == "running" and stored.state["n_iter"] == 3  # B's checkpoint, nothing after
+    m = FSLL.resume(url, storage_options=s3)
+    _same_model(m, FSLL(**KW).fit(_data()), exact=False)
+
+
+def _take_over_while_stalled(url, s3, a, late, checked, go, monkeypatch):
+    """A (stalled in thread ``late`` once ``checked``) looks stale; B resumes; after B's first
+    checkpoint A continues (``go``) and its band lands; B must refuse it by name."""
+    from fsll_ooc.storage import url_store
+    from interrupts import on_persist
+
+    while not checked.wait(0.1):  # (polled: a write that failed before its check must not hang the test)
+        assert late.is_alive(), "A's write ended before its lease check"
+    a._lock._stop.set()  # stopped: A renews its lease no more, and it looks stale to B
+    later = url_store._now() + url_store.LEASE + url_store.CLOCK_SLACK + 1
+    monkeypatch.setattr(url_store, "_now", lambda: later)
+
+    def a_continues():  # after B's first checkpoint, A's band lands
+        go.set()
+        late.join()
+
+    on_persist(monkeypatch, 1, a_continues)
+    with pytest.raises(IntegrityError) as e:
+        FSLL.resume(url, storage_options=s3)  # B
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{url}/thetabar/c/"), msg
+    assert "taken over" in msg and f"FSLL.resume({url!r}) writes this table again" in msg, msg
+    assert not late.is_alive()
 
 
 URL_DAMAGES = ("swap", "move", "truncate", "replace", "foreign")
@@ -224,3 +297,21 @@ def test_keys_with_integers_read_and_write_through_the_checks(s3):
     storage.write(spec, (0, 1, slice(1, 3)), np.array([-1.0, -2.0]))  # part of a chunk
     want[0, 1, 1:3] = [-1, -2]
     np.testing.assert_array_equal(storage.read(spec, (slice(None),) * 3), want)
+
+
+def test_the_learners_refusals_name_a_url_store_with_both_slashes():
+    """The learner names the store of its tables in its refusals: ``s3://bucket/s``, never
+    ``s3:/bucket/s`` (a URL put through ``pathlib`` loses a slash)."""
+    from types import SimpleNamespace
+
+    from fsll_ooc.engine import Table
+    from fsll_ooc.learn.checks import store_of
+    from fsll_ooc.storage.base import TableSpec
+
+    def named(path):
+        spec = TableSpec("zarr_url" if "://" in path else "zarr", path, (2, 3), (2, 3))
+        return store_of(SimpleNamespace(ctx=SimpleNamespace(specs={Table.THETABAR: spec})))
+
+    assert named("s3://bucket/s/thetabar") == "s3://bucket/s"
+    assert named("gs://bucket/a/b/thetabar") == "gs://bucket/a/b"
+    assert named("/tmp/store/thetabar") == "/tmp/store"

@@ -83,10 +83,9 @@ def test_a_cluster_fits_against_an_s3_store_to_the_local_store_model(s3, client,
     assert b"endpoint_url" not in root.read_bytes("fsll_state.json")  # options are not kept in the store
     fs = FitStore("s3://bucket/fit", storage_options=s3)
     assert fs.read().status == "complete"
-    fit_id = root.read_json("fsll_state.json")["fit_id"]  # chunk checksums are bound to it
-    for name in ("dbar", "thetabar"):  # every chunk object present with its size and checksum
-        storage.verify_table(fs.io.table_spec("zarr", name, m.cardinalities_, m.plan_.layout.chunk_shape,
-                                              fit_id=fit_id))
+    for name in ("dbar", "thetabar"):  # every chunk object present with its size and checksum (bound to
+        # the fit's id and the writer's lease, as the state says)
+        storage.verify_table(fs.stored_spec(name, m.cardinalities_, m.plan_.layout.chunk_shape))
     # a reader of the finished store (the workers compute its probabilities) has the same model
     again = FSLL.resume("s3://bucket/fit", storage_options=s3, scheduler=client)
     _same_model(again, local_model)

@@ -17,7 +17,6 @@ store, a chunk written by someone else) or a bug; the fit stops with an
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 
@@ -46,7 +45,7 @@ def store_of(engine) -> str:
     spec = engine.ctx.specs[Table.THETABAR]
     if spec.path is None:
         return f"the {spec.backend!r} tables in memory"
-    return str(Path(spec.path).parent)
+    return str(spec.path).rstrip("/").rsplit("/", 1)[0]  # not Path: "s3://b/s" would become "s3:/b/s"
 
 
 def _fail(engine, problem: str):

@@ -41,7 +41,10 @@ class TableSpec:
     checksum to it, to the table and to the chunk's position:
     :mod:`fsll_ooc.storage.binding`); ``lease`` (a table of a store at a URL, written
     under its lease) is the token of the writer's lease: every write first checks that the
-    store's lock object still names it (:mod:`fsll_ooc.storage.url_store`).
+    store's lock object still names it (:mod:`fsll_ooc.storage.url_store`); ``generation``
+    (a table of a store at a URL) names the lease under which its chunks were written, and
+    is bound into every chunk's checksum with ``fit_id`` (:func:`fsll_ooc.storage.binding.place`),
+    so a chunk a writer sent after its lease was taken over is refused at the next read.
 
     Small and picklable, so a dask worker in another process opens the same table by itself
     (:func:`fsll_ooc.storage.open_table`); a table that lives in this process's memory refuses
@@ -57,6 +60,7 @@ class TableSpec:
     options: str | None = None
     fit_id: str = ""
     lease: str = ""
+    generation: str = ""
 
     def __reduce__(self):
         if not self.backend_impl.persistent:
@@ -64,7 +68,7 @@ class TableSpec:
                             f"another process; use a store (backend one of {_persistent_names()}) with a "
                             "distributed scheduler")
         return (TableSpec, (self.backend, self.path, self.shape, self.chunks, self.dtype, None, self.options,
-                            self.fit_id, self.lease))
+                            self.fit_id, self.lease, self.generation))
 
     @property
     def backend_impl(self) -> "TableBackend":

@@ -14,7 +14,14 @@ already has ``crc32c(D)`` (zarr's ``crc32c`` codec stores it after the chunk's b
 need not read ``D`` again.  Two chunks of a table swapped, a chunk moved to another
 table, or a table copied from another fit (same cardinalities, so same sizes and
 metadata) then fail the check and are refused naming the file, unless their bytes are
-identical (then nothing changed).  See ``docs/reliability.md``.
+identical (then nothing changed).
+
+A table of a store at a URL, whose writer lock is a lease that can be taken over, binds
+one more field: ``0 GENERATION``, the id of the lease under which the chunk was written
+(``TableSpec.generation``).  A writer binds what it writes to its own lease and reads
+every table it rewrote under that lease; a chunk sent late by a writer whose lease was
+taken over then fails the check at its successor's next read, instead of passing for
+one of the successor's.  See ``docs/reliability.md``.
 """
 from __future__ import annotations
 
@@ -42,9 +49,11 @@ def crc_path(spec: TableSpec) -> str:
 
 
 def place(spec: TableSpec, i: int) -> bytes:
-    """The bytes naming chunk ``i`` of table ``spec`` in its fit."""
+    """The bytes naming chunk ``i`` of table ``spec`` in its fit (and, for a table written
+    under a lease, ``0 GENERATION`` after them: the lease that wrote it)."""
     name = os.path.basename(spec.path) if spec.path else ""
-    return b"fsll-ooc\0" + f"{spec.fit_id}\0{name}\0{int(i)}".encode()
+    lease = f"\0{spec.generation}" if spec.generation else ""
+    return b"fsll-ooc\0" + f"{spec.fit_id}\0{name}\0{int(i)}{lease}".encode()
 
 
 def bind(spec: TableSpec, crc: int, i: int) -> int:

@@ -75,6 +75,11 @@ _OLD_STORE = ("written by an older fsll-ooc whose chunk checksums do not bind a 
               "data kept in the store and fits again")
 _DAMAGED = ("the store's tables cannot be trusted; FSLL.resume({store!r}, restart=True) rebuilds them from the "
             "data kept in the store and fits again")
+#: The fix for a damaged table that every resume writes again before reading it.
+_REDERIVED = ("FSLL.resume({store!r}) writes this table again from the last checkpoint and continues "
+              "(restart=True rebuilds every table from the data kept in the store and fits again)")
+#: Tables a resume writes again before reading them (from the parameters of the last checkpoint).
+REDERIVED_TABLES = ("thetabar", "scratch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +166,7 @@ class FitStore:
         self.backend = obj["backend"]
         self._params = params
         self._meta = {k: obj.get(k) for k in ("counts", "tables", "feature_names", "categories", "kl_data",
-                                              "files", "extra", "fit_id")}
+                                              "files", "extra", "fit_id", "generations")}
         self._durable = {"files": obj.get("files")}
         return StoredFit(obj["status"], obj["backend"], tuple(obj["layout"]), params, obj["state"],
                          obj.get("feature_names"), obj.get("categories"), obj.get("kl_data"))
@@ -274,7 +279,7 @@ class FitStore:
         self.plan = plan
         self._stored = (len(stored.state.get("history") or ()), stored.state.get("entropy_q"))
         self._meta = {k: self._meta.get(k) for k in ("counts", "tables", "feature_names", "categories", "files",
-                                                     "extra", "fit_id")}
+                                                     "extra", "fit_id", "generations")}
         self._tidy()
         self.resumable = True
 
@@ -302,19 +307,49 @@ class FitStore:
         self._watch(state, 0, None)
         self._meta["fit_id"] = _new_fit_id()
         self._meta.pop("tables", None)
+        self._meta.pop("generations", None)
         self.write_state(state, "starting")
 
     def create_tables(self, cards, chunks) -> list[TableSpec]:
         """New, empty tables ``dbar``, ``thetabar``, ``scratch`` in the store."""
         if not self._meta.get("fit_id"):
             self._meta["fit_id"] = _new_fit_id()
-        return [self._leased(self.io.create_table(self.backend, nm, cards, chunks, fit_id=self._meta["fit_id"]))
-                for nm in TABLE_NAMES]
+        specs = [self._leased(self.io.create_table(self.backend, nm, cards, chunks, fit_id=self._meta["fit_id"]))
+                 for nm in TABLE_NAMES]
+        self._record_generations(specs)
+        return specs
 
-    def _leased(self, spec: TableSpec) -> TableSpec:
-        """``spec`` whose writes check this writer's lease first (a store at a URL, under its lock)."""
-        token = getattr(getattr(self, "_lock", None), "lease_token", None)
-        return dataclasses.replace(spec, lease=token) if token and self._lock.held else spec
+    def _lease_token(self) -> str | None:
+        """The id of this writer's lease (a store at a URL, under its lock), else None."""
+        lock = getattr(self, "_lock", None)
+        token = getattr(lock, "lease_token", None)
+        return token if token and lock.held else None
+
+    def _leased(self, spec: TableSpec, generation: str | None = None) -> TableSpec:
+        """``spec`` as this writer writes it: at a URL, under its lock, every write checks the
+        lease first, and the chunks are bound to the lease (``generation``: the lease of
+        the chunks to read, for a table this writer reads but does not write again)."""
+        token = self._lease_token()
+        if token is None:
+            return spec
+        return dataclasses.replace(spec, lease=token, generation=token if generation is None else generation)
+
+    def _record_generations(self, specs) -> None:
+        """Keep, from the next state write on, the lease each table's chunks are bound to."""
+        if self._lease_token() is not None:
+            self._meta["generations"] = {nm: sp.generation for nm, sp in zip(TABLE_NAMES, specs)}
+
+    def _generation(self, name: str) -> str:
+        """The lease the chunks of table ``name`` were written under, as the state says ("": none)."""
+        gens = self._meta.get("generations")
+        gen = gens.get(name) if isinstance(gens, dict) else None
+        return gen if isinstance(gen, str) else ""
+
+    def stored_spec(self, name: str, cards, chunks) -> TableSpec:
+        """Table ``name`` as the state read last describes it (its fit and, at a URL, the lease
+        its chunks are bound to): what reads or verifies it outside a fit."""
+        spec = self.io.table_spec(self.backend, name, cards, chunks, fit_id=self._meta.get("fit_id") or "")
+        return dataclasses.replace(spec, generation=self._generation(name))
 
     def tables_ready(self, specs, state) -> None:
         """Targets and duals written: make them durable, fingerprint the tables, status ``running``."""
@@ -368,11 +403,15 @@ class FitStore:
         of this process, removed when ``reader_owner`` is garbage collected.
         """
         fit_id = self._meta.get("fit_id") or ""
-        specs = [self.io.table_spec(self.backend, nm, cards, chunks, fit_id=fit_id) for nm in TABLE_NAMES]
+        specs = [self.stored_spec(nm, cards, chunks) for nm in TABLE_NAMES]
         if reader_owner is not None:
             specs[2] = self._reader_scratch(tuple(cards), tuple(chunks), reader_owner)
             return specs
-        specs = [self._leased(sp) for sp in specs]
+        # a resume writes thetabar and scratch again (under its own lease) before reading
+        # them; the targets are read as written, unless the fit writes them again too
+        specs = [self._leased(sp, sp.generation if nm == "dbar" and check_targets else None)
+                 for nm, sp in zip(TABLE_NAMES, specs)]
+        self._record_generations(specs)
         if not fit_id:
             raise IntegrityError(self.state_file, _OLD_STORE.format(store=str(self.root)))
         tables = self._meta.get("tables") or {}
@@ -391,7 +430,16 @@ class FitStore:
         try:
             yield
         except IntegrityError as e:
-            raise IntegrityError(e.path, e.problem, _DAMAGED.format(store=str(self.root))) from None
+            fix = _REDERIVED if self._table_of(e.path) in REDERIVED_TABLES else _DAMAGED
+            raise IntegrityError(e.path, e.problem, fix.format(store=str(self.root))) from None
+
+    def _table_of(self, path: str) -> str | None:
+        """The table of the store that ``path`` (a table's file, chunk or side file) belongs to."""
+        root = str(self.root).rstrip("/") + "/"
+        if not str(path).startswith(root):
+            return None
+        name = str(path)[len(root):].split("/", 1)[0].split(".", 1)[0]
+        return name if name in TABLE_NAMES else None
 
     # ------------------------------------------------------------------ internals
     def write_state(self, state, status: str) -> None:

@@ -26,6 +26,15 @@ The writer lock is the object ``STORE/fsll.lock`` (:class:`ObjectLock`), a lease
 * broken by hand (a fit that is known to be gone) by deleting the object
   ``STORE/fsll.lock``.
 
+A writer whose lease was taken over (stopped for longer than the lease, then continued)
+must not damage its successor: every table write first checks that the lock object
+still names its lease (:func:`check_lease`), every state write too
+(:meth:`ObjectLock.check`), and every chunk it writes is bound to its lease
+(``TableSpec.generation``, :mod:`fsll_ooc.storage.binding`).  A check and the PUT after
+it are two requests, so a writer stopped between them still sends that one band late;
+its successor, which wrote the table again under its own lease, refuses the chunk by
+name at its next read, and a plain resume writes that table again.
+
 The conditional PUTs are S3's (AWS S3 and servers that implement its conditional
 writes); on other object stores the lock is created with fsspec's exclusive create where
 the filesystem provides one and renewed and taken over without a condition: there two
@@ -411,7 +420,13 @@ class ObjectLock:
 
     def check(self) -> None:
         """Raise :class:`StoreLockedError` if this writer lost the lock (its lease ran out and
-        another writer took the store over, or the lock object was deleted by hand)."""
+        another writer took the store over, or the lock object was deleted by hand): what the
+        heartbeat found, else what the lock object says now (one GET)."""
+        if not self._lost and self._held:
+            record, _, _ = _server_age(self.root.fs, self._path)
+            if record is None or record.get("token") != self._token:
+                self._lost = ("this writer's lease on the store ran out and was taken over or removed: it writes "
+                              "nothing more")
         if self._lost:
             raise StoreLockedError(self.root.url, _server_age(self.root.fs, self._path)[0], False, self._lost)
 

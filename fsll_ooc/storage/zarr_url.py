@@ -17,9 +17,11 @@ are no temporary objects to clean up.
 
 The 4 bytes after a chunk's values, where zarr's ``crc32c`` codec keeps the CRC-32C of the
 values, hold that CRC bound to the chunk's place (:func:`fsll_ooc.storage.binding.bind`:
-the fit's id, the table's name, the chunk's number), so a chunk object swapped with
-another, moved from another table or copied from another fit is refused by name, as on a
-local disk, with no side object to keep in step.  The price: zarr itself (or
+the fit's id, the table's name, the chunk's number, and the lease it was written under),
+so a chunk object swapped with another, moved from another table or copied from another
+fit is refused by name, as on a local disk, with no side object to keep in step; and so
+is a chunk that a writer whose lease was taken over sent after its successor rewrote
+the table.  The price: zarr itself (or
 ``dask.array.from_zarr``) refuses these chunks as damaged; read a table through
 :func:`fsll_ooc.storage.read` or :func:`fsll_ooc.storage.as_array`.
 """
@@ -74,7 +76,10 @@ def _decode(spec: TableSpec, where: str, data, coords) -> np.ndarray:
         if stored == crc:
             raise IntegrityError(where, "chunk checksum is not bound to its place (the object was written by zarr "
                                         "itself or by an older fsll-ooc)")
-        raise IntegrityError(where, "chunk checksum mismatch: the object was altered or damaged, or " + binding.PLACE_PROBLEM)
+        late = ("; or it was sent late by a writer whose lease on the store had been taken over, and is not "
+                "this writer's" if spec.generation else "")
+        raise IntegrityError(where, "chunk checksum mismatch: the object was altered or damaged, or "
+                             + binding.PLACE_PROBLEM + late)
     return np.frombuffer(body, dtype=np.dtype(spec.dtype).newbyteorder("<")).reshape(spec.chunks)
 
 
