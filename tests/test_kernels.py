@@ -313,16 +313,20 @@ def test_pass_args_name_the_compiled_drivers_parameters():
     assert list(kernels.PassArgs._fields) + ["rows", "ctr", "wait"] == params
 
 
-def test_second_order_scores_are_numpys_formula_bit_for_bit():
-    """The joint candidates' score in one compiled pass: numpy's operations in their order."""
-    from fsll_ooc.kernels import second_order_scores
+@pytest.mark.parametrize("k,skip", [(5, -1), (5, 0), (40, 3), (400, 0)])
+def test_second_order_lowest_is_the_lowest_of_numpys_scores(k, skip):
+    """The joint candidates in one compiled pass: numpy's scores (bit for bit) and the ``k``
+    lowest of them by score, then position; the skipped cell scores +inf."""
+    from fsll_ooc.kernels import second_order_lowest
 
     rng = np.random.default_rng(2)
     P, Q = 7, 33
     t = rng.uniform(-1, 1, (P, Q))
-    t[0, 0], t[1, 1], t[2, 2] = 1.0, -1.0, 0.0  # 1 - t^2 = 0: the floor
+    t[0, 1], t[1, 1], t[2, 2] = 1.0, -1.0, 0.0  # 1 - t^2 = 0: the floor
     d = rng.uniform(-1, 1, (P, Q))
+    d[4], t[4] = d[3], t[3]  # a whole row of ties
     rP, rQ, r_const = rng.uniform(0, 1e-3, P), rng.uniform(0, 1e-3, Q), 2.5e-5
+    rP[4] = rP[3]
     want = t - d
     np.square(want, out=want)
     den = t * t
@@ -332,6 +336,11 @@ def test_second_order_scores_are_numpys_formula_bit_for_bit():
     want *= -0.5
     want += rQ[None, :]
     want += (r_const + rP)[:, None]
-    got = np.empty(P * Q)
-    second_order_scores(t, d, rP, rQ, r_const, got)
-    assert got.tolist() == want.reshape(-1).tolist()
+    want = want.reshape(-1)
+    if skip >= 0:
+        want[skip] = np.inf
+    order = np.lexsort((np.arange(want.size), want))[:k]
+    val, pos = second_order_lowest(t, d, rP, rQ, r_const, k, np.int64(skip))
+    got = np.lexsort((pos, val))
+    assert pos[got].tolist() == order.tolist()
+    assert val[got].tolist() == want[order].tolist()

@@ -498,17 +498,18 @@ def task_top_candidates(ctx: Context, idx: int, k: int) -> tuple[np.ndarray, np.
     return second_order_top(ctx, "A", idx, t, d, k)
 
 
-#: :func:`second_order_top` scores this many cells at a time (two buffers of this size live
-#: next to the band's own: a scan that also takes a joint selection's candidates stays
-#: within the planner's memory per task).
+#: :func:`second_order_top` scores this many cells per piece of work (a piece keeps its ``k``
+#: best; the pieces run on every thread in core).
 SCORE_BLOCK = 2**18
 
 
 def second_order_top(ctx: Context, kind: str, idx: int, t: np.ndarray, d: np.ndarray,
                      k: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` best cells of band ``idx`` of ``kind`` (duals ``t``, targets ``d``, ``(P, Q)``)
-    by ``r - (t - d)^2 / (2 (1 - t^2))`` (``y = 0`` excluded): (global flat, score), in blocks
-    of rows of about :data:`SCORE_BLOCK` cells (read only; on every thread with ``ctx.threads``)."""
+    by ``r - (t - d)^2 / (2 (1 - t^2))`` (``y = 0`` scored ``+inf``; ties to the lowest position):
+    (global flat, score), by blocks of rows of about :data:`SCORE_BLOCK` cells, each keeping its
+    ``k`` best (:func:`fsll_ooc.kernels.second_order_lowest`; read only; on every thread with
+    ``ctx.threads``)."""
     L = ctx.layout
     shape, j, P, Q, rP, rQ = ctx.geometry(kind)
     rows = max(1, SCORE_BLOCK // max(Q, 1))
@@ -518,20 +519,14 @@ def second_order_top(ctx: Context, kind: str, idx: int, t: np.ndarray, d: np.nda
 
     def block(b):
         p0 = starts[b]
-        tb, db = t[p0:p0 + rows], d[p0:p0 + rows]
-        score = np.empty(tb.size)
-        kernels.second_order_scores(tb, db, rP[p0:p0 + rows], rQ, r_const, score)
-        if idx == 0 and p0 == 0:
-            score[0] = np.inf
-        kk = min(k, score.size)
-        local = np.argpartition(score, kk - 1)[:kk] if kk < score.size else np.arange(score.size)
-        keep_pos[b] = local + p0 * Q
-        keep_score[b] = score[local]
+        skip = 0 if idx == 0 and p0 == 0 else -1
+        keep_score[b], keep_pos[b] = kernels.second_order_lowest(t[p0:p0 + rows], d[p0:p0 + rows], rP[p0:p0 + rows],
+                                                                 rQ, r_const, int(k), np.int64(skip))
+        keep_pos[b] = keep_pos[b] + p0 * Q
 
     # the blocks on every thread when the band is its pass's only task (in core): each block's
     # numbers and choice are the same, kept in block order
     threadpool.parallel_for(threadpool.num_threads() if ctx.threads else 1, len(starts), block)
     pos, score = np.concatenate(keep_pos), np.concatenate(keep_score)
-    k = min(k, score.size)
-    local = np.argpartition(score, k - 1)[:k] if k < score.size else np.arange(score.size)
+    local = np.lexsort((pos, score))[:k]  # by score, ties to the lowest position
     return local_to_global(L, kind, idx, pos[local]), score[local].copy()

@@ -61,7 +61,7 @@ from . import ahead, threadpool
 from .atomics import fetch_add
 
 __all__ = ["update_scan_xor", "update_scan_perm", "update_scan_explicit", "reduce_rows", "support_moves",
-           "second_order_scores",
+           "second_order_lowest",
            "top_appends_threads",
            "top_appends", "warmup", "fit_kernels", "ahead_kernels", "PassArgs", "SUB", "CHUNK", "BLOCK_CELLS"]
 
@@ -560,25 +560,55 @@ def top_appends(t, d, rP, rQ, r_const, k, skip):
     return val, pos
 
 
+@njit(inline="always")
+def _second_order(tv, dv, r):
+    """``r - (t - d)^2 / (2 (1 - t^2))`` in the order of operations of numpy's
+    ``((t - d)^2 / max(1 - t^2, 1e-300)) * -0.5 + rQ + (r_const + rP)`` (``r`` split so)."""
+    s = tv - dv
+    s = s * s
+    den = 1.0 - tv * tv
+    return (s / max(den, 1e-300)) * -0.5
+
+
 @njit(cache=True, nogil=True)
-def second_order_scores(t, d, rP, rQ, r_const, out):
-    """``out[p * Q + q] = r - (t - d)^2 / (2 (1 - t^2))`` for the ``(P, Q)`` rows ``t``, ``d``
-    (``r = r_const + rP[p] + rQ[q]``): the joint selection's candidate score, one pass without
-    temporaries, in the order of operations of numpy's ``((t - d)^2 / max(1 - t^2, 1e-300)) * -0.5
-    + rQ + (r_const + rP)`` (the same bits)."""
+def second_order_lowest(t, d, rP, rQ, r_const, k, skip):
+    """The ``k`` cells of the ``(P, Q)`` rows ``t``, ``d`` with the lowest second-order score
+    ``r - (t - d)^2 / (2 (1 - t^2))`` (``r = r_const + rP[p] + rQ[q]``; the cell ``skip`` scored
+    ``+inf``), the joint selection's candidates, each score in the order of operations of numpy's
+    ``((t - d)^2 / max(1 - t^2, 1e-300)) * -0.5 + rQ + (r_const + rP)``: ``(score, position)``
+    arrays, by score, ties to the lowest position (every split of the rows keeps the same
+    set); fewer when the rows hold fewer cells.  One pass, no scores kept: a cell joins when
+    it beats the worst kept one."""
     P, Q = t.shape
+    k = min(k, P * Q)
+    val = np.full(k, np.inf)
+    pos = np.full(k, -1, np.int64)
+    big = np.int64(P) * Q
+    worst = np.inf
+    wpos = big  # an empty entry: score +inf, position "infinity" (replaced first)
+    wi = 0
     for p in range(P):
         rp = r_const + rP[p]
         tp = t[p]
         dp = d[p]
-        base = p * Q
+        base = np.int64(p) * Q
         for q in range(Q):
-            tv = tp[q]
-            s = tv - dp[q]
-            s = s * s
-            den = 1.0 - tv * tv
-            s = s / max(den, 1e-300)
-            out[_U(base + q)] = (s * -0.5 + rQ[q]) + rp
+            sc = (_second_order(tp[q], dp[q], 0.0) + rQ[q]) + rp
+            at = base + q
+            if at == skip:
+                sc = np.inf
+            if sc < worst or (sc == worst and at < wpos):
+                val[wi] = sc
+                pos[wi] = at
+                worst = -np.inf
+                wpos = np.int64(-1)
+                for j in range(k):  # the new worst entry (largest score, then largest position)
+                    pj = pos[j] if pos[j] >= 0 else big
+                    if val[j] > worst or (val[j] == worst and pj > wpos):
+                        worst = val[j]
+                        wpos = pj
+                        wi = j
+    return val, pos
 
 
 #: :func:`top_appends_threads` gives each piece about this many cells (whole rows).
@@ -633,7 +663,7 @@ def fit_kernels() -> list:
     examples = [(_blocks, (*a, np.int64(1), np.zeros(2, np.int64), True)),
                 (reduce_rows, (a.row_best, a.row_pos)),
                 (_support_moves, (np.zeros(1, np.int64), one, one, one, one)),
-                (second_order_scores, (a.t, a.d, a.rP, a.rQ, 0.0, one))]
+                (second_order_lowest, (a.t, a.d, a.rP, a.rQ, 0.0, 1, np.int64(-1)))]
     return [(disp, tuple(disp.typeof_pyval(x) for x in args)) for disp, args in examples]
 
 
