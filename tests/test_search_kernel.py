@@ -275,38 +275,52 @@ def test_search_on_several_threads_is_the_search_on_one(cards, V, threads, kind,
 
     one = run(1)
     monkeypatch.setattr(search, "search_threads", lambda cells, walsh: threads if walsh else 1)
+    monkeypatch.setitem(search._backoff, "searches", 0)
     if stalled:
         monkeypatch.setattr(search, "STALL_SPINS", -1)
+    else:  # shared to the end, however busy the machine
+        monkeypatch.setattr(search, "STALL_SPINS", 2**40)
+        monkeypatch.setattr(search, "MIN_SHARE", 0.0)
     many = run(threads)
+    if stalled:  # a search that went on alone makes the next ones run alone for a while
+        assert search._backoff["searches"] == search.STALL_BACKOFF
     assert len(one[0]) > 20
     assert many[0] == one[0]
     assert np.array_equal(many[1], one[1])
     assert many[2] == one[2] and list(many[2]) == list(one[2])
 
 
-def test_search_threads_follow_the_thread_count_size_and_basis():
+def test_search_threads_follow_the_thread_count_size_basis_and_stalls(monkeypatch):
     from fsll_ooc.kernels import search, threadpool
 
     big = search.PARALLEL_MIN_CELLS
+    monkeypatch.setitem(search._backoff, "searches", 0)
     threadpool.set_num_threads(3)
     try:
         assert search.search_threads(big, True) == 3
         assert search.search_threads(big - 1, True) == 1  # too small to share
         assert search.search_threads(big, False) == 1  # a +-1 axis: the partner is not one XOR
+        search.shared_done(np.array([0, 0, 1, 0]))  # a search that shared to its end
+        assert search.search_threads(big, True) == 3
+        search.shared_done(np.array([0, 0, 2, 0]))  # one that stalled and went on alone
+        assert [search.search_threads(big, True) for _ in range(search.STALL_BACKOFF + 1)] == \
+            [1] * search.STALL_BACKOFF + [3]
         threadpool.set_num_threads(1)
         assert search.search_threads(big, True) == 1
     finally:
         threadpool.set_num_threads(None)
 
 
-def test_step_costs_are_the_state_costs_after_each_step_bit_for_bit():
+@pytest.mark.parametrize("code", ["paper", "family"])
+def test_step_costs_are_the_state_costs_after_each_step_bit_for_bit(code):
     """The batch's costs in one compiled call: FitState.cost() after each step, the same bits,
-    through appends, adjusts, removals and a removed term appended again (it joins the end)."""
+    through appends, adjusts, removals and a removed term appended again (it joins the end),
+    under either code (the family code: terms 40 and 61 share a family with others)."""
     from fsll_ooc.learn.state import FitState
 
     cards, n = (2, 3, 4, 5), 700
     rng = np.random.default_rng(11)
-    st = FitState(cards, n, 3.7, log_z=math.log(math.prod(cards)))
+    st = FitState(cards, n, 3.7, log_z=math.log(math.prod(cards)), penalty_code=code)
     for y in (5, 17, 33, 2):
         st.theta[y], st.dbar[y] = float(rng.normal()), float(rng.uniform(-1, 1))
     moves = [(40, "append"), (17, "adjust"), (5, "remove"), (61, "append"), (40, "adjust"), (5, "append"),
@@ -331,5 +345,3 @@ def test_step_costs_are_the_state_costs_after_each_step_bit_for_bit():
     costs, log_zs = batch.step_costs(st, before, steps, log_z0)
     assert costs.tolist() == want
     assert log_zs.tolist() == want_z
-    st.penalty_code = "family"
-    assert batch.step_costs(st, before, steps, log_z0) is None  # the family code: cost() per step

@@ -33,7 +33,7 @@ from numba import njit
 from . import threadpool
 from .atomics import cas, fetch_add, load, store
 
-__all__ = ["kl_to_optimum", "search_sub", "sub_helper", "step_costs", "search_threads", "shared_arrays", "replay_sub", "ahead_kernels", "warmup",
+__all__ = ["kl_to_optimum", "search_sub", "sub_helper", "step_costs", "search_threads", "shared_done", "shared_arrays", "replay_sub", "ahead_kernels", "warmup",
            "PARALLEL_MIN_CELLS", "RUN"]
 
 _LIM = 1.0 - 2.0**-52
@@ -49,9 +49,19 @@ PARALLEL_MIN_CELLS = 2**15
 #: A step of a shared search whose thread, its own pieces done, waits more than this many
 #: turns per cell of a piece for its helpers' pieces (a piece takes about one or two turns per
 #: cell) is stalled: a helper holding a piece waits for a core.  When more than one step in
-#: ``_STALL_STEPS`` stalls (counted from that many steps on), the search goes on alone.
+#: ``_STALL_STEPS`` stalls, or the helpers took less than :data:`MIN_SHARE` of their share of
+#: the pieces (counted from that many steps on), the search goes on alone.
 STALL_SPINS = 8
 _STALL_STEPS = 16
+#: After a search that went on alone, this many searches run on one thread before sharing is
+#: tried again (:func:`search_threads`).
+STALL_BACKOFF = 4
+#: A helper that finds no piece this many times in a row leaves (the search's thread is not
+#: stepping: it waits for a core), rather than hold a core the search may need.
+_IDLE_TURNS = 1 << 22
+#: ... or when the helpers took less than this part of their share of the pieces.
+MIN_SHARE = 0.5
+_backoff = {"searches": 0}
 
 #: Move codes of :func:`search_sub`'s output.
 APPEND, ADJUST, REMOVE = 0, 1, 2
@@ -280,22 +290,24 @@ def _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub):
 # compare-and-swap of the ticket), [1] pieces done in this generation, [2] stop, [3] pieces
 # the helpers took (all generations).
 # ``iprm`` (int64): hi, lo, hbu, leaders per piece, pieces, leaders, a stall's turns per cell
-# (:data:`STALL_SPINS`); ``fprm``: ca, sb.
+# (:data:`STALL_SPINS`); ``fprm``: ca, sb, :data:`MIN_SHARE`.
 _LOW = np.int64(0xFFFFFFFF)
 
 
 @njit(inline="always")
 def _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, helper):
     """Take pieces of the current generation until none is left; returns when the ticket
-    says so (the pieces taken by others may still run).  A helper counts its pieces in
-    ``ctl[3]``."""
+    says so (the pieces taken by others may still run), and whether it took any.  A helper
+    counts its pieces in ``ctl[3]``."""
+    took = False
     while True:
         c = load(ctl, 0)
         k = c & _LOW
         if k >= iprm[4]:
-            return
+            return took
         if not cas(ctl, 0, c, c + 1):
             continue
+        took = True
         per = iprm[3]
         m0 = k * per
         m1 = min(m0 + per, iprm[5])
@@ -311,8 +323,14 @@ def sub_helper(x, d, ra, run, ctl, iprm, fprm, pbest, ppos):
     takes pieces of every step's update + scan as they come, until the search says stop."""
     ua = np.empty(run)
     ub = np.empty(run)
+    idle = 0
     while load(ctl, 2) == 0:
-        _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, True)
+        if _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, True):
+            idle = 0
+        else:
+            idle += 1
+            if idle > _IDLE_TURNS:  # the search is not stepping (its thread waits for a core):
+                return  # leave it the pieces rather than hold a core
 
 
 @njit(inline="always")
@@ -409,13 +427,13 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
 
     ``ra``: room for ``n`` floats (the append prices, written here).
     ``ctl`` (4 int64, zero; empty: this thread alone), ``iprm`` (7 int64, the last
-    :data:`STALL_SPINS`), ``fprm`` (2 floats),
+    :data:`STALL_SPINS`), ``fprm`` (3 floats, the last :data:`MIN_SHARE`),
     ``pbest``/``ppos`` (room for ``_PIECES_PER_THREAD * n_threads + 1`` pieces): with Walsh-Hadamard
     axes only, each step's sweep is shared in pieces with the helpers running
     :func:`sub_helper` on the same arrays (the same cells, the same bits; the champion of the
-    pieces is the scan's, ties to the lowest cell).  The search sets ``ctl[2]`` (stop) when it
-    returns, or earlier when its helpers keep it waiting (a machine whose cores are busy with
-    other work: see :data:`STALL_SPINS`); it then goes on alone.
+    pieces is the scan's, ties to the lowest cell).  The search sets ``ctl[2]`` (stop) to 1 when
+    it returns, or to 2 earlier when its helpers keep it waiting (a machine whose cores are busy
+    with other work: see :data:`STALL_SPINS`); it then goes on alone.
     """
     n = x.shape[0]
     nax = shape.shape[0]
@@ -442,6 +460,7 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     shared = all_walsh and ctl.shape[0] > 0 and n_threads > 1
     gen = np.int64(0)
     stalls = 0
+    pieces = 0
     while steps < max_steps:
         bs = np.inf
         si = np.int64(-1)
@@ -512,9 +531,13 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                                                     ppos, n_threads, gen)
                 if spins > iprm[6] * iprm[3] * run * (2 if iprm[2] else 1):  # turns per cell of a piece
                     stalls += 1
-                if gen >= _STALL_STEPS and stalls * _STALL_STEPS > gen:  # helpers keep waiting for a core:
+                pieces += iprm[4]
+                # helpers that keep it waiting, or that take less than half their share of the
+                # pieces (their threads wait for a core, or spin on the core this one needs):
+                if gen >= _STALL_STEPS and (stalls * _STALL_STEPS > gen or
+                                            n_threads * load(ctl, 3) < fprm[2] * (n_threads - 1) * pieces):
                     shared = False  # this thread alone from here on (the same bits)
-                    store(ctl, 2, 1)
+                    store(ctl, 2, 2)
             else:
                 ba, bi = _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub)
         else:
@@ -528,7 +551,7 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
         out_delta[steps] = delta
         out_logden[steps] = math.log(den)
         steps += 1
-    if ctl.shape[0]:
+    if ctl.shape[0] and load(ctl, 2) == 0:
         store(ctl, 2, 1)
     return steps
 
@@ -547,13 +570,13 @@ def replay_sub(x, shape, walsh, cells, deltas, out_t):
 
 
 @njit(cache=True, nogil=True)
-def step_costs(ys, th, db, r, step_y, step_move, step_new, step_d, step_r, step_logden, neg_h, log_z):
+def step_costs(ys, th, db, step_y, step_move, step_new, step_d, step_pen, step_logden, neg_h, log_z):
     """The cost after each step of a search, as :meth:`fsll_ooc.learn.state.FitState.cost` gives
     it one step at a time (the same sums in the same order: the same bits), and ``log Z``.
 
-    ``ys``, ``th``, ``db``, ``r``: the support before the steps in its order, with the
-    parameters, targets and prices; ``step_*``: each step's term, move (:data:`APPEND`,
-    :data:`ADJUST`, :data:`REMOVE`), new value, target, price and ``ln`` of its normaliser;
+    ``ys``, ``th``, ``db``: the support before the steps in its order, with the parameters and
+    targets; ``step_*``: each step's term, move (:data:`APPEND`, :data:`ADJUST`, :data:`REMOVE`),
+    new value, target, the support's code length after it and the ``ln`` of its normaliser;
     ``neg_h``: ``-H(q)``; ``log_z``: before the steps.  An append joins the support's end, a
     removal closes its gap.  Returns ``(costs, log_zs)``."""
     m = ys.shape[0]
@@ -561,11 +584,9 @@ def step_costs(ys, th, db, r, step_y, step_move, step_new, step_d, step_r, step_
     Y = np.empty(m + ns, np.int64)
     T = np.empty(m + ns)
     D = np.empty(m + ns)
-    R = np.empty(m + ns)
     Y[:m] = ys
     T[:m] = th
     D[:m] = db
-    R[:m] = r
     costs = np.empty(ns)
     log_zs = np.empty(ns)
     for s in range(ns):
@@ -574,7 +595,6 @@ def step_costs(ys, th, db, r, step_y, step_move, step_new, step_d, step_r, step_
             Y[m] = y
             T[m] = step_new[s]
             D[m] = step_d[s]
-            R[m] = step_r[s]
             m += 1
         else:
             j = 0
@@ -588,16 +608,12 @@ def step_costs(ys, th, db, r, step_y, step_move, step_new, step_d, step_r, step_
                     Y[q] = Y[q + 1]
                     T[q] = T[q + 1]
                     D[q] = D[q + 1]
-                    R[q] = R[q + 1]
                 m -= 1
         log_z += step_logden[s]
         acc = 0.0
-        pen = 0.0
         for q in range(m):
             acc += T[q] * D[q]
-        for q in range(m):
-            pen += R[q]
-        costs[s] = ((neg_h + log_z) - acc) + pen
+        costs[s] = ((neg_h + log_z) - acc) + step_pen[s]
         log_zs[s] = log_z
     return costs, log_zs
 
@@ -607,18 +623,32 @@ def search_threads(cells: int, walsh: bool) -> int:
     axes only): those of :func:`fsll_ooc.kernels.threadpool.num_threads` from
     :data:`PARALLEL_MIN_CELLS` cells on, else 1."""
     n = threadpool.num_threads()
-    return n if n > 1 and walsh and cells >= PARALLEL_MIN_CELLS else 1
+    if n <= 1 or not walsh or cells < PARALLEL_MIN_CELLS:
+        return 1
+    if _backoff["searches"] > 0:  # the last shared search stalled (see :func:`shared_done`)
+        _backoff["searches"] -= 1
+        return 1
+    return n
+
+
+def shared_done(ctl: np.ndarray) -> None:
+    """Note how a search on several threads ended (its ``ctl``): one that went on alone because
+    its helpers kept it waiting makes the next :data:`STALL_BACKOFF` searches run on one thread."""
+    if ctl.size and ctl[2] == 2:
+        _backoff["searches"] = STALL_BACKOFF
 
 
 def shared_arrays(n_threads: int) -> tuple:
     """``(ctl, iprm, fprm, pbest, ppos)`` of a search on ``n_threads`` threads (:func:`search_sub`);
     ``n_threads`` 1: empty (the search runs on its own thread)."""
     if n_threads <= 1:
-        return (np.zeros(0, np.int64), np.zeros(7, np.int64), np.zeros(2), np.zeros(1), np.zeros(1, np.int64))
+        return (np.zeros(0, np.int64), np.zeros(7, np.int64), np.zeros(3), np.zeros(1), np.zeros(1, np.int64))
     pieces = _PIECES_PER_THREAD * int(n_threads) + 1
     iprm = np.zeros(7, np.int64)
     iprm[6] = STALL_SPINS
-    return (np.zeros(4, np.int64), iprm, np.zeros(2), np.zeros(pieces), np.zeros(pieces, np.int64))
+    fprm = np.zeros(3)
+    fprm[2] = MIN_SHARE
+    return (np.zeros(4, np.int64), iprm, fprm, np.zeros(pieces), np.zeros(pieces, np.int64))
 
 
 def _examples():
@@ -627,7 +657,7 @@ def _examples():
     search = (f, f, f, b, f, i, b, 0.0, np.int64(1), True, i, i, i, f, i, i, 0.0, 0.0, 0.0, i, i, f, f, f, f, f,
               f, i, i, f, f, i, np.int64(1))
     return [(search_sub, search), (replay_sub, (f, i, b, i, f, f)), (sub_helper, (f, f, f, np.int64(1), i, i, f, f, i)),
-            (step_costs, (i, f, f, f, i, i, f, f, f, f, 0.0, 0.0))]
+            (step_costs, (i, f, f, i, i, f, f, f, f, 0.0, 0.0))]
 
 
 def ahead_kernels() -> list:

@@ -352,7 +352,8 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
                                            np.int64(threads))
     finally:
         if shared[0].size:
-            shared[0][2] = 1  # the helpers leave (the search sets it too when it returns)
+            _kernels_search.shared_done(shared[0])
+            shared[0][2] = max(shared[0][2], 1)  # the helpers leave (the search sets it too when it returns)
     for s in range(steps):
         i = int(out_i[s])
         y = int(flats[i])
@@ -367,21 +368,31 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
 
 def step_costs(state, support: Sequence[tuple[int, float, float]], steps: Sequence[SubStep], log_z: float):
     """The cost after each of ``steps`` (:meth:`fsll_ooc.learn.state.FitState.cost` as it would be
-    after each, the same bits) and ``log Z`` after each: ``(costs, log_zs)`` arrays, or None under
-    the family code (whose code length is not a sum over the support's terms).
+    after each, the same bits) and ``log Z`` after each: ``(costs, log_zs)`` arrays.
 
     ``support``: ``(flat, theta, dbar)`` of the support before the steps, in its order;
-    ``log_z``: ``log Z`` before them.  One compiled call instead of a sum over the support
-    in Python per step (:func:`fsll_ooc.kernels.search.step_costs`)."""
-    if state.penalty_code != "paper":
-        return None
-    ys = np.array([y for y, _, _ in support], np.int64)
+    ``log_z``: ``log Z`` before them.  The code length is summed again only after an append
+    or a removal (:meth:`~fsll_ooc.learn.state.FitState.total_penalty_of`), the rest in one
+    compiled call (:func:`fsll_ooc.kernels.search.step_costs`) instead of a sum over the
+    support in Python per step."""
+    order = dict.fromkeys(y for y, _, _ in support)
+    pens, pen = [], None
+    for s in steps:
+        if s.move == "append":
+            order[s.flat] = None
+            pen = None
+        elif s.move == "remove":
+            del order[s.flat]
+            pen = None
+        if pen is None:
+            pen = state.total_penalty_of(list(order))
+        pens.append(pen)
     code = {"append": _kernels_search.APPEND, "adjust": _kernels_search.ADJUST, "remove": _kernels_search.REMOVE}
     return _kernels_search.step_costs(
-        ys, np.array([t for _, t, _ in support], np.float64), np.array([d for _, _, d in support], np.float64),
-        np.array(state.penalties(ys.tolist()), np.float64), np.array([s.flat for s in steps], np.int64),
+        np.array([y for y, _, _ in support], np.int64), np.array([t for _, t, _ in support], np.float64),
+        np.array([d for _, _, d in support], np.float64), np.array([s.flat for s in steps], np.int64),
         np.array([code[s.move] for s in steps], np.int64), np.array([s.new for s in steps], np.float64),
-        np.array([s.d for s in steps], np.float64), np.array(state.penalties([s.flat for s in steps]), np.float64),
+        np.array([s.d for s in steps], np.float64), np.array(pens, np.float64),
         np.array([s.log_den for s in steps], np.float64), -state.entropy_q, float(log_z))
 
 

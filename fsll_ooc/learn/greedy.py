@@ -468,10 +468,8 @@ class Search:
         self.n_batches += 1
         before = [(y, v, st.dbar[y]) for y, v in st.theta.items()]
         found = B.search_marginal(st.cards, V, sub, db, st.theta, weights, self.eps, limit, code=st.term_code())
-        costs = None
-        if st.penalty_code == "paper":  # every step's cost in one compiled call (st.cost()'s bits)
-            found = list(found)
-            costs = iter(B.step_costs(st, before, found, st.log_z)[0].tolist())
+        found = list(found)  # (the search ran before its first step came out)
+        costs = iter(B.step_costs(st, before, found, st.log_z)[0].tolist())  # st.cost() after each, its bits
         n_bases = len(before)
         for s in found:
             steps.append(s)
@@ -483,7 +481,7 @@ class Search:
             st.n_iter += 1
             n_bases += (s.move == "append") - (s.move == "remove")
             self.record({"iter": st.n_iter, "move": s.move, "y": list(st.digits(s.flat)), "value": s.new,
-                         "delta": s.delta, "cost": st.cost() if costs is None else next(costs), "n_bases": n_bases,
+                         "delta": s.delta, "cost": next(costs), "n_bases": n_bases,
                          "time": time.perf_counter() - self.t0, "batch": self.n_batches}, persist_now=False)
         if not steps:
             self.n_batches -= 1

@@ -124,13 +124,21 @@ class FitState:
         memo = self.__dict__.get("_total_penalty")
         if memo is not None and memo[0] == key:
             return memo[1]
-        if self.penalty_code == "paper":
-            total = sum(self.penalties(self.theta))
-        else:
-            code = self.term_code()
-            total = sum(code.total(a, m) for a, m in self.family_counts().items())
+        total = self.total_penalty_of(key[0])
         self.__dict__["_total_penalty"] = (key, total)
         return total
+
+    def total_penalty_of(self, ys) -> float:
+        """:meth:`total_penalty` of the support ``ys`` (flat indices, Python ints, in the
+        support's order) instead of this state's: the same sums in the same order."""
+        if self.penalty_code == "paper":
+            return sum(self.penalties(ys))
+        code = self.term_code()
+        counts: dict = {}
+        for y in ys:  # as family_counts: the families in the order of their first member
+            a = self.family(y)
+            counts[a] = counts.get(a, 0) + 1
+        return sum(code.total(a, m) for a, m in counts.items())
 
     def cost(self) -> float:
         """``KL(q || p_theta)`` plus the support's code length (:meth:`total_penalty`; the paper's
