@@ -39,6 +39,8 @@ fsll_ooc.io.DataError: column 'X1': value 5 at row 0 is >= the declared cardinal
 from __future__ import annotations
 
 import csv
+import functools
+import inspect
 import itertools
 import math
 import os
@@ -505,8 +507,29 @@ def _column_names(df) -> list:
     return names
 
 
+def _names_its_file(fn):
+    """``fn`` (with an argument ``data``) whose :class:`DataError` about a table read from a
+    file (:func:`read_table` marks it) names the file first, unless it does already."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except DataError as e:
+            data = signature.bind(*args, **kwargs).arguments.get("data")
+            file = (getattr(data, "attrs", None) or {}).get("fsll_file") if _is_dataframe(data) else None
+            if not file or file in str(e):
+                raise
+            named = DataError(f"{file}: {e}")
+            named.__dict__.update(e.__dict__, file=file, detail=str(e))  # what the error carries, and its parts
+            raise named from None
+    return checked
+
+
 # ------------------------------------------------------------------------ public API
 
+@_names_its_file
 def encode(data: Any, cardinalities: Sequence[int] | None = None) -> Encoded:
     """Encode a table of categorical data as integer codes.
 
@@ -582,6 +605,7 @@ def validate_data(X: Any, cardinalities: Sequence[int] | None = None,
     return _validate_codes(X, cardinalities, names)
 
 
+@_names_its_file
 def encode_with(categories: Sequence[Sequence], data: Any, names: Sequence[str] | None = None,
                 strict: bool = False) -> np.ndarray:
     """Encode new data with an existing mapping (e.g. a fitted model's ``categories_``).
@@ -772,7 +796,9 @@ def read_table(path: str | os.PathLike, *, sep: str | None = None, header: bool 
         try:
             meta = pq.ParquetFile(path)
             _check_parquet_schema(path, meta)
-            return pq.read_table(path).to_pandas()
+            df = pq.read_table(path).to_pandas()
+            df.attrs["fsll_file"] = os.path.basename(path)  # what errors about its values name
+            return df
         except DataError:
             raise
         except Exception as exc:  # pyarrow raises ArrowInvalid etc. on corrupt files
@@ -899,6 +925,7 @@ def _read_csv(path: str, sep: str = ",", header: bool = True, na_values=None, ke
     if not header:
         df.columns = [f"X{j}" for j in range(df.shape[1])]
     df = _strip_whitespace(df, name)
+    df.attrs["fsll_file"] = name  # what errors about its values name
     na = df.isna()
     if not missing and bool(na.to_numpy().any()):  # missing=True: kept as NaN (FSLL(missing="em"))
         rows = np.flatnonzero(na.to_numpy().any(axis=1))

@@ -1344,7 +1344,7 @@ def resume_in_store(est, fs, stored, restart: bool) -> None:
     state = FitState.from_json(stored.state)
     cards, N = tuple(state.cards), state.n_samples
     plan = fs.account(fitting.make_plan(est, cards, storage.get_backend(stored.backend), disk_free=fs.disk_available()))
-    table = fs.read_kept("rows")
+    table = fs.read_kept("rows", data=True)
     if table.ndim != 2 or table.shape[1] != len(cards) + 1 or int(table[:, -1].sum()) != N:
         raise IntegrityError(fs.state_file, "the fit's rows file does not describe this fit")
     rows, counts = np.ascontiguousarray(table[:, :-1]), np.ascontiguousarray(table[:, -1])

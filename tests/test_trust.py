@@ -254,3 +254,70 @@ def test_keeping_a_file_twice_between_state_writes_leaves_the_stored_one_intact(
         fs.write_state(State((2, 3), 5, 0.0), "starting")
     reader.read()
     assert reader.read_kept("w").tolist() == [3.0]
+
+
+def test_a_damaged_soft_counts_file_is_refused_with_the_way_back(tmp_path, monkeypatch):
+    """EM out of core stopped inside an M-step, then its soft counts (or its rows) file altered:
+    the resume is refused in one line naming the file, with the way back (``restart=True`` for
+    the soft counts, which it rebuilds from the rows, to the model of the whole fit; fitting
+    again for the rows themselves)."""
+    import interrupts
+    import test_missing_ooc as t
+    from test_missing import _holes
+
+    from fsll_ooc import datasets
+    from fsll_ooc.storage.fit_store import FitStore
+
+    p, _ = datasets.random_bayesnet(t.CARDS, 2, seed=3)
+    X = _holes(datasets.sample_table(p, 300, seed=1), 0.3, seed=2)
+    store = tmp_path / "s"
+    fit = lambda: t._ooc(X, store, penalty_scale=1.0)  # noqa: E731
+    writes, whole = t._state_writes(monkeypatch, fit)
+    n = 1 + next(i for i, w in enumerate(writes) if w[1] == "m-step" and w[3] == 0 and w[4] > w[5])
+    for kept, words in (("soft", f"FSLL.resume({str(store)!r}, restart=True) fits again"), ("rows", "run fit() again")):
+        interrupts.stop_after(monkeypatch, n)
+        with pytest.raises(interrupts.Crash):
+            fit()
+        monkeypatch.undo()
+        fs = FitStore(store)
+        fs.read()
+        path = store / fs._meta["files"][kept]["file"]
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 1
+        path.write_bytes(bytes(data))
+        with pytest.raises(IntegrityError) as e:
+            FSLL.resume(str(store), progress=False)
+        msg = str(e.value)
+        assert msg.startswith(f"{path}: the fit's {kept} file does not match its checksum") and words in msg, msg
+        assert "\n" not in msg
+        if kept == "soft":
+            t.assert_same(FSLL.resume(str(store), progress=False, restart=True), whole)
+
+
+@pytest.mark.parametrize("ext", ["csv", "parquet"])
+def test_errors_about_a_data_files_values_name_the_file(tmp_path, capsys, ext):
+    """Too many labels in a column, a value that is no label, a missing value, a joint table
+    beyond the limit: one line naming the file (first, where no line of it is named), exit 2."""
+    import pandas as pd
+
+    n = 70_000
+    frames = {
+        "many": (pd.DataFrame({"a": [f"l{i}" for i in range(n)], "b": ["x", "y"] * (n // 2)}),
+                 "column 'a' would have 70,000 categories"),
+        "joint": (pd.DataFrame({f"c{i}": [f"v{j}" for j in range(300)] for i in range(8)}),
+                  "8 variables are too many: the joint table would have"),
+        "frac": (pd.DataFrame({"a": [1.5, 2.0, 3.0], "b": [1, 2, 3]}), "column 'a': non-integer value 1.5"),
+    }
+    if ext == "parquet":  # (a CSV file's missing cell is refused by its own reader, naming the line)
+        frames["na"] = (pd.DataFrame({"a": ["x", None, "y"], "b": ["x", "y", "z"]}), "column 'a': missing value")
+    for name, (df, words) in frames.items():
+        path = tmp_path / f"{name}.{ext}"
+        df.to_csv(path, index=False) if ext == "csv" else df.to_parquet(path)
+        assert cli.main(["fit", str(path), "-o", str(tmp_path / "m.json")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("fsll-ooc: error: ") and path.name in err[0] and words in err[0], err
+    # the library names it too, for a table that read_table read
+    from fsll_ooc.io import DataError, encode, read_table
+
+    with pytest.raises(DataError, match=rf"^many\.{ext}: column 'a' would have 70,000 categories"):
+        encode(read_table(tmp_path / f"many.{ext}"))

@@ -340,7 +340,8 @@ def encode_or_advise(data, cardinalities=None, store: str | None = None):
             disk = store_free_disk(store)
             room = MAX_CELLS if disk is None else min(MAX_CELLS, disk // (TABLES * 8))
             fits, where = (lambda ks: math.prod(ks) <= room), ("on this disk" if disk is not None else "in the store")
-        raise DataError(f"{len(cards)} variables are too many: {exc}; {where}, "
+        file = f"{exc.file}: " if getattr(exc, "file", None) else ""
+        raise DataError(f"{file}{len(cards)} variables are too many: {getattr(exc, 'detail', exc)}; {where}, "
                         f"{practical(cards, exc.names, fits)}") from None
 
 

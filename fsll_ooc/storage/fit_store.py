@@ -187,17 +187,20 @@ class FitStore:
             raise IntegrityError(path, "the fit's data file does not describe this fit")
         return a[0], a[1]
 
-    def read_kept(self, name: str) -> np.ndarray:
+    def read_kept(self, name: str, data: bool = False) -> np.ndarray:
         """An array kept by :meth:`keep` (or ``begin(files=...)``), checked against the state's checksum
-        (after :meth:`read`)."""
+        (after :meth:`read`).  ``data``: the file is the fit's data (a damaged one means fitting
+        again from the data; another kept file is rebuilt by ``restart=True`` from the data)."""
+        fix = "run fit() again" if data else (f"FSLL.resume({str(self.root)!r}, restart=True) fits again from the "
+                                              "data kept in the store")
         info = (self._meta.get("files") or {}).get(name)
         if not info:
-            raise IntegrityError(self.state_file, f"fit state names no {name!r} file")
+            raise IntegrityError(self.state_file, f"fit state names no {name!r} file", fix)
         path = self.io.child(info["file"])
         if not self.io.exists(info["file"]):
-            raise IntegrityError(path, f"the fit's {name} file is missing; run fit() again")
+            raise IntegrityError(path, f"the fit's {name} file is missing", fix)
         if self.io.sha256(info["file"]) != info.get("sha256"):
-            raise IntegrityError(path, f"the fit's {name} file does not match its checksum (altered or damaged)")
+            raise IntegrityError(path, f"the fit's {name} file does not match its checksum (altered or damaged)", fix)
         return self.io.read_array(info["file"])
 
     def extra(self, key: str):
