@@ -225,11 +225,40 @@ def _scan(x, d, ra, run):
     return best, bi
 
 
+@njit(inline="always", error_model="numpy")
+def _member_move(x, d, theta, r, i, bs, si, sm):
+    """The better of ``(bs, si, sm)`` and the adjust and remove of member ``i`` (the closed forms
+    of :func:`fsll_ooc.cost.delta_adjust` and :func:`fsll_ooc.cost.delta_remove`; ties: the lowest
+    change, then the lowest cell, adjust before remove)."""
+    t = x[i]
+    di = d[i]
+    adj = kl_to_optimum(t, di)
+    a = _atanh(t)
+    th = theta[i]
+    rem = _lncosh(a - th) - _lncosh(a) + di * th - r[i]
+    if adj < bs or (adj == bs and i < si):
+        bs, si, sm = adj, i, np.int64(ADJUST)
+    if rem < bs or (rem == bs and i < si):
+        bs, si, sm = rem, i, np.int64(REMOVE)
+    return bs, si, sm
+
+
+@njit(inline="always", error_model="numpy")
+def _run_members(x, d, ra, member, theta, r, a, run, bs, si, sm):
+    """:func:`_member_move` of the members among cells ``a .. a+run-1`` (append price ``inf``)."""
+    for j in range(a, a + run):
+        if ra[j] == np.inf and member[j]:
+            bs, si, sm = _member_move(x, d, theta, r, np.int64(j), bs, si, sm)
+    return bs, si, sm
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, ua, ub):
+def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, ua, ub, members, member, theta, r):
     """``x[j] = x[j] ca + sb x[j ^ mask]`` on the leading runs ``m0 .. m1-1`` and their partner
     runs (pairs of runs read and written together), each run scanned as :func:`_scan` right
-    after; returns the best ``(change, cell)`` among them (``(0, -1)``: none).
+    after; returns the best ``(change, cell)`` among them (``(0, -1)``: none), and with
+    ``members`` the best adjust or remove of the members among them, ``(change, cell, move)``
+    (:func:`_member_move`; ``(inf, -1, 0)``: none), from their updated duals.
 
     ``hi``, ``lo``: the mask's bits above and below the run; ``hbu``: the highest bit of
     ``hi // run`` (0 when ``hi`` is 0).  The leading runs are those whose partner run is not
@@ -237,6 +266,9 @@ def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, ua, ub):
     run ``m`` with a 0 bit inserted at ``hbu``."""
     best = 0.0
     bi = np.int64(-1)
+    bs = np.inf
+    si = np.int64(-1)
+    sm = np.int64(0)
     for m in range(m0, m1):
         u = (((m & ~(hbu - 1)) << 1) | (m & (hbu - 1))) if hbu else m
         a = u * run
@@ -245,20 +277,27 @@ def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, ua, ub):
             ua[i] = x[a + i]
             ub[i] = x[b + i]
         hit = False
+        mem = False
         for i in range(run):
             v = ua[i] * ca + sb * ub[i ^ lo]
             x[a + i] = v
             hit |= _passes(v, d[a + i], ra[a + i], best)
+            mem |= ra[a + i] == np.inf
         if b != a:
             for i in range(run):
                 v = ub[i] * ca + sb * ua[i ^ lo]
                 x[b + i] = v
                 hit |= _passes(v, d[b + i], ra[b + i], best)
+                mem |= ra[b + i] == np.inf
         if hit:
             best, bi = _replay(x, d, ra, a, run, best, bi)
             if b != a:
                 best, bi = _replay(x, d, ra, b, run, best, bi)
-    return best, bi
+        if members and mem:
+            bs, si, sm = _run_members(x, d, ra, member, theta, r, a, run, bs, si, sm)
+            if b != a:
+                bs, si, sm = _run_members(x, d, ra, member, theta, r, b, run, bs, si, sm)
+    return best, bi, bs, si, sm
 
 
 @njit(inline="always")
@@ -282,7 +321,8 @@ def _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub):
     """``x[j] = x[j] ca + sb x[j ^ mask]`` for every cell (pairs of runs read and written
     together), each run scanned as :func:`_scan` right after; returns its ``(change, cell)``."""
     hi, lo, hbu, nlead = _xor_layout(x.shape[0], mask, run)
-    return _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, 0, nlead, ua, ub)
+    best, bi, _, _, _ = _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, 0, nlead, ua, ub, False, ra, ra, ra)
+    return best, bi
 
 
 # -- the same update + scan shared between threads, step after step ---------------------------
@@ -295,7 +335,7 @@ _LOW = np.int64(0xFFFFFFFF)
 
 
 @njit(inline="always")
-def _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, helper):
+def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, helper):
     """Take pieces of the current generation until none is left; returns when the ticket
     says so (the pieces taken by others may still run), and whether it took any.  A helper
     counts its pieces in ``ctl[3]``."""
@@ -311,21 +351,22 @@ def _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, helper):
         per = iprm[3]
         m0 = k * per
         m1 = min(m0 + per, iprm[5])
-        pbest[k], ppos[k] = _xor_runs(x, d, ra, iprm[0], iprm[1], iprm[2], fprm[0], fprm[1], run, m0, m1, ua, ub)
+        pbest[k, 0], ppos[k, 0], pbest[k, 1], ppos[k, 1], ppos[k, 2] = _xor_runs(
+            x, d, ra, iprm[0], iprm[1], iprm[2], fprm[0], fprm[1], run, m0, m1, ua, ub, True, member, theta, r)
         if helper:
             fetch_add(ctl, 3, 1)
         fetch_add(ctl, 1, 1)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def sub_helper(x, d, ra, run, ctl, iprm, fprm, pbest, ppos):
+def sub_helper(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos):
     """A helper thread's part of a search on several threads (:func:`search_sub` with ``ctl``):
     takes pieces of every step's update + scan as they come, until the search says stop."""
     ua = np.empty(run)
     ub = np.empty(run)
     idle = 0
     while load(ctl, 2) == 0:
-        if _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, True):
+        if _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, True):
             idle = 0
         else:
             idle += 1
@@ -334,12 +375,15 @@ def sub_helper(x, d, ra, run, ctl, iprm, fprm, pbest, ppos):
 
 
 @njit(inline="always")
-def _update_scan_shared(x, d, ra, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pbest, ppos, n_threads, gen):
+def _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pbest, ppos,
+                        n_threads, gen):
     """:func:`_update_scan_xor` in pieces of leading runs taken by this thread and the helpers
-    (:func:`sub_helper`); the pieces' champions reduced as one scan's (ties: the lowest cell)."""
+    (:func:`sub_helper`); the pieces' champions reduced as one scan's (ties: the lowest cell).
+    The pieces also score the members' adjust and remove on the updated duals: returns
+    ``(append change, cell, member change, cell, move, turns waited)``."""
     hi, lo, hbu, nlead = _xor_layout(x.shape[0], mask, run)
     per = max(np.int64(_PIECE_CELLS // (2 * run)), nlead // (_PIECES_PER_THREAD * n_threads))
-    per = max(per, (nlead + pbest.shape[0] - 1) // pbest.shape[0], np.int64(1))
+    per = max(per, (nlead + ppos.shape[0] - 1) // ppos.shape[0], np.int64(1))
     npieces = (nlead + per - 1) // per
     iprm[0] = hi
     iprm[1] = lo
@@ -351,18 +395,26 @@ def _update_scan_shared(x, d, ra, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pb
     fprm[1] = sb
     store(ctl, 1, 0)
     store(ctl, 0, gen << 32)  # publishes the step: the helpers may take pieces from now on
-    _take_pieces(x, d, ra, run, ctl, iprm, fprm, pbest, ppos, ua, ub, False)
+    _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, False)
     spins = 0
     while load(ctl, 1) < npieces:
         spins += 1
     best = 0.0
     bi = np.int64(-1)
+    bs = np.inf
+    si = np.int64(-1)
+    sm = np.int64(0)
     for k in range(npieces):
-        p = ppos[k]
-        if p >= 0 and (pbest[k] < best or (pbest[k] == best and p < bi)):
-            best = pbest[k]
+        p = ppos[k, 0]
+        if p >= 0 and (pbest[k, 0] < best or (pbest[k, 0] == best and p < bi)):
+            best = pbest[k, 0]
             bi = p
-    return best, bi, spins
+        q = ppos[k, 1]  # (a cell is in one piece: the move's order is the piece's)
+        if q >= 0 and (pbest[k, 1] < bs or (pbest[k, 1] == bs and q < si)):
+            bs = pbest[k, 1]
+            si = q
+            sm = ppos[k, 2]
+    return best, bi, bs, si, sm, spins
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -428,10 +480,12 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     ``ra``: room for ``n`` floats (the append prices, written here).
     ``ctl`` (4 int64, zero; empty: this thread alone), ``iprm`` (7 int64, the last
     :data:`STALL_SPINS`), ``fprm`` (3 floats, the last :data:`MIN_SHARE`),
-    ``pbest``/``ppos`` (room for ``_PIECES_PER_THREAD * n_threads + 1`` pieces): with Walsh-Hadamard
-    axes only, each step's sweep is shared in pieces with the helpers running
-    :func:`sub_helper` on the same arrays (the same cells, the same bits; the champion of the
-    pieces is the scan's, ties to the lowest cell).  The search sets ``ctl[2]`` (stop) to 1 when
+    ``pbest``/``ppos`` (2 floats and 3 int64 per piece, room for
+    ``_PIECES_PER_THREAD * n_threads + 1`` pieces): with Walsh-Hadamard axes only, each step's
+    sweep is shared in pieces with the helpers running :func:`sub_helper` on the same arrays
+    (the same cells, the same bits; the champion of the pieces is the scan's, ties to the
+    lowest cell), and the pieces also score the members they hold, so that the next step's
+    best adjust or remove needs no loop over the members here.  The search sets ``ctl[2]`` (stop) to 1 when
     it returns, or to 2 earlier when its helpers keep it waiting (a machine whose cores are busy
     with other work: see :data:`STALL_SPINS`); it then goes on alone.
     """
@@ -461,22 +515,20 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     gen = np.int64(0)
     stalls = 0
     pieces = 0
+    have = False  # the members' best move came with the last shared sweep
+    nbs = np.inf
+    nsi = np.int64(-1)
+    nsm = np.int64(0)
     while steps < max_steps:
         bs = np.inf
         si = np.int64(-1)
         sm = np.int64(0)
-        for q in range(nm):  # cost.delta_adjust and cost.delta_remove (kernels.scan._support_moves' order)
-            i = mlist[q]
-            t = x[i]
-            di = d[i]
-            adj = kl_to_optimum(t, di)
-            a = _atanh(t)
-            th = theta[i]
-            rem = _lncosh(a - th) - _lncosh(a) + di * th - r[i]
-            if adj < bs or (adj == bs and i < si):
-                bs, si, sm = adj, i, np.int64(ADJUST)
-            if rem < bs or (rem == bs and i < si):
-                bs, si, sm = rem, i, np.int64(REMOVE)
+        if have:
+            bs, si, sm = nbs, nsi, nsm
+            have = False
+        else:
+            for q in range(nm):  # cost.delta_adjust and cost.delta_remove (kernels.scan._support_moves' order)
+                bs, si, sm = _member_move(x, d, theta, r, mlist[q], bs, si, sm)
         delta, i, move = ba, bi, np.int64(APPEND)
         if si >= 0 and (bs < delta or bi < 0):
             delta, i, move = bs, si, sm
@@ -527,8 +579,10 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                     kk >>= 1
             if shared:
                 gen += 1
-                ba, bi, spins = _update_scan_shared(x, d, ra, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pbest,
-                                                    ppos, n_threads, gen)
+                ba, bi, nbs, nsi, nsm, spins = _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run,
+                                                                   ua, ub, ctl, iprm, fprm, pbest, ppos,
+                                                                   n_threads, gen)
+                have = True
                 if spins > iprm[6] * iprm[3] * run * (2 if iprm[2] else 1):  # turns per cell of a piece
                     stalls += 1
                 pieces += iprm[4]
@@ -642,21 +696,23 @@ def shared_arrays(n_threads: int) -> tuple:
     """``(ctl, iprm, fprm, pbest, ppos)`` of a search on ``n_threads`` threads (:func:`search_sub`);
     ``n_threads`` 1: empty (the search runs on its own thread)."""
     if n_threads <= 1:
-        return (np.zeros(0, np.int64), np.zeros(7, np.int64), np.zeros(3), np.zeros(1), np.zeros(1, np.int64))
+        return (np.zeros(0, np.int64), np.zeros(7, np.int64), np.zeros(3), np.zeros((1, 2)), np.zeros((1, 3), np.int64))
     pieces = _PIECES_PER_THREAD * int(n_threads) + 1
     iprm = np.zeros(7, np.int64)
     iprm[6] = STALL_SPINS
     fprm = np.zeros(3)
     fprm[2] = MIN_SHARE
-    return (np.zeros(4, np.int64), iprm, fprm, np.zeros(pieces), np.zeros(pieces, np.int64))
+    return (np.zeros(4, np.int64), iprm, fprm, np.zeros((pieces, 2)), np.zeros((pieces, 3), np.int64))
 
 
 def _examples():
     """Arguments of the types a search passes (one specialisation of each kernel)."""
     f, i, b = np.zeros(2), np.zeros(2, np.int64), np.zeros(2, np.bool_)
+    f2, i2 = np.zeros((2, 2)), np.zeros((2, 3), np.int64)
     search = (f, f, f, b, f, i, b, 0.0, np.int64(1), True, i, i, i, f, i, i, 0.0, 0.0, 0.0, i, i, f, f, f, f, f,
-              f, i, i, f, f, i, np.int64(1))
-    return [(search_sub, search), (replay_sub, (f, i, b, i, f, f)), (sub_helper, (f, f, f, np.int64(1), i, i, f, f, i)),
+              f, i, i, f, f2, i2, np.int64(1))
+    helper = (f, f, f, b, f, f, np.int64(1), i, i, f, f2, i2)
+    return [(search_sub, search), (replay_sub, (f, i, b, i, f, f)), (sub_helper, helper),
             (step_costs, (i, f, f, i, i, f, f, f, f, 0.0, 0.0))]
 
 
