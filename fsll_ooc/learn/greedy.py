@@ -467,8 +467,8 @@ class Search:
         steps = []
         self.n_batches += 1
         before = [(y, v, st.dbar[y]) for y, v in st.theta.items()]
-        found = B.search_marginal(st.cards, V, sub, db, st.theta, weights, self.eps, limit, code=st.term_code())
-        found = list(found)  # (the search ran before its first step came out)
+        # (the compiled search has run before its first step comes out)
+        found = list(B.search_marginal(st.cards, V, sub, db, st.theta, weights, self.eps, limit, code=st.term_code()))
         costs = iter(B.step_costs(st, before, found, st.log_z)[0].tolist())  # st.cost() after each, its bits
         n_bases = len(before)
         for s in found:
