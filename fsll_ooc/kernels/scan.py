@@ -495,6 +495,22 @@ def _support_moves(ys, t, d, theta, r):
     return best, bi, bm
 
 
+@njit(inline="always")
+def _worst(val, pos, big):
+    """``(value, position, index)`` of the worst entry kept by a top-k: the largest value, then
+    the largest position (an empty entry, position -1, counts as position ``big``)."""
+    worst = -np.inf
+    wpos = np.int64(-1)
+    wi = 0
+    for j in range(val.shape[0]):
+        pj = pos[j] if pos[j] >= 0 else big
+        if val[j] > worst or (val[j] == worst and pj > wpos):
+            worst = val[j]
+            wpos = pj
+            wi = j
+    return worst, wpos, wi
+
+
 @njit(cache=True, nogil=True)
 def top_appends(t, d, rP, rQ, r_const, k, skip):
     """The ``k`` best *append* candidates of block ``t`` by exact cost change (paper Eq. 15),
@@ -535,13 +551,7 @@ def top_appends(t, d, rP, rQ, r_const, k, skip):
                 if ex < worst or (ex == worst and at < wpos):
                     val[wi] = ex
                     pos[wi] = at
-                    worst = -np.inf
-                    for j in range(k):  # the new worst entry (largest change, then largest position)
-                        pj = pos[j] if pos[j] >= 0 else big
-                        if val[j] > worst or (val[j] == worst and pj > wpos):
-                            worst = val[j]
-                            wpos = pj
-                            wi = j
+                    worst, wpos, wi = _worst(val, pos, big)
     order = np.argsort(val, kind="mergesort")
     val = val[order]
     pos = pos[order]
@@ -600,14 +610,7 @@ def second_order_lowest(t, d, rP, rQ, r_const, k, skip):
             if sc < worst or (sc == worst and at < wpos):
                 val[wi] = sc
                 pos[wi] = at
-                worst = -np.inf
-                wpos = np.int64(-1)
-                for j in range(k):  # the new worst entry (largest score, then largest position)
-                    pj = pos[j] if pos[j] >= 0 else big
-                    if val[j] > worst or (val[j] == worst and pj > wpos):
-                        worst = val[j]
-                        wpos = pj
-                        wi = j
+                worst, wpos, wi = _worst(val, pos, big)
     return val, pos
 
 
