@@ -33,7 +33,7 @@ from numba import njit
 from . import threadpool
 from .atomics import cas, fetch_add, load, store
 
-__all__ = ["kl_to_optimum", "search_sub", "sub_helper", "step_costs", "search_threads", "shared_done", "shared_arrays", "replay_sub", "ahead_kernels", "warmup",
+__all__ = ["kl_to_optimum", "search_sub", "sub_helper", "search_threads", "shared_done", "shared_arrays", "replay_sub", "ahead_kernels", "warmup",
            "PARALLEL_MIN_CELLS", "RUN"]
 
 _LIM = 1.0 - 2.0**-52
@@ -623,55 +623,6 @@ def replay_sub(x, shape, walsh, cells, deltas, out_t):
     return total
 
 
-@njit(cache=True, nogil=True)
-def step_costs(ys, th, db, step_y, step_move, step_new, step_d, step_pen, step_logden, neg_h, log_z):
-    """The cost after each step of a search, as :meth:`fsll_ooc.learn.state.FitState.cost` gives
-    it one step at a time (the same sums in the same order: the same bits), and ``log Z``.
-
-    ``ys``, ``th``, ``db``: the support before the steps in its order, with the parameters and
-    targets; ``step_*``: each step's term, move (:data:`APPEND`, :data:`ADJUST`, :data:`REMOVE`),
-    new value, target, the support's code length after it and the ``ln`` of its normaliser;
-    ``neg_h``: ``-H(q)``; ``log_z``: before the steps.  An append joins the support's end, a
-    removal closes its gap.  Returns ``(costs, log_zs)``."""
-    m = ys.shape[0]
-    ns = step_y.shape[0]
-    Y = np.empty(m + ns, np.int64)
-    T = np.empty(m + ns)
-    D = np.empty(m + ns)
-    Y[:m] = ys
-    T[:m] = th
-    D[:m] = db
-    costs = np.empty(ns)
-    log_zs = np.empty(ns)
-    for s in range(ns):
-        y = step_y[s]
-        if step_move[s] == APPEND:
-            Y[m] = y
-            T[m] = step_new[s]
-            D[m] = step_d[s]
-            m += 1
-        else:
-            j = 0
-            while Y[j] != y:
-                j += 1
-            if step_move[s] == ADJUST:
-                T[j] = step_new[s]
-                D[j] = step_d[s]
-            else:
-                for q in range(j, m - 1):
-                    Y[q] = Y[q + 1]
-                    T[q] = T[q + 1]
-                    D[q] = D[q + 1]
-                m -= 1
-        log_z += step_logden[s]
-        acc = 0.0
-        for q in range(m):
-            acc += T[q] * D[q]
-        costs[s] = ((neg_h + log_z) - acc) + step_pen[s]
-        log_zs[s] = log_z
-    return costs, log_zs
-
-
 def search_threads(cells: int, walsh: bool) -> int:
     """Threads that share a search of a sub-table of ``cells`` cells (``walsh``: Walsh-Hadamard
     axes only): those of :func:`fsll_ooc.kernels.threadpool.num_threads` from
@@ -712,8 +663,7 @@ def _examples():
     search = (f, f, f, b, f, i, b, 0.0, np.int64(1), True, i, i, i, f, i, i, 0.0, 0.0, 0.0, i, i, f, f, f, f, f,
               f, i, i, f, f2, i2, np.int64(1))
     helper = (f, f, f, b, f, f, np.int64(1), i, i, f, f2, i2)
-    return [(search_sub, search), (replay_sub, (f, i, b, i, f, f)), (sub_helper, helper),
-            (step_costs, (i, f, f, i, i, f, f, f, f, 0.0, 0.0))]
+    return [(search_sub, search), (replay_sub, (f, i, b, i, f, f)), (sub_helper, helper)]
 
 
 def ahead_kernels() -> list:

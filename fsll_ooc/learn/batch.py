@@ -29,6 +29,7 @@ table in which no single-coordinate move gains ``epsilon``.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
@@ -366,34 +367,40 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
                       float(out_delta[s]), float(out_logden[s]))
 
 
-def step_costs(state, support: Sequence[tuple[int, float, float]], steps: Sequence[SubStep], log_z: float):
-    """The cost after each of ``steps`` (:meth:`fsll_ooc.learn.state.FitState.cost` as it would be
-    after each, the same bits) and ``log Z`` after each: ``(costs, log_zs)`` arrays.
+def step_costs(state, support: Sequence[tuple[int, float, float]], steps: Sequence[SubStep],
+               log_z: float) -> list[float]:
+    """The cost after each of ``steps``: :meth:`fsll_ooc.learn.state.FitState.cost` as it would
+    be after each (the same products summed by the same ``sum`` in the same order: the same
+    bits on every Python), without the state's dictionaries.
 
     ``support``: ``(flat, theta, dbar)`` of the support before the steps, in its order;
     ``log_z``: ``log Z`` before them.  The code length is summed again only after an append
-    or a removal (:meth:`~fsll_ooc.learn.state.FitState.total_penalty_of`), the rest in one
-    compiled call (:func:`fsll_ooc.kernels.search.step_costs`) instead of a sum over the
-    support in Python per step."""
-    order = dict.fromkeys(y for y, _, _ in support)
-    pens, pen = [], None
+    or a removal (:meth:`~fsll_ooc.learn.state.FitState.total_penalty_of`)."""
+    ys = [y for y, _, _ in support]
+    th = [t for _, t, _ in support]
+    db = [d for _, _, d in support]
+    at = {y: i for i, y in enumerate(ys)}
+    neg_h, pen, out = -state.entropy_q, None, []
     for s in steps:
         if s.move == "append":
-            order[s.flat] = None
+            at[s.flat] = len(ys)
+            ys.append(s.flat)
+            th.append(s.new)
+            db.append(s.d)
             pen = None
-        elif s.move == "remove":
-            del order[s.flat]
+        elif s.move == "adjust":
+            i = at[s.flat]
+            th[i], db[i] = s.new, s.d
+        else:
+            i = at[s.flat]
+            del ys[i], th[i], db[i]
+            at = {y: j for j, y in enumerate(ys)}
             pen = None
         if pen is None:
-            pen = state.total_penalty_of(list(order))
-        pens.append(pen)
-    code = {"append": _kernels_search.APPEND, "adjust": _kernels_search.ADJUST, "remove": _kernels_search.REMOVE}
-    return _kernels_search.step_costs(
-        np.array([y for y, _, _ in support], np.int64), np.array([t for _, t, _ in support], np.float64),
-        np.array([d for _, _, d in support], np.float64), np.array([s.flat for s in steps], np.int64),
-        np.array([code[s.move] for s in steps], np.int64), np.array([s.new for s in steps], np.float64),
-        np.array([s.d for s in steps], np.float64), np.array(pens, np.float64),
-        np.array([s.log_den for s in steps], np.float64), -state.entropy_q, float(log_z))
+            pen = state.total_penalty_of(ys)
+        log_z += s.log_den
+        out.append(neg_h + log_z - sum(map(operator.mul, th, db)) + pen)
+    return out
 
 
 def merge_steps(cards: Sequence[int], V: Sequence[int], tb0: np.ndarray, steps: Sequence[SubStep]):

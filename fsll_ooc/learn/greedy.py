@@ -469,7 +469,7 @@ class Search:
         before = [(y, v, st.dbar[y]) for y, v in st.theta.items()]
         # (the compiled search has run before its first step comes out)
         found = list(B.search_marginal(st.cards, V, sub, db, st.theta, weights, self.eps, limit, code=st.term_code()))
-        costs = iter(B.step_costs(st, before, found, st.log_z)[0].tolist())  # st.cost() after each, its bits
+        costs = iter(B.step_costs(st, before, found, st.log_z))  # st.cost() after each, its bits
         n_bases = len(before)
         for s in found:
             steps.append(s)
