@@ -13,7 +13,8 @@ from fsll_ooc.kernels import ahead, scan
 
 def test_the_child_compiles_the_specialisations_a_fit_runs():
     """The signatures the child compiles are those of real passes: after one pass of each
-    kind and one support move in this process, each is among the compiled ones."""
+    kind, one support move and one block of joint candidates in this process, each is among
+    the compiled ones."""
     rng = np.random.default_rng(0)
     t = rng.uniform(-0.5, 0.5, (4, 8))
     d = rng.uniform(-0.5, 0.5, (4, 8))
@@ -22,6 +23,7 @@ def test_the_child_compiles_the_specialisations_a_fit_runs():
     kernels.update_scan_explicit(t.copy(), None, d, *r, 0.0, update=False)
     kernels.update_scan_explicit(t.copy(), t[::-1].copy(), d, *r, 0.0, 1.0, 0.5, 0.9)
     kernels.support_moves(np.arange(3, dtype=np.int64), t[0, :3].copy(), d[0, :3].copy(), np.ones(3), np.zeros(3))
+    kernels.second_order_lowest(t[1:3], d[1:3], r[0][1:3], r[1], 0.0, 2, np.int64(-1))  # joint candidates
     assert scan.ahead_kernels() == scan.fit_kernels()[:1]
     for disp, sig in scan.fit_kernels():
         assert tuple(sig) in disp.overloads, (disp.py_func.__name__, sig)
