@@ -273,29 +273,34 @@ def report(paths) -> None:
 
 def parallel(cases, reps: int) -> None:
     """Seconds of one ``FSLL()`` fit, of ``FSLLAverage()`` (K = 4) one member after the other
-    and with ``n_jobs=2``, interleaved; the same members either way (checked)."""
+    and with ``n_jobs=2``, interleaved; the same members either way (checked).  Each fit's
+    CPU seconds of this process over its wall-clock seconds: the cores it used."""
     from fsll_ooc import FSLLAverage
 
     FSLL(progress=False).fit(np.random.default_rng(0).integers(0, 3, size=(200, 6)))  # compile kernels
     print("| data | rep | s FSLL() | s FSLLAverage() | s FSLLAverage(n_jobs=2) | average / fit | "
-          "average n_jobs=2 / fit | load |\n|---|---|---|---|---|---|---|---|")
+          "average n_jobs=2 / fit | CPU s fit / average / n_jobs=2 | cores used fit / average / n_jobs=2 | load |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     for case in cases:
         X, cards, _, _ = load_case(case)
         for rep in range(reps):
-            t = {}
+            t, cpu = {}, {}
             for name, make in (("fit", lambda: FSLL(progress=False, cardinalities=cards)),
                                ("avg", lambda: FSLLAverage(progress=False, cardinalities=cards)),
                                ("par", lambda: FSLLAverage(progress=False, cardinalities=cards, n_jobs=2))):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 m = make().fit(X)
-                t[name] = time.perf_counter() - t0
+                t[name], cpu[name] = time.perf_counter() - t0, time.process_time() - c0
                 if name == "avg":
                     ref = [mm.theta_ for mm in m.members_]
                 elif name == "par":  # the same members, bit for bit
                     for a, b in zip(m.members_, ref):
                         assert a.theta_ == b
             print(f"| {_data(':'.join(case.split(':')[:2]))} | {rep} | {t['fit']:.2f} | {t['avg']:.2f} | {t['par']:.2f} | "
-                  f"{t['avg'] / t['fit']:.2f} | {t['par'] / t['fit']:.2f} | {os.getloadavg()[0]:.1f} |", flush=True)
+                  f"{t['avg'] / t['fit']:.2f} | {t['par'] / t['fit']:.2f} | "
+                  f"{' / '.join(f'{cpu[k]:.2f}' for k in ('fit', 'avg', 'par'))} | "
+                  f"{' / '.join(f'{cpu[k] / t[k]:.2f}' for k in ('fit', 'avg', 'par'))} | {os.getloadavg()[0]:.1f} |",
+                  flush=True)
 
 
 def main(argv=None) -> None:
