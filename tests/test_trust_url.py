@@ -121,6 +121,7 @@ def test_worker_processes_never_write_a_new_fit_through_an_old_handle(s3, client
 def test_a_writer_whose_lease_was_taken_over_writes_no_chunk(s3, monkeypatch):
     """Writer A stops renewing (stopped, say); B takes the stale lease over; A's next band
     write is refused before any chunk object is sent, and B's table keeps B's values."""
+    from fsll_ooc.learn import FitState
     from fsll_ooc.planner import plan
     from fsll_ooc.storage import url_store
     from fsll_ooc.storage.lock import StoreLockedError
@@ -141,6 +142,11 @@ def test_a_writer_whose_lease_was_taken_over_writes_no_chunk(s3, monkeypatch):
         with pytest.raises(StoreLockedError, match="lease on the store ran out and was taken over"):
             storage.write(spec, (slice(0, 2), slice(0, 3)), np.zeros((2, 3)))
         np.testing.assert_array_equal(storage.read(spec, (slice(None), slice(None))), np.full((4, 6), 2.0))
+        assert a._lock._lost is None  # A's heartbeat has not noticed: its small files ask the lock object
+        for write in (lambda: a.keep("soft", np.zeros(3)), lambda: a.write_state(FitState((4, 6), 5, 0.0), "running")):
+            with pytest.raises(StoreLockedError, match="lease on the store ran out and was taken over"):
+                write()
+        assert not a.io.exists("fsll_state.json") and not a.io.exists("fsll_soft.0.npy")
         b.release()
 
 

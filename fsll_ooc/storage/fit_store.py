@@ -295,6 +295,7 @@ class FitStore:
             raise ValueError(f"a kept file's name must be an identifier, got {name!r}")
         old = ((self._durable.get("files") or {}).get(name) or {}).get("file")
         fname = f"fsll_{name}.{1 if old == f'fsll_{name}.0.npy' else 0}.npy"
+        self._check_lock()
         self.io.write_bytes(fname, storage.array_file_bytes(np.asarray(a)))
         self._meta.setdefault("files", {})
         self._meta["files"] = {**(self._meta["files"] or {}), name: {"file": fname,
@@ -452,11 +453,16 @@ class FitStore:
                "backend": self.backend, "layout": [L.a, L.c], "chunks": list(L.chunk_shape),
                "params": self._params, "state": state.to_json()}
         obj.update(self._meta)
-        lock = getattr(self, "_lock", None)
-        if lock is not None and hasattr(lock, "check"):
-            lock.check()  # a writer whose lease ran out writes no state over another writer's
+        self._check_lock()
         self.io.write_json(STATE_FILE, obj)
         self._durable = {"files": obj.get("files")}
+
+    def _check_lock(self) -> None:
+        """Before a small file is written: a writer whose lease ran out writes nothing over another
+        writer's (a store at a URL: :meth:`~fsll_ooc.storage.url_store.ObjectLock.check`)."""
+        lock = getattr(self, "_lock", None)
+        if lock is not None and hasattr(lock, "check"):
+            lock.check()
 
     def _tidy(self) -> None:
         self.io.tidy()
