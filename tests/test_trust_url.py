@@ -321,3 +321,33 @@ def test_the_learners_refusals_name_a_url_store_with_both_slashes():
     assert named("s3://bucket/s/thetabar") == "s3://bucket/s"
     assert named("gs://bucket/a/b/thetabar") == "gs://bucket/a/b"
     assert named("/tmp/store/thetabar") == "/tmp/store"
+
+
+def test_em_on_an_s3_store_resumes_after_a_stop_at_each_kind_of_state_write(s3, monkeypatch):
+    """EM out of core rewrites its targets in every round, under the lease of the writer that
+    resumes it (``check_targets=False``): stopped at each kind of state write and resumed by a
+    new writer (a new lease), it ends in the in-core EM model."""
+    import test_missing_ooc as t
+    from test_missing import _holes
+
+    from fsll_ooc import datasets
+
+    p, _ = datasets.random_bayesnet(t.CARDS, 2, seed=3)
+    X = _holes(datasets.sample_table(p, 300, seed=1), 0.3, seed=2)
+    ref = FSLL(progress=False, missing="em", penalty_scale=1.0).fit(X)
+    url = "s3://bucket/em"
+    fit = lambda: FSLL(progress=False, missing="em", store=url, storage_options=s3, layout=t.LAYOUT,  # noqa: E731
+                       scheduler="serial", penalty_scale=1.0).fit(X)
+    writes, whole = t._state_writes(monkeypatch, fit)
+    t.assert_same(whole, ref)
+    first = lambda pred: 1 + next(i for i, w in enumerate(writes) if pred(*w))  # noqa: E731
+    for n in (1, first(lambda s, ph, r, rd, it, b: ph == "m-step" and rd == 0 and it > b),
+              first(lambda s, ph, r, rd, it, b: ph == "e-step" and rd == 2),
+              first(lambda s, ph, r, rd, it, b: ph == "m-step" and rd == 2 and it == b)):
+        stop_after(monkeypatch, n)
+        with pytest.raises(Crash):
+            fit()
+        monkeypatch.undo()
+        m = FSLL.resume(url, storage_options=s3, progress=False)
+        assert FitStore(url, storage_options=s3).read().status == "complete", n
+        t.assert_same(m, ref)
