@@ -18,9 +18,15 @@ project, interleaved (A, B, A, B, ...) in child processes, for before/after figu
 shared machine; ``--threads`` sets ``NUMBA_NUM_THREADS`` (and the fit's helper threads) of
 the children.
 
+``--phases`` also adds up, in each child's fastest fit, the wall time of the learner's
+phases (:data:`PHASES`: the penalty scale's sub-fits, the table passes and sweeps and what
+runs in them, the batches and their sub-table search, the corrective phases...) and prints
+them as a second table: a profile on the wall clock, without a profiler's own cost.
+
 Usage::
 
     python bench/learner.py --cases 24 survey --threads 1 2 --roots /path/old /path/new --rounds 2
+    python bench/learner.py --cases 24 --threads 1 --roots /path/old /path/new --phases --repeats 1
 """
 from __future__ import annotations
 
@@ -77,28 +83,76 @@ def case_data(case: str, seed: int = 0):
     return ancestral_sample(cards, parents, cpts, 100_000, 1), ancestral_sample(cards, parents, cpts, 10_000, 2), cards
 
 
-def child(case: str, repeats: int, kw: dict) -> dict:
-    """One case in this process: a warm-up fit, then the timed ones."""
+#: ``--phases``: (module, attribute, label) of the functions whose wall time a child adds up
+#: (inclusive: a phase's time holds the phases it calls; a name a tree lacks is left out).
+PHASES = [("fsll_ooc.fitting", "choose_penalty_scale", "penalty-scale sub-fits"),
+          ("fsll_ooc.engine.engine", "Engine._run", "table passes and sweeps"),
+          ("fsll_ooc.engine.tasks", "_transform_band", "in passes: transforms"),
+          ("fsll_ooc.kernels.bandops", "elementwise", "in passes: elementwise steps and sums"),
+          ("fsll_ooc.engine.tasks", "second_order_top", "in passes: joint candidates"),
+          ("fsll_ooc.engine.tasks", "_sparse_band", "in passes: sparse fills"),
+          ("fsll_ooc.kernels", "top_appends_threads", "in passes: top-k appends"),
+          ("fsll_ooc.learn.greedy", "Search.batch", "batches (steps, pass, corrective phase)"),
+          ("fsll_ooc.kernels.search", "search_sub", "in batches: sub-table search"),
+          ("fsll_ooc.learn.corrective", "refine", "corrective phases"),
+          ("fsll_ooc.learn.corrective", "joint_append", "joint selections"),
+          ("fsll_ooc.engine.engine", "Engine.gather", "gathers")]
+
+
+def _time_phases() -> dict:
+    """Wrap the :data:`PHASES` functions so that each adds its wall time to the returned dict."""
+    import functools
+    import importlib
+
+    acc: dict = {}
+    for mod_name, attr, label in PHASES:
+        try:
+            owner = importlib.import_module(mod_name)
+            names = attr.split(".")
+            for nm in names[:-1]:
+                owner = getattr(owner, nm)
+            fn = getattr(owner, names[-1])
+        except (ImportError, AttributeError):
+            continue
+
+        def timed(*a, _fn=fn, _label=label, **k):
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                acc[_label] = acc.get(_label, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, names[-1], functools.wraps(fn)(timed))
+    return acc
+
+
+def child(case: str, repeats: int, kw: dict, phases: bool = False) -> dict:
+    """One case in this process: a warm-up fit, then the timed ones (with ``phases``, the wall
+    time of each of :data:`PHASES` in the fastest)."""
     from fsll_ooc import FSLL
 
+    acc = _time_phases() if phases else {}
     Xtr, Xte, cards = case_data(case)
     FSLL(cardinalities=cards, progress=False, **kw).fit(Xtr[: max(len(Xtr) // 10, 200)])
-    times = []
+    times, split = [], {}
     for _ in range(repeats):
+        acc.clear()
         t0 = time.perf_counter()
         m = FSLL(cardinalities=cards, progress=False, **kw).fit(Xtr)
         times.append(time.perf_counter() - t0)
+        if times[-1] == min(times):
+            split = dict(acc)
     ll = float(np.mean(m.log_prob(Xte)))
     return {"case": case, "time": min(times), "times": times, "ll": ll, "terms": int(m.n_bases_),
-            "iters": int(m.n_iter_)}
+            "iters": int(m.n_iter_), "phases": split}
 
 
-def run_child(root: str, case: str, threads: int, repeats: int, kw: dict) -> dict:
+def run_child(root: str, case: str, threads: int, repeats: int, kw: dict, phases: bool = False) -> dict:
     path = os.pathsep.join([root] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     env = dict(os.environ, PYTHONPATH=path, NUMBA_NUM_THREADS=str(threads),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", case, "--repeats", str(repeats),
-           "--kw", json.dumps(kw)]
+           "--kw", json.dumps(kw)] + (["--phases"] if phases else [])
     out = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         return {"case": case, "error": out.stderr.strip().splitlines()[-1:] or ["?"]}
@@ -121,21 +175,24 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds over the roots")
     ap.add_argument("--repeats", type=int, default=2, help="timed fits per child (the fastest is kept)")
     ap.add_argument("--kw", default="{}", help="FSLL keyword arguments as JSON (default: the defaults)")
+    ap.add_argument("--phases", action="store_true",
+                    help="also add up the wall time of the learner's phases (PHASES) and print them")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     kw = json.loads(args.kw)
     if args.child:
-        print(json.dumps(child(args.child, args.repeats, kw)))
+        print(json.dumps(child(args.child, args.repeats, kw, args.phases)))
         return
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load {os.getloadavg()[0]:.2f}, "
           f"{os.cpu_count()} CPUs; fits {kw or 'default'}")
     print("| case | threads | root (commit) | round | fit s (best of repeats) | held-out LL | terms | load |")
     print("|---|---|---|---|---|---|---|---|")
+    runs = []
     for case in args.cases:
         for threads in args.threads:
             for rnd in range(args.rounds):
                 for root in args.roots:
-                    r = run_child(root, case, threads, args.repeats, kw)
+                    r = run_child(root, case, threads, args.repeats, kw, args.phases)
                     load = os.getloadavg()[0]
                     if "error" in r:
                         print(f"| {case} | {threads} | {root} ({commit_of(root)}) | {rnd} | error: {r['error'][0]} | | | |")
@@ -143,6 +200,15 @@ def main(argv=None):
                     print(f"| {case} | {threads} | {root} ({commit_of(root)}) | {rnd} | {r['time']:.2f} "
                           f"({', '.join(f'{t:.2f}' for t in r['times'])}) | {r['ll']:.5f} | {r['terms']} | {load:.2f} |",
                           flush=True)
+                    runs.append((f"{case}, {threads} thr, {commit_of(root)}, round {rnd}", r))
+    if args.phases and runs:  # the fastest fit of each child, phase by phase (inclusive wall seconds)
+        print("\n| phase (inclusive) | " + " | ".join(name for name, _ in runs) + " |")
+        print("|---|" + "---|" * len(runs))
+        print("| whole fit | " + " | ".join(f"{r['time']:.2f}" for _, r in runs) + " |")
+        for _, _, label in PHASES:
+            cells = [r["phases"].get(label) for _, r in runs]
+            if any(c is not None for c in cells):
+                print(f"| {label} | " + " | ".join("" if c is None else f"{c:.2f}" for c in cells) + " |")
 
 
 if __name__ == "__main__":
