@@ -326,12 +326,13 @@ def _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub):
 
 
 # -- the same update + scan shared between threads, step after step ---------------------------
-# ``ctl`` (int64): [0] the ticket ``gen << 32 | next piece`` (a piece is taken by a
-# compare-and-swap of the ticket), [1] pieces done in this generation, [2] stop, [3] pieces
-# the helpers took (all generations).
+# ``ctl`` (int64): [0] the ticket ``gen << 40 | pieces << 20 | next piece`` (a piece is taken
+# by a compare-and-swap of the ticket; the ticket itself says how many pieces its generation
+# has, so that a thread never takes a piece of a generation before it is published), [1]
+# pieces done in this generation, [2] stop, [3] pieces the helpers took (all generations).
 # ``iprm`` (int64): hi, lo, hbu, leaders per piece, pieces, leaders, a stall's turns per cell
 # (:data:`STALL_SPINS`); ``fprm``: ca, sb, :data:`MIN_SHARE`.
-_LOW = np.int64(0xFFFFFFFF)
+_LOW = np.int64(0xFFFFF)
 
 
 @njit(inline="always")
@@ -343,8 +344,8 @@ def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, 
     while True:
         c = load(ctl, 0)
         k = c & _LOW
-        if k >= iprm[4]:
-            return took
+        if k >= (c >> 20) & _LOW:  # the pieces of the generation the ticket names (not iprm's,
+            return took  # which may be the next generation's already)
         if not cas(ctl, 0, c, c + 1):
             continue
         took = True
@@ -394,7 +395,7 @@ def _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run, ua, ub, c
     fprm[0] = ca
     fprm[1] = sb
     store(ctl, 1, 0)
-    store(ctl, 0, gen << 32)  # publishes the step: the helpers may take pieces from now on
+    store(ctl, 0, ((gen & 0x7FFFFF) << 40) | (npieces << 20))  # publishes the step: pieces may be taken now
     _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, False)
     spins = 0
     while load(ctl, 1) < npieces:
