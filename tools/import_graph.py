@@ -22,7 +22,7 @@ PACKAGE = "fsll_ooc"
 #: Layers, lowest first; a module (or a folder, by its prefix) belongs to the first entry
 #: naming it.
 LAYERS = [
-    ("base", ["validation", "machine", "progress"]),
+    ("base", ["validation", "machine", "progress", "threads"]),
     ("math", ["basis", "cost", "kernels"]),
     ("planning", ["planner"]),
     ("storage", ["storage"]),

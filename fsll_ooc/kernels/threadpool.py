@@ -29,6 +29,8 @@ import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from .. import threads
+
 __all__ = ["num_threads", "set_num_threads", "helpers", "fire", "parallel_for"]
 
 _PREFIX = "fsll-kernel"  # the helper threads' names begin so
@@ -80,7 +82,7 @@ def helpers(n: int) -> ThreadPoolExecutor:
     """
     with _lock:
         if _pool["ex"] is None or _pool["n"] != n or _pool["pid"] != os.getpid():
-            _pool["ex"] = ThreadPoolExecutor(max_workers=max(1, n - 1), thread_name_prefix=_PREFIX)
+            _pool["ex"] = threads.pool(max(1, n - 1), _PREFIX)
             _pool["n"] = n
             _pool["pid"] = os.getpid()
         return _pool["ex"]

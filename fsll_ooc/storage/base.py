@@ -23,6 +23,8 @@ from typing import Any, Callable, ClassVar, Iterable
 
 import numpy as np
 
+from .. import threads
+
 __all__ = ["TableBackend", "TableSpec", "register_backend", "get_backend", "backend_names",
            "open_table", "cached", "forget", "thread_pool", "normalize_key", "key_chunks", "chunk_slices", "CHECKSUM_BYTES"]
 
@@ -289,7 +291,7 @@ def thread_pool(name: str, size: int) -> ThreadPoolExecutor:
         with _CACHE_LOCK:
             pool = _POOLS.get(key)
             if pool is None:
-                pool = _POOLS[key] = ThreadPoolExecutor(size, thread_name_prefix=name)
+                pool = _POOLS[key] = threads.pool(size, name)
     return pool
 
 
