@@ -514,7 +514,7 @@ class CandidateOrder:
 
 def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int = 256, max_new: int = 32,
                  max_rounds: int = 8, products: Products | None = None, n_closure: int = 0,
-                 cand_order: "CandidateOrder | None" = None, top: int | None = None, scan=None,
+                 cand_order: CandidateOrder | None = None, top: int | None = None, scan=None,
                  joint: int = 0, sweep: bool = False) -> JointResult:
     """Append the candidates that pay for themselves *jointly*, then refine (in place).
 
@@ -586,8 +586,8 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     tb_s, tb_c = cell[o:o + m], cell[o + m:]
     d_s = np.array([state.dbar[int(y)] for y in support])
     if lazy:
-        h_diag = kernel_products.pair_sums(np.arange(K, dtype=np.int64), np.ones(K), np.repeat(cell[n1 + n2], K), K)
-        h_diag -= tb_c * tb_c
+        # every candidate's square is Phi_0: its pair sum is 0 + 1 * thetabar_0 (the full matrix's numbers)
+        h_diag = np.full(K, 0.0 + 1.0 * float(cell[n1 + n2])) - tb_c * tb_c
 
         def h_col(c):  # column c of H_cc: the pairs (i, c), each expanded as the full matrix's would be
             ia, ib = order.pairs_with(c)
