@@ -49,8 +49,9 @@ PARALLEL_MIN_CELLS = 2**15
 #: A step of a shared search whose thread, its own pieces done, waits more than this many
 #: turns per cell of a piece for its helpers' pieces (a piece takes about one or two turns per
 #: cell) is stalled: a helper holding a piece waits for a core.  When more than one step in
-#: ``_STALL_STEPS`` stalls, or the helpers took less than :data:`MIN_SHARE` of their share of
-#: the pieces (counted from that many steps on), the search goes on alone.
+#: ``_STALL_STEPS`` stalls (counted from that many steps on), or the helpers took less than
+#: :data:`MIN_SHARE` of their share of the pieces of the last ``_STALL_STEPS`` steps (from the
+#: second such window on: the helpers start meanwhile), the search goes on alone.
 STALL_SPINS = 8
 _STALL_STEPS = 16
 #: After a search that went on alone, this many searches run on one thread before sharing is
@@ -516,6 +517,8 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     gen = np.int64(0)
     stalls = 0
     pieces = 0
+    took0 = 0
+    pieces0 = 0
     have = False  # the members' best move came with the last shared sweep
     nbs = np.inf
     nsi = np.int64(-1)
@@ -587,10 +590,16 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                 if spins > iprm[6] * iprm[3] * run * (2 if iprm[2] else 1):  # turns per cell of a piece
                     stalls += 1
                 pieces += iprm[4]
-                # helpers that keep it waiting, or that take less than half their share of the
-                # pieces (their threads wait for a core, or spin on the core this one needs):
-                if gen >= _STALL_STEPS and (stalls * _STALL_STEPS > gen or
-                                            n_threads * load(ctl, 3) < fprm[2] * (n_threads - 1) * pieces):
+                # helpers that keep it waiting, or that took less than half their share of the
+                # pieces of the last _STALL_STEPS steps (their threads wait for a core, or spin
+                # on the core this one needs; the first steps, while they start, not counted):
+                slow = False
+                if gen % _STALL_STEPS == 0:
+                    took = load(ctl, 3)
+                    slow = gen > _STALL_STEPS and \
+                        n_threads * (took - took0) < fprm[2] * (n_threads - 1) * (pieces - pieces0)
+                    took0, pieces0 = took, pieces
+                if gen >= _STALL_STEPS and (stalls * _STALL_STEPS > gen or slow):
                     shared = False  # this thread alone from here on (the same bits)
                     store(ctl, 2, 2)
             else:
