@@ -33,7 +33,7 @@ from numba import njit
 from . import threadpool
 from .atomics import cas, fetch_add, load, store
 
-__all__ = ["kl_to_optimum", "search_sub", "sub_helper", "search_threads", "shared_done", "shared_arrays", "replay_sub", "ahead_kernels", "warmup",
+__all__ = ["kl_to_optimum", "search_sub", "sub_helper", "search_threads", "helper_ready", "shared_done", "shared_arrays", "replay_sub", "ahead_kernels", "warmup",
            "PARALLEL_MIN_CELLS", "RUN"]
 
 _LIM = 1.0 - 2.0**-52
@@ -52,7 +52,7 @@ PARALLEL_MIN_CELLS = 2**15
 #: ``_STALL_STEPS`` stalls (counted from that many steps on), or the helpers took less than
 #: :data:`MIN_SHARE` of their share of the pieces of the last ``_STALL_STEPS`` steps (from the
 #: second such window on: the helpers start meanwhile), the search goes on alone.
-STALL_SPINS = 8
+STALL_SPINS = 32
 _STALL_STEPS = 16
 #: After a search that went on alone, this many searches run on one thread before sharing is
 #: tried again (:func:`search_threads`).
@@ -644,6 +644,20 @@ def search_threads(cells: int, walsh: bool) -> int:
         _backoff["searches"] -= 1
         return 1
     return n
+
+
+def helper_ready() -> None:
+    """Load :func:`sub_helper` in this process (numba's cache) before its first helper starts:
+    a helper that loads it itself starts only after the search's first steps, and the search
+    would take it for a helper that cannot get a core."""
+    if not _ready:
+        for disp, sig in ahead_kernels():
+            if disp is sub_helper:
+                disp.compile(sig)
+        _ready.append(True)
+
+
+_ready: list = []
 
 
 def shared_done(ctl: np.ndarray) -> None:

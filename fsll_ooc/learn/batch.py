@@ -345,6 +345,7 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
     ra = np.empty(flats.size)  # the append prices (the search's, shared with its helpers)
     try:
         if threads > 1:
+            _kernels_search.helper_ready()
             _threadpool.fire(threads, _kernels_search.sub_helper, sub, dflat, ra, member, th, r,
                              np.int64(min(flats.size, _kernels_search.RUN)), *shared)
         steps = _kernels_search.search_sub(sub, dflat, r, member, th, np.array(shape, np.int64), walsh,
