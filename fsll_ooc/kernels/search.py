@@ -651,9 +651,7 @@ def helper_ready() -> None:
     a helper that loads it itself starts only after the search's first steps, and the search
     would take it for a helper that cannot get a core."""
     if not _ready:
-        for disp, sig in ahead_kernels():
-            if disp is sub_helper:
-                disp.compile(sig)
+        sub_helper.compile(tuple(sub_helper.typeof_pyval(x) for x in _helper_example()))
         _ready.append(True)
 
 
@@ -686,8 +684,13 @@ def _examples():
     f2, i2 = np.zeros((2, 2)), np.zeros((2, 3), np.int64)
     search = (f, f, f, b, f, i, b, 0.0, np.int64(1), True, i, i, i, f, i, i, 0.0, 0.0, 0.0, i, i, f, f, f, f, f,
               f, i, i, f, f2, i2, np.int64(1))
-    helper = (f, f, f, b, f, f, np.int64(1), i, i, f, f2, i2)
-    return [(search_sub, search), (replay_sub, (f, i, b, i, f, f)), (sub_helper, helper)]
+    return [(search_sub, search), (replay_sub, (f, i, b, i, f, f)), (sub_helper, _helper_example())]
+
+
+def _helper_example() -> tuple:
+    """Arguments of the types a search hands :func:`sub_helper`."""
+    f, i, b = np.zeros(2), np.zeros(2, np.int64), np.zeros(2, np.bool_)
+    return (f, f, f, b, f, f, np.int64(1), i, i, f, np.zeros((2, 2)), np.zeros((2, 3), np.int64))
 
 
 def ahead_kernels() -> list:
