@@ -5,7 +5,9 @@ remove) on the ``prod_{i in V} k_i`` cells of a marginal sub-table until none ga
 ``epsilon``.  Each step scans every cell once (the best append, lower bound first, and
 the best adjust or remove of the members) and updates every cell once (the incremental
 dual update with the partner ``<Phi_y Phi_y'>``).  On numpy that is a dozen calls on
-small arrays per step; here one compiled call runs the whole search.
+small arrays per step; here one compiled call runs the whole search.  On a large sub-table
+(Walsh-Hadamard axes only) each step's sweep is shared in pieces with the helper threads of
+:mod:`fsll_ooc.kernels.threadpool` (:func:`sub_helper`), with the same bits.
 
 The formulas are those of :mod:`fsll_ooc.cost` (the reference), in the same order of
 operations, evaluated with the C library's ``log1p``, ``atanh``, ``cosh``, ``sinh`` as
@@ -33,8 +35,8 @@ from numba import njit
 from . import threadpool
 from .atomics import cas, fetch_add, load, store
 
-__all__ = ["kl_to_optimum", "search_sub", "sub_helper", "search_threads", "helper_ready", "shared_done", "shared_arrays", "replay_sub", "ahead_kernels", "warmup",
-           "PARALLEL_MIN_CELLS", "RUN"]
+__all__ = ["kl_to_optimum", "search_sub", "sub_helper", "search_threads", "helper_ready", "shared_done",
+           "shared_arrays", "replay_sub", "ahead_kernels", "warmup", "PARALLEL_MIN_CELLS", "RUN"]
 
 _LIM = 1.0 - 2.0**-52
 #: Cells per bound test of the search (runs; a sub-table of fewer cells is one run).
@@ -60,7 +62,8 @@ STALL_BACKOFF = 4
 #: A helper that finds no piece this many times in a row leaves (the search's thread is not
 #: stepping: it waits for a core), rather than hold a core the search may need.
 _IDLE_TURNS = 1 << 22
-#: ... or when the helpers took less than this part of their share of the pieces.
+#: A shared search goes on alone when its helpers took less than this part of their share of
+#: the pieces (see :data:`STALL_SPINS`).
 MIN_SHARE = 0.5
 _backoff = {"searches": 0}
 
