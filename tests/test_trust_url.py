@@ -351,3 +351,42 @@ def test_em_on_an_s3_store_resumes_after_a_stop_at_each_kind_of_state_write(s3, 
         m = FSLL.resume(url, storage_options=s3, progress=False)
         assert FitStore(url, storage_options=s3).read().status == "complete", n
         t.assert_same(m, ref)
+
+
+def test_a_stalled_writers_late_state_never_replaces_its_successors(s3, monkeypatch):
+    """Writer A resumes a store, passes its lease check for a state write and is stopped there
+    past its lease; B takes the store over and finishes the fit; A continues: its state write
+    (conditional on the state it read) is refused in one line naming the state object, and
+    the store keeps B's finished model (before, A's older state replaced it)."""
+    from types import SimpleNamespace
+
+    from fsll_ooc.learn import FitState
+    from fsll_ooc.storage import url_store
+
+    url = "s3://bucket/late-state"
+    root, _ = _interrupted(s3, "late-state", monkeypatch)
+    a = FitStore(url, storage_options=s3)
+    stored = a.read()
+    writing = a.writing("fit", "resuming")
+    writing.__enter__()
+    try:
+        obj = root.read_json("fsll_state.json")  # the layout the state keeps
+        a.plan = SimpleNamespace(layout=SimpleNamespace(a=obj["layout"][0], c=obj["layout"][1],
+                                                        chunk_shape=tuple(obj["chunks"])))
+        a._lock._stop.set()  # A is stopped: it renews its lease no more
+        later = url_store._now() + url_store.LEASE + url_store.CLOCK_SLACK + 1
+        monkeypatch.setattr(url_store, "_now", lambda: later)
+        b = FSLL.resume(url, storage_options=s3)  # B takes the store over and finishes
+        monkeypatch.setattr(a, "_check_lock", lambda: None)  # A had passed its lease check before it stopped
+        with pytest.raises(IntegrityError) as e:
+            a.write_state(FitState.from_json(stored.state), "running")
+        msg = str(e.value)
+        assert msg.startswith(f"{url}/fsll_state.json: was replaced by another writer") and "\n" not in msg, msg
+        assert f"FSLL.resume({url!r}) continues" in msg
+    finally:
+        writing.__exit__(None, None, None)
+    monkeypatch.undo()
+    assert FitStore(url, storage_options=s3).read().status == "complete"
+    again = FSLL.resume(url, storage_options=s3)
+    assert again.theta_ == b.theta_ and again.n_iter_ == b.n_iter_
+    _same_model(b, FSLL(**KW).fit(_data()), exact=False)

@@ -121,6 +121,10 @@ class FitStore:
         # per fit state seen by checkpoint(): (the state, its entries checked, H(q) of their targets)
         self._seen: dict[int, tuple] = {}
         self._stored: tuple | None = None  # (entries, H(q)) of the state a resume continues
+        # at a URL (S3): the ETag of the state object this writer last read or wrote, on which
+        # its next state write is conditional (a writer whose lease was taken over and whose
+        # successor wrote the state since writes no state over it)
+        self._state_tag: str | None = None
 
     # ------------------------------------------------------------------ reading
     @property
@@ -147,6 +151,7 @@ class FitStore:
     def read(self) -> StoredFit:
         """The verified state of the store; :class:`IntegrityError` if it cannot be trusted."""
         sf = self.state_file
+        tag = self.io.etag(STATE_FILE) if self.io.is_url else None
         obj = self.io.read_json(STATE_FILE)
         if not isinstance(obj, dict) or obj.get("format") != STATE_FORMAT:
             fmt = obj.get("format") if isinstance(obj, dict) else None
@@ -168,6 +173,7 @@ class FitStore:
         self._meta = {k: obj.get(k) for k in ("counts", "tables", "feature_names", "categories", "kl_data",
                                               "files", "extra", "fit_id", "generations")}
         self._durable = {"files": obj.get("files")}
+        self._state_tag = tag
         return StoredFit(obj["status"], obj["backend"], tuple(obj["layout"]), params, obj["state"],
                          obj.get("feature_names"), obj.get("categories"), obj.get("kl_data"))
 
@@ -263,7 +269,7 @@ class FitStore:
         names, categories = labels if labels is not None else (None, None)
         self._meta = {"feature_names": names, "categories": categories, "fit_id": _new_fit_id()}
         self.io.remove(STATE_FILE)  # an old state must never describe new tables
-        self._durable = {}
+        self._durable, self._state_tag = {}, None
         self._tidy()
         data = storage.array_file_bytes(np.stack([np.asarray(uniq, np.int64), np.asarray(counts, np.int64)]))
         self.io.write_bytes(COUNTS_FILE, data)
@@ -454,8 +460,25 @@ class FitStore:
                "params": self._params, "state": state.to_json()}
         obj.update(self._meta)
         self._check_lock()
-        self.io.write_json(STATE_FILE, obj)
+        if self.io.is_url:
+            self._write_state_object(obj)
+        else:
+            self.io.write_json(STATE_FILE, obj)
         self._durable = {"files": obj.get("files")}
+
+    def _write_state_object(self, obj) -> None:
+        """The state object at a URL, on condition (S3) that it is still the one this writer
+        last read or wrote: a writer stopped past its lease between its lease check and
+        this PUT writes nothing over its successor's state."""
+        from .url_store import ObjectChangedError
+
+        try:
+            self.io.write_json(STATE_FILE, obj, if_match=self._state_tag)
+        except ObjectChangedError:
+            raise IntegrityError(self.state_file, "was replaced by another writer since this one last wrote it (this "
+                                 "writer's lease ran out and another writer took the store over): it writes nothing "
+                                 "more", f"FSLL.resume({str(self.root)!r}) continues from the state there") from None
+        self._state_tag = self.io.etag(STATE_FILE)
 
     def _check_lock(self) -> None:
         """Before a small file is written: a writer whose lease ran out writes nothing over another

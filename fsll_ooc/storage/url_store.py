@@ -28,12 +28,14 @@ The writer lock is the object ``STORE/fsll.lock`` (:class:`ObjectLock`), a lease
 
 A writer whose lease was taken over (stopped for longer than the lease, then continued)
 must not damage its successor: every table write first checks that the lock object
-still names its lease (:func:`check_lease`), every state write too
+still names its lease (:func:`check_lease`), every state and kept-file write too
 (:meth:`ObjectLock.check`), and every chunk it writes is bound to its lease
 (``TableSpec.generation``, :mod:`fsll_ooc.storage.binding`).  A check and the PUT after
 it are two requests, so a writer stopped between them still sends that one band late;
 its successor, which wrote the table again under its own lease, refuses the chunk by
-name at its next read, and a plain resume writes that table again.
+name at its next read, and a plain resume writes that table again.  On S3 a state write
+is also conditional on the ETag of the state object the writer last read or wrote
+(:meth:`URLRoot.write_json`), so a late state never replaces the successor's.
 
 The conditional PUTs are S3's (AWS S3 and servers that implement its conditional
 writes); on other object stores the lock is created with fsspec's exclusive create where
@@ -61,7 +63,7 @@ from .errors import IntegrityError
 from .lock import StoreLockedError
 
 __all__ = ["is_url", "local_path", "encode_options", "decode_options", "filesystem", "URLRoot", "ObjectLock",
-           "LEASE", "check_lease"]
+           "LEASE", "check_lease", "ObjectChangedError"]
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: Seconds a writer lock stays valid without renewal (the holder renews every LEASE / 4).
@@ -199,11 +201,33 @@ class URLRoot:
 
         return parse_json(self.read_bytes(name), self.child(name))
 
-    def write_json(self, name: str, obj) -> None:
-        """Replace ``name`` with ``obj`` as checksummed JSON (serialised before anything is sent)."""
+    def write_json(self, name: str, obj, if_match: str | None = None) -> None:
+        """Replace ``name`` with ``obj`` as checksummed JSON (serialised before anything is sent);
+        ``if_match``: on S3, only if the object is still the one with that ETag, else
+        :class:`ObjectChangedError` (another writer replaced it)."""
         from .files import json_text
 
-        self.write_bytes(name, json_text(obj, checksum=True).encode())
+        data = json_text(obj, checksum=True).encode()
+        if if_match is None or not is_s3(self.fs):
+            return self.write_bytes(name, data)
+        try:
+            self.fs.pipe_file(self._p(name), data, IfMatch=if_match)
+        except OSError as e:
+            if "pre-condition" in str(e) or "PreconditionFailed" in str(e) or "412" in str(e):
+                raise ObjectChangedError(self.child(name)) from None
+            raise
+
+    def etag(self, name: str) -> str | None:
+        """The ETag of object ``name`` as the server says now (None: no such object, or an
+        object store that does not condition writes on it)."""
+        if not is_s3(self.fs):
+            return None
+        self.fs.invalidate_cache(self._p(name))
+        try:
+            info = self.fs.info(self._p(name))
+        except FileNotFoundError:
+            return None
+        return info.get("ETag") or info.get("etag")
 
     def check_new(self) -> None:
         """Refuse a location that holds other things than an fsll-ooc store (``ValueError``)."""
@@ -255,6 +279,14 @@ class URLRoot:
 
     def lock(self, purpose: str) -> "ObjectLock":
         return ObjectLock(self, purpose)
+
+
+class ObjectChangedError(OSError):
+    """A conditional write found the object replaced since this writer last read or wrote it."""
+
+    def __init__(self, url: str):
+        self.url = url
+        super().__init__(f"{url} was replaced by another writer since this writer last wrote it")
 
 
 def _remove_quietly(fs, path: str) -> None:
