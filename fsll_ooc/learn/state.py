@@ -98,12 +98,16 @@ class FitState:
         key = tuple(self.theta)
         memo = self.__dict__.get("_family_counts")
         if memo is None or memo[0] != key:
-            counts: dict = {}
-            for y in self.theta:
-                a = self.family(y)
-                counts[a] = counts.get(a, 0) + 1
-            memo = self.__dict__["_family_counts"] = (key, counts)
+            memo = self.__dict__["_family_counts"] = (key, self._count_families(key))
         return dict(memo[1])
+
+    def _count_families(self, ys) -> dict[tuple[int, ...], int]:
+        """Members of each family among ``ys``, the families in the order of their first member."""
+        counts: dict = {}
+        for y in ys:
+            a = self.family(y)
+            counts[a] = counts.get(a, 0) + 1
+        return counts
 
     def marginal_penalties(self, flats, counts=None) -> list[float]:
         """Code length a member gives back when removed, a non-member costs when added."""
@@ -134,11 +138,7 @@ class FitState:
         if self.penalty_code == "paper":
             return sum(self.penalties(ys))
         code = self.term_code()
-        counts: dict = {}
-        for y in ys:  # as family_counts: the families in the order of their first member
-            a = self.family(y)
-            counts[a] = counts.get(a, 0) + 1
-        return sum(code.total(a, m) for a, m in counts.items())
+        return sum(code.total(a, m) for a, m in self._count_families(ys).items())
 
     def cost(self) -> float:
         """``KL(q || p_theta)`` plus the support's code length (:meth:`total_penalty`; the paper's
