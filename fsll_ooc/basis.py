@@ -30,6 +30,7 @@ array([[ 1.        , -0.33333333, -0.33333333],
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -160,15 +161,11 @@ def apply_product(g: np.ndarray, axis: int, b: int) -> np.ndarray:
         return g.copy()
     if is_walsh(k):
         return np.take(g, np.arange(k) ^ b, axis=axis)  # one C-contiguous copy
-    x = np.moveaxis(g, axis, 0)
-    out = np.empty_like(x)
-    # rows a not in {0, b}: -(g_0 + g_a + g_b)
-    common = x[0] + x[b]
-    np.add(x, common, out=out)
-    np.negative(out, out=out)
-    out[0] = x[b]
-    out[b] = x[0]
-    return np.moveaxis(out, 0, axis)
+    from .kernels import bandops  # (compiled; the kernels import this module's helpers)
+
+    shape = g.shape
+    x = np.ascontiguousarray(g, np.float64).reshape(math.prod(shape[:axis]), k, math.prod(shape[axis + 1:]))
+    return bandops.pm_product(x, b).reshape(shape)
 
 
 def phi_values(k: int, y: int, x: np.ndarray) -> np.ndarray:

@@ -62,3 +62,31 @@ def test_phi_values():
         x = np.arange(k)
         for y in range(k):
             np.testing.assert_array_equal(basis.phi_values(k, y, x), M[y])
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 5, 2), 1), ((2, 3, 40), 1), ((4, 6, 3), 2), ((5, 7, 17), 0),
+                                        ((3, 3, 3, 3), 2), ((1, 5, 1), 1)])
+def test_apply_product_compiled_is_numpys_bits(shape, axis):
+    """The compiled +-1 product (row by row for long rows, cell by cell for short ones) gives
+    the bits of numpy's operations, and both are the product matrix applied along the axis;
+    on a read-only or non-contiguous input too."""
+    from fsll_ooc.kernels import ahead, bandops
+
+    bandops.pm_kernels_ready()
+    ahead.wait(bandops.__name__)  # (a child compiles them on their first use after installing)
+    assert bandops.pm_kernels_ready()
+    rng = np.random.default_rng(sum(shape) + axis)
+    k = shape[axis]
+    g = rng.standard_normal(shape)
+    for b in range(1, k):
+        want = np.moveaxis(np.tensordot(basis.product_matrix(k, b), g, axes=(1, axis)), 0, axis)
+        got = basis.apply_product(g, axis, b)
+        np.testing.assert_allclose(got, want, atol=1e-12)
+        x = g.reshape(int(np.prod(shape[:axis])), k, -1)
+        ref = bandops._pm_numpy(x, b)
+        assert np.array_equal(got.reshape(-1).view(np.int64), ref.reshape(-1).view(np.int64))
+        ro = g.copy()
+        ro.setflags(write=False)
+        assert np.array_equal(basis.apply_product(ro, axis, b), got)
+        swapped = np.swapaxes(g, 0, axis)  # not contiguous
+        assert np.array_equal(basis.apply_product(swapped, 0, b), np.swapaxes(got, 0, axis))

@@ -27,9 +27,10 @@ import functools
 import numpy as np
 from numba import njit
 
-from . import threadpool
+from . import ahead, threadpool
 
-__all__ = ["LEAF", "PARALLEL_MIN", "leaves", "tree_sum", "elementwise", "zero_fill", "scatter_add"]
+__all__ = ["LEAF", "PARALLEL_MIN", "leaves", "tree_sum", "elementwise", "zero_fill", "scatter_add", "pm_product",
+           "pm_kernels_ready"]
 
 #: Largest leaf, in elements (512 KiB of float64: a core's L2 cache).
 LEAF = 2**16
@@ -134,7 +135,11 @@ def _leaf(flat, bounds, run, sums, i) -> None:
 
 
 def zero_fill(flat: np.ndarray, n_threads: int) -> None:
-    """``flat[:] = 0.0`` (contiguous 1-D), leaf by leaf on ``n_threads`` threads."""
+    """``flat[:] = 0.0`` (contiguous 1-D), leaf by leaf on ``n_threads`` threads; below
+    :data:`PARALLEL_MIN` elements in this thread (waking a helper costs more than the fill)."""
+    if n_threads <= 1 or flat.size < PARALLEL_MIN:
+        flat.fill(0.0)
+        return
     bounds, _ = leaves(flat.size, LEAF)
     threadpool.parallel_for(n_threads, bounds.size - 1,
                             lambda i: flat[bounds[i]:bounds[i + 1]].fill(0.0))
@@ -156,3 +161,97 @@ def scatter_add(flat: np.ndarray, local: np.ndarray, values: np.ndarray) -> None
     if local.size and (int(local.min()) < 0 or int(local.max()) >= flat.size):
         raise IndexError(f"a position outside the band of {flat.size} cells")
     _scatter_add(flat, local, values)
+
+
+
+# ----------------------------------------------------------------------------- +-1 products
+
+def _pm_numpy(x: np.ndarray, b: int) -> np.ndarray:
+    """:func:`pm_product` by numpy's operations (the reference; the first use after installing)."""
+    out = np.empty(x.shape)
+    common = x[:, 0] + x[:, b]
+    for a in range(1, x.shape[1]):
+        if a != b:
+            row = out[:, a]
+            np.add(x[:, a], common, out=row)
+            np.negative(row, out=row)
+    out[:, 0] = x[:, b]
+    out[:, b] = x[:, 0]
+    return out
+
+
+@njit(nogil=True, cache=True)
+def _pm_rows(x, b, out):  # pragma: no cover - compiled
+    P, k, Q = x.shape
+    for i in range(P):
+        for j in range(Q):
+            out[i, 0, j] = x[i, b, j]
+            out[i, b, j] = x[i, 0, j]
+        for a in range(1, k):
+            if a != b:
+                for j in range(Q):
+                    out[i, a, j] = -(x[i, a, j] + (x[i, 0, j] + x[i, b, j]))
+
+
+@njit(nogil=True, cache=True)
+def _pm_cells(x, b, out):  # pragma: no cover - compiled
+    P, k, Q = x.shape
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    off_b = b * Q
+    for base in range(0, P * k * Q, k * Q):
+        for j in range(base, base + Q):
+            x0 = xf[j]
+            xb = xf[j + off_b]
+            c = x0 + xb
+            of[j] = xb
+            of[j + off_b] = x0
+            for a in range(1, k):
+                if a != b:
+                    of[j + a * Q] = -(xf[j + a * Q] + c)
+
+
+#: Shortest rows (cells after the axis) that :func:`pm_product` walks row by row.
+PM_ROW_MIN = 16
+_pm_ready = [False]
+
+
+def ahead_kernels() -> list:
+    """``(dispatcher, argument types)`` of :func:`pm_product`'s kernels (compiled in a second
+    process on their first use after installing: :mod:`fsll_ooc.kernels.ahead`)."""
+    out = np.zeros((1, 3, 1))
+    read_only = out.copy()
+    read_only.setflags(write=False)  # (a band read from a file may be read-only)
+    return [(disp, tuple(disp.typeof_pyval(a) for a in (x, np.int64(1), out)))
+            for disp in (_pm_rows, _pm_cells) for x in (out, read_only)]
+
+
+def pm_kernels_ready() -> bool:
+    """Are :func:`pm_product`'s kernels compiled or in numba's cache?  If not, a second
+    process compiles them (:func:`fsll_ooc.kernels.ahead.start`) and :func:`pm_product` uses
+    numpy's operations meanwhile (the same bits)."""
+    if not _pm_ready[0]:
+        if ahead.running(__name__):
+            return False
+        if not all(ahead.is_cached(d, s) for d, s in ahead_kernels()):
+            ahead.start(__name__)
+            return False
+        _pm_ready[0] = True
+    return True
+
+
+def pm_product(x: np.ndarray, b: int) -> np.ndarray:
+    """The product rule of a +-1 axis (:func:`fsll_ooc.basis.apply_product`) on ``x`` of shape
+    ``(before, k, after)``, C-contiguous float64, the axis in the middle, ``0 < b < k``: a new
+    array with row ``0`` = ``x``'s row ``b``, row ``b`` = row ``0`` and every other row ``a`` =
+    ``-(x_a + (x_0 + x_b))``, in one compiled walk with numpy's bits (:func:`_pm_numpy`, which
+    runs until the kernels are compiled: :func:`pm_kernels_ready`)."""
+    b = int(b)
+    if not pm_kernels_ready():
+        return _pm_numpy(x, b)
+    out = np.empty(x.shape)
+    if x.shape[2] >= PM_ROW_MIN:  # long rows: row by row (vectorised)
+        _pm_rows(x, np.int64(b), out)
+    else:  # short rows: cell by cell across the axis
+        _pm_cells(x, np.int64(b), out)
+    return out

@@ -101,11 +101,16 @@ class FitState:
             memo = self.__dict__["_family_counts"] = (key, self._count_families(key))
         return dict(memo[1])
 
+    def _families(self, ys) -> list[tuple[int, ...]]:
+        """:meth:`family` of each of ``ys`` (one look-up each once memoised)."""
+        cache = self.__dict__.setdefault("_family_cache", {})
+        get = cache.get
+        return [get(y) or self.family(y) for y in ys]
+
     def _count_families(self, ys) -> dict[tuple[int, ...], int]:
         """Members of each family among ``ys``, the families in the order of their first member."""
         counts: dict = {}
-        for y in ys:
-            a = self.family(y)
+        for a in self._families(ys):
             counts[a] = counts.get(a, 0) + 1
         return counts
 
@@ -113,12 +118,8 @@ class FitState:
         """Code length a member gives back when removed, a non-member costs when added."""
         code = self.term_code()
         counts = self.family_counts() if counts is None else counts
-        out = []
-        for y in flats:
-            a = self.family(y)
-            m = counts.get(a, 0)
-            out.append(code.add(a, m - 1) if y in self.theta else code.add(a, m))
-        return out
+        theta, add = self.theta, code.add
+        return [add(a, counts.get(a, 0) - (y in theta)) for y, a in zip(flats, self._families(flats))]
 
     def total_penalty(self) -> float:
         """The support's code length (the cost's penalty part).  Memoised on the support (its
@@ -138,7 +139,17 @@ class FitState:
         if self.penalty_code == "paper":
             return sum(self.penalties(ys))
         code = self.term_code()
-        return sum(code.total(a, m) for a, m in self._count_families(ys).items())
+        memo = self.__dict__.get("_total_memo")
+        if memo is None or memo[0] is not code:  # each family's code length, memoised with the code
+            memo = self.__dict__["_total_memo"] = (code, {})
+        lengths = memo[1]
+        out = []
+        for key in self._count_families(ys).items():
+            v = lengths.get(key)
+            if v is None:
+                v = lengths[key] = code.total(*key)
+            out.append(v)
+        return sum(out)
 
     def cost(self) -> float:
         """``KL(q || p_theta)`` plus the support's code length (:meth:`total_penalty`; the paper's
