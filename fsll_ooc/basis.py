@@ -30,6 +30,7 @@ array([[ 1.        , -0.33333333, -0.33333333],
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -161,11 +162,17 @@ def apply_product(g: np.ndarray, axis: int, b: int) -> np.ndarray:
         return g.copy()
     if is_walsh(k):
         return np.take(g, np.arange(k) ^ b, axis=axis)  # one C-contiguous copy
-    from .kernels import bandops  # (compiled; the kernels import this module's helpers)
-
     shape = g.shape
     x = np.ascontiguousarray(g, np.float64).reshape(math.prod(shape[:axis]), k, math.prod(shape[axis + 1:]))
-    return bandops.pm_product(x, b).reshape(shape)
+    return _bandops().pm_product(x, b).reshape(shape)
+
+
+@functools.cache
+def _bandops():
+    """:mod:`fsll_ooc.kernels.bandops` (imported on first use: the kernels import this module)."""
+    from .kernels import bandops
+
+    return bandops
 
 
 def phi_values(k: int, y: int, x: np.ndarray) -> np.ndarray:

@@ -118,8 +118,23 @@ class FitState:
         """Code length a member gives back when removed, a non-member costs when added."""
         code = self.term_code()
         counts = self.family_counts() if counts is None else counts
-        theta, add = self.theta, code.add
-        return [add(a, counts.get(a, 0) - (y in theta)) for y, a in zip(flats, self._families(flats))]
+        memo = self._code_memo(code, "add")
+        theta, out = self.theta, []
+        for y, a in zip(flats, self._families(flats)):
+            key = (a, counts.get(a, 0) - (y in theta))
+            v = memo.get(key)
+            if v is None:
+                v = memo[key] = code.add(*key)
+            out.append(v)
+        return out
+
+    def _code_memo(self, code: C.TermCode, name: str) -> dict:
+        """A memo of ``code``'s ``name`` (``"add"``, ``"total"``) by ``(family, members)``; it goes
+        with the code (a new scale or code kind starts a new one)."""
+        memo = self.__dict__.get("_code_memos")
+        if memo is None or memo[0] is not code:
+            memo = self.__dict__["_code_memos"] = (code, {"add": {}, "total": {}})
+        return memo[1][name]
 
     def total_penalty(self) -> float:
         """The support's code length (the cost's penalty part).  Memoised on the support (its
@@ -139,10 +154,7 @@ class FitState:
         if self.penalty_code == "paper":
             return sum(self.penalties(ys))
         code = self.term_code()
-        memo = self.__dict__.get("_total_memo")
-        if memo is None or memo[0] is not code:  # each family's code length, memoised with the code
-            memo = self.__dict__["_total_memo"] = (code, {})
-        lengths = memo[1]
+        lengths = self._code_memo(code, "total")
         out = []
         for key in self._count_families(ys).items():
             v = lengths.get(key)
