@@ -193,4 +193,14 @@ def test_bad_data_and_unfitted_use():
         FSLLAverage(progress=False).fit(np.array([[0, 1], [1, np.nan], [0, 0]]))
     assert FSLLAverage().n_members == "auto"
     assert FSLLAverage(n_members="auto", progress=False).fit(
-        np.random.default_rng(0).integers(0, 2, (50, 3))).n_members_ == 4
+        np.random.default_rng(0).integers(0, 2, (50, 3))).n_members_ == 8
+
+
+def test_auto_members_by_rows():
+    """``n_members="auto"``: eight members on up to SMALL_DATA rows, four on more."""
+    from fsll_ooc.average import SMALL_DATA, auto_members
+
+    assert [auto_members(n) for n in (2, SMALL_DATA, SMALL_DATA + 1, 10**7)] == [8, 8, 4, 4]
+    X = np.random.default_rng(1).integers(0, 2, (SMALL_DATA + 1, 2))
+    assert FSLLAverage(progress=False).fit(X).n_members_ == 4
+    assert FSLLAverage(progress=False).fit(X[:SMALL_DATA]).n_members_ == 8
