@@ -26,7 +26,9 @@ Datasets
 Studies (``--studies``): ``peers`` (pgmpy's example networks asia, survey and sachs at
 N = 1e3, 1e4, 1e5: the default and ``FSLLAverage`` against pyAgrum's greedy hill climbing and
 tabu search with the AIC, BIC and BDeu scores and MIIC, parameters with a Laplace prior;
-``python bench/quality.py --studies peers --peers-only``), ``pm1`` (slow coordinate convergence of the +-1 basis:
+``python bench/quality.py --studies peers --peers-only [--nets asia --sizes 1000]``; with
+``--why``: the default's model against the true network's span fitted by maximum
+likelihood, the search continued from it, and fixed penalty scales), ``pm1`` (slow coordinate convergence of the +-1 basis:
 Potts with q = 3 against q = 4 (Walsh-Hadamard) on the same grid), ``auto`` (the
 constant ``c`` of ``epsilon = c / N``) and ``schedule`` (when to run the corrective
 step, and the joint selection on/off).
@@ -323,9 +325,7 @@ AGRUM = {"GHC-AIC": ("ghc", "AIC"), "GHC-BIC": ("ghc", "BIC"), "GHC-BDeu": ("ghc
          "Tabu-AIC": ("tabu", "AIC"), "Tabu-BIC": ("tabu", "BIC"), "Tabu-BDeu": ("tabu", "BDeu"), "MIIC": ("miic", None)}
 
 
-def example_network(name: str) -> np.ndarray:
-    """``p*`` of one of pgmpy's example networks (its variables in pgmpy's order, states in
-    its order) as a dense table."""
+def _example_model(name: str):
     import logging
     import warnings
 
@@ -334,7 +334,21 @@ def example_network(name: str) -> np.ndarray:
         logging.getLogger("pgmpy").setLevel(logging.ERROR)
         from pgmpy.utils import get_example_model
 
-        net = get_example_model(name)
+        return get_example_model(name)
+
+
+def example_families(name: str) -> list[tuple[int, ...]]:
+    """The families (a node and its parents, as sorted variable positions) of one of pgmpy's
+    example networks, in :func:`example_network`'s variable order."""
+    net = _example_model(name)
+    nodes = list(net.nodes())
+    return [tuple(sorted(nodes.index(v) for v in cpd.variables)) for cpd in net.get_cpds()]
+
+
+def example_network(name: str) -> np.ndarray:
+    """``p*`` of one of pgmpy's example networks (its variables in pgmpy's order, states in
+    its order) as a dense table."""
+    net = _example_model(name)
     nodes = list(net.nodes())
     cards = [int(net.get_cardinality(v)) for v in nodes]
     p = np.ones(cards)
@@ -387,38 +401,88 @@ def fit_agrum(X: np.ndarray, cards, search: str, score: str | None, prior: float
     return p / p.sum(), n_params, seconds
 
 
-def study_peers(seeds, sizes=SIZES, members=4):
-    """Per network and size: KL(p*||p) and seconds of the default, of ``FSLLAverage`` (members
-    fitted one after the other) and of every pyAgrum learner; the default against the best."""
+def study_peers(seeds, nets=EXAMPLE_NETS, sizes=SIZES):
+    """Per network and size: KL(p*||p) and seconds of the default, of ``FSLLAverage()`` (its
+    ``n_members="auto"``, members fitted one after the other) and of every pyAgrum learner;
+    the default against the best."""
     from fsll_ooc import FSLLAverage
 
-    lines = ["| network (cells) | N | FSLL() | FSLLAverage(K=4) | " + " | ".join(AGRUM) + " | best pyAgrum | "
+    lines = ["| network (cells) | N | FSLL() | FSLLAverage() (K) | " + " | ".join(AGRUM) + " | best pyAgrum | "
              "FSLL() / best | FSLLAverage / best | s FSLL() | s FSLLAverage | s best pyAgrum |",
              "|---|---|---|---|" + "---|" * len(AGRUM) + "---|---|---|---|---|---|"]
     raw = []
-    for net in EXAMPLE_NETS:
+    for net in nets:
         p = example_network(net)
         for n in sizes:
             acc = collections.defaultdict(list)
             for s in seeds:
-                X = datasets.sample_table(p, n, seed=np.random.SeedSequence([int(s), int(n), 5]))
+                X = example_rows(p, n, s)
                 r = fit_fl(X, p, repeats=1)
                 acc["FSLL"].append((r["kl_true"], r["time"]))
                 t0 = time.perf_counter()
-                avg = FSLLAverage(n_members=members, cardinalities=p.shape, progress=False).fit(X)
+                avg = FSLLAverage(cardinalities=p.shape, progress=False).fit(X)
                 acc["avg"].append((datasets.kl_divergence(p, np.asarray(avg.probabilities())), time.perf_counter() - t0))
                 for name, (search, score) in AGRUM.items():
                     q, _, sec = fit_agrum(X, p.shape, search, score)
                     acc[name].append((datasets.kl_divergence(p, q), sec))
             m = {k: (mean([a[0] for a in v]), mean([a[1] for a in v])) for k, v in acc.items()}
             best = min(AGRUM, key=lambda k: m[k][0])
-            raw.append({"net": net, "N": n, "seeds": list(seeds), "results": m, "load": os.getloadavg()[0]})
-            lines.append(f"| {net} ({p.size:,}) | {n:,} | {fmt(m['FSLL'][0])} | {fmt(m['avg'][0])} | "
+            raw.append({"net": net, "N": n, "seeds": list(seeds), "results": m, "members": avg.n_members_,
+                        "load": os.getloadavg()[0]})
+            lines.append(f"| {net} ({p.size:,}) | {n:,} | {fmt(m['FSLL'][0])} | {fmt(m['avg'][0])} ({avg.n_members_}) | "
                          + " | ".join(fmt(m[k][0]) for k in AGRUM)
                          + f" | {best} {fmt(m[best][0])} | {m['FSLL'][0] / m[best][0]:.2f} | {m['avg'][0] / m[best][0]:.2f} "
                          f"| {m['FSLL'][1]:.2f} | {m['avg'][1]:.2f} | {m[best][1]:.2f} |")
             print(lines[-1], flush=True)
     return lines, raw
+
+
+def example_rows(p, n, seed):
+    """``n`` rows drawn from ``p`` for one seed of the peers studies (the same rows in both)."""
+    return datasets.sample_table(p, n, seed=np.random.SeedSequence([int(seed), int(n), 5]))
+
+
+WHY_SCALES = (1.0, 0.5, 0.25)
+
+
+def study_peers_why(seeds, nets=EXAMPLE_NETS, sizes=SIZES):
+    """Search or cost, on pgmpy's example networks: the default's model against the span of
+    the true network (every basis function within a family, fitted by maximum likelihood),
+    the search continued from that span, and fixed penalty scales."""
+    lines = ["| network | N | FSLL(): KL / cost / #terms (scales chosen) | "
+             + " | ".join(f"penalty_scale={s:g}" for s in WHY_SCALES)
+             + " | true span, fitted: KL / cost / #terms | true span, then the search: KL / cost / #terms "
+               "| seeds where the true span costs less |",
+             "|---|---|---|" + "---|" * len(WHY_SCALES) + "---|---|---|"]
+    for net in nets:
+        p, families = example_network(net), example_families(net)
+        for n in sizes:
+            acc = collections.defaultdict(list)
+            for s in seeds:
+                X = example_rows(p, n, s)
+
+                def score(tag, st):
+                    acc[tag].append((datasets.kl_divergence(p, probabilities_of(st)), st.cost(), len(st.theta)))
+
+                def from_true_span(eng, st):  # on_finish of the default fit: its state, then the span's
+                    score("auto", st)
+                    refit_on(eng, st, span_of(families, p.shape), np.log(p.size))
+                    score("span", st)
+                    st.history, st.converged = [], False
+                    learn(eng, st, LearnOptions(epsilon="auto", refine="adjust"), fresh=False)
+                    score("search", st)
+
+                acc["scale"].append(make_fsll(p.shape, on_finish=from_true_span).fit(X).penalty_scale_)
+                for sc in WHY_SCALES:
+                    acc[sc].append((fit_fl(X, p, repeats=1, penalty_scale=sc)["kl_true"],))
+            cell = lambda t: " / ".join([fmt(mean([a[0] for a in acc[t]])), f"{mean([a[1] for a in acc[t]]):.5f}",  # noqa: E731
+                                         f"{mean([a[2] for a in acc[t]]):.0f}"])
+            cheaper = sum(a[1] < b[1] for a, b in zip(acc["span"], acc["auto"]))
+            lines.append(f"| {net} | {n:,} | {cell('auto')} ({' '.join(f'{v:g}' for v in acc['scale'])}) | "
+                         + " | ".join(fmt(mean([a[0] for a in acc[sc]])) for sc in WHY_SCALES)
+                         + f" | {cell('span')} | {cell('search')} | {cheaper} of {len(seeds)} |")
+            print(lines[-1], flush=True)
+    return lines
 
 
 def study_pm1(seeds):
@@ -497,21 +561,36 @@ def study_schedule(seeds, quick):
 
 def true_span(name, seed):
     """Flat indices of every basis function on the true model's factors (BN families, grid edges)."""
-    import itertools
     if name == "BN-mix":
         _, st = datasets.random_bayesnet(MIX_CARDS, 2, seed=np.random.SeedSequence([int(seed), 11]))
         factors = [tuple(sorted((i,) + tuple(pa))) for i, pa in enumerate(st["parents"])]
     else:
         factors = [tuple(e) for e in datasets.grid_edges(2, 5)]
+    return span_of(factors, MIX_CARDS)
+
+
+def span_of(factors, cards) -> np.ndarray:
+    """Flat indices (sorted) of every basis function whose variables lie within one of ``factors``."""
+    import itertools
     ys = set()
     for f in factors:
-        for digs in itertools.product(*[range(MIX_CARDS[i]) for i in f]):
+        for digs in itertools.product(*[range(cards[i]) for i in f]):
             if any(digs):
-                y = [0] * len(MIX_CARDS)
+                y = [0] * len(cards)
                 for i, d in zip(f, digs):
                     y[i] = d
-                ys.add(int(np.ravel_multi_index(y, MIX_CARDS)))
+                ys.add(int(np.ravel_multi_index(y, cards)))
     return np.array(sorted(ys), dtype=np.int64)
+
+
+def refit_on(eng, st, ys, log_z) -> None:
+    """Put the support ``ys`` (all parameters zero) into ``st`` and refine it jointly to
+    convergence: the maximum of the likelihood on that support (``log_z``: the log of the
+    number of cells, the uniform model's)."""
+    st.theta = {int(y): 0.0 for y in ys}
+    st.dbar = {int(y): float(v) for y, v in zip(ys, eng.gather(ys, table=Table.DBAR))}
+    st.log_z = eng.resync(ys, np.zeros(len(ys)), float(log_z))
+    corrective.refine(eng, st, tol=1e-12, max_rounds=60)
 
 
 def study_oracle(seeds):
@@ -528,11 +607,7 @@ def study_oracle(seeds):
 
             def from_true_span(eng, st):  # on_finish of the FL-auto fit: its state, then the others
                 score("auto", st)
-                ys = true_span(name, s)
-                st.theta = {int(y): 0.0 for y in ys}
-                st.dbar = {int(y): float(v) for y, v in zip(ys, eng.gather(ys, table=Table.DBAR))}
-                st.log_z = eng.resync(ys, np.zeros(len(ys)), float(np.log(np.prod(p.shape))))
-                corrective.refine(eng, st, tol=1e-12, max_rounds=60)
+                refit_on(eng, st, true_span(name, s), np.log(np.prod(p.shape)))
                 score("span", st)
                 st.history, st.converged = [], False
                 learn(eng, st, LearnOptions(epsilon="auto", refine="adjust"), fresh=False)
@@ -687,15 +762,27 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join("docs", "benchmarks_quality.md"))
     ap.add_argument("--peers-only", action="store_true",
                     help="run only the peers study and print its table (for the report's section of that name)")
+    ap.add_argument("--nets", nargs="+", default=list(EXAMPLE_NETS), choices=EXAMPLE_NETS,
+                    help="with --peers-only: pgmpy's example networks to run (a faster subset)")
+    ap.add_argument("--sizes", nargs="+", type=int, default=list(SIZES),
+                    help="with --peers-only: numbers of rows to draw (a faster subset)")
+    ap.add_argument("--why", action="store_true",
+                    help="with --peers-only: instead of the peers, the default's model against the true "
+                         "network's span and fixed penalty scales (search or cost?)")
     args = ap.parse_args(argv)
     if args.peers_only:
-        lines, raw = study_peers(args.seeds)
-        if args.raw:
+        if args.why:
+            lines, raw = study_peers_why(args.seeds, args.nets, args.sizes), None
+        else:
+            lines, raw = study_peers(args.seeds, args.nets, args.sizes)
+        if args.raw and raw is not None:
             with open(args.raw, "w", encoding="utf-8") as fh:
                 json.dump(raw, fh, default=float)
-        print(f"\n`python bench/quality.py --studies peers --peers-only --seeds {' '.join(map(str, args.seeds))}`, "
-              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {machine_line()}, load at the end "
-              f"{os.getloadavg()[0]:.1f}:\n")
+        subset = "" if (args.nets, args.sizes) == (list(EXAMPLE_NETS), list(SIZES)) else \
+            f" --nets {' '.join(args.nets)} --sizes {' '.join(map(str, args.sizes))}"
+        print(f"\n`python bench/quality.py --studies peers --peers-only{' --why' if args.why else ''}{subset} "
+              f"--seeds {' '.join(map(str, args.seeds))}`, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
+              f"{machine_line()}, load at the end {os.getloadavg()[0]:.1f}:\n")
         print("\n".join(lines))
         return None
     if args.from_raw:
