@@ -674,6 +674,7 @@ class EMChoice:
     #: the hidden variables' cardinalities (``"auto"`` replaced by the chosen number)
     hidden: list
     #: mean held-out observed-data log-likelihood per row of each scale tried, for the chosen ``hidden``
+    #: (of the better scorer of the scale's runs, :func:`choose`)
     scores: dict = field(default_factory=dict)
     #: the same per number of states of the ``"auto"`` hidden variable (its best scale's)
     hidden_scores: dict = field(default_factory=dict)
@@ -741,8 +742,13 @@ def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], 
       scale of :data:`fsll_ooc.cost.PENALTY_SCALES`, then continued under each further
       one; each model scores the held-out rows by their observed-data log-likelihood
       (missing cells and hidden variables marginalised, :func:`row_logliks`), the best
-      wins (ties to the full code).  The chosen model is where the fit on every row
-      starts (``start``).  The sub-fits hold their tables in memory.
+      wins (ties to the full code).  Without hidden variables each scale also runs EM on
+      the other rows from their complete rows' own default fit (:func:`complete_start`
+      of the training rows), and the scale's score and model are those of the better
+      scorer of its two runs (ties to the continued run): EM from one model can stop on a
+      fixed point without an interaction the other run keeps, and a continuation that
+      makes no move would otherwise score both scales alike.  The chosen model is where
+      the fit on every row starts (``start``).  The sub-fits hold their tables in memory.
 
     With a numeric scale no scale is compared.  With fewer than
     :data:`fsll_ooc.learn.select.MIN_ROWS` rows, or tables that do not fit in memory, the
@@ -789,13 +795,17 @@ def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], 
     def run(engine, state, fresh):
         learn(engine, state, opts, fresh=fresh, progress=None, callback=None)
 
-    def make(state=None, fresh=True):
+    def make(state=None, fresh=True, scale=scales[0]):
         specs = [storage.create_table("numpy", None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
-        return MStep(fitting.make_engine(est, plan, specs, Nt, penalty_scale=scales[0]), _fit_state(cards, Nt, code, scales[0]),
+        return MStep(fitting.make_engine(est, plan, specs, Nt, penalty_scale=scale), _fit_state(cards, Nt, code, scale),
                      run)
+
+    def held_out(learner) -> float:
+        return float(row_logliks(learner, rows_h, cards) @ hc) / float(hc.sum())
 
     learner = fit_em(make, rows_t, tc, cards, n_hidden=len(hidden), seeds=seeds, tol=tol,
                      max_rounds=est.em_max_rounds).learner
+    second = None if hidden else complete_start(est, rows_t, tc, cards)  # the training rows' own complete fit
     scores, starts = {}, {}
     for i, s in enumerate(scales):
         if i:  # the search continued under the next scale, from the model it has
@@ -803,8 +813,16 @@ def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], 
             learner.state.converged = False
             learner.engine = fitting.make_engine(est, plan, learner.engine.ctx.specs, Nt, penalty_scale=s)
             run_em(learner, rows_t, tc, cards, n_hidden=len(hidden), tol=tol, max_rounds=est.em_max_rounds, warm=True)
-        scores[s] = float(row_logliks(learner, rows_h, cards) @ hc) / float(hc.sum())
+        scores[s] = held_out(learner)
         starts[s] = start_of(learner.state)
+        if second is not None:  # EM under this scale from the complete training rows' fit: the better scorer
+            other = make(scale=s)
+            other.start_from(second)
+            run_em(other, rows_t, tc, cards, tol=tol, max_rounds=est.em_max_rounds, warm=True)
+            score = held_out(other)
+            if score > scores[s]:
+                scores[s], starts[s] = score, start_of(other.state)
+            other = None  # its tables go before the next scale's run builds its own
     best = scales[0]
     for s in scales[1:]:
         if scores[s] > scores[best]:

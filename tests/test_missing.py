@@ -554,3 +554,39 @@ def test_in_core_em_restarts_plan_two_sets_of_tables():
         FSLL(n_restarts=2, **kw).fit(X)
     m = FSLL(n_restarts=1, **kw).fit(X)
     assert m.plan_.memory_limit == limit and m.plan_.layout.a == 0
+
+
+def test_em_choice_scores_each_scale_by_the_better_of_two_runs(few_holes, monkeypatch):
+    """EM's held-out choice (no hidden variable) runs each scale twice on the training rows:
+    the run continued from the previous scale, and EM from the training rows' own complete-row
+    fit; the scale's score is the higher held-out observed-data log-likelihood of the two
+    (brute force: every completion of each held-out row), its start that run's model."""
+    Xm = few_holes
+    rows, counts = M.distinct_rows(Xm)
+    tc, hc = M.split_counts(counts)
+    train, held = np.repeat(rows, tc, axis=0), np.repeat(rows, hc, axis=0)
+    est, seeds = FSLL(progress=False, missing="em"), M.restart_seeds(0, 1)
+    choice = M.choose(est, rows, counts, CARDS, [], seeds)
+    second = M.complete_start(est, rows[tc > 0], tc[tc > 0], CARDS)
+    assert second is not None  # the training rows hold enough complete rows
+    keep = (train >= 0).all(axis=1)
+    assert second["theta"] == M.start_of(FSLL(progress=False, cardinalities=CARDS).fit(train[keep])._state)["theta"]
+    choose = M.choose
+    monkeypatch.setattr(M, "complete_start", lambda *a: None)
+    path = choose(est, rows, counts, CARDS, [], seeds)  # the continued runs alone
+    starts = {}
+    for s in (1.0, 0.5):
+        monkeypatch.setattr(M, "choose", lambda *a, s=s: M.EMChoice(s, [], start=second))
+        run = FSLL(progress=False, missing="em", cardinalities=CARDS).fit(train)  # EM from the complete-row fit
+        P = run.probabilities()
+        ll = np.mean([math.log(sum(P[c] for c in completions(row, CARDS))) for row in held])
+        assert choice.scores[s] == pytest.approx(max(path.scores[s], ll), rel=1e-10)
+        starts[s] = M.start_of(run._state) if ll > path.scores[s] else None
+    assert any(starts.values())  # on these rows the second run scores higher under at least one scale
+    assert choice.scale == max(choice.scores, key=lambda s: (choice.scores[s], s))
+    # the fit on every row starts from the chosen scale's better run
+    want = starts[choice.scale] or (path.start if path.scale == choice.scale else None)
+    assert want is not None
+    got, want = np.array(choice.start["theta"]), np.array(want["theta"])
+    assert got.shape == want.shape and np.array_equal(got[:, 0], want[:, 0])
+    np.testing.assert_allclose(got[:, 1], want[:, 1], rtol=1e-9)
