@@ -90,3 +90,32 @@ def test_apply_product_compiled_is_numpys_bits(shape, axis):
         assert np.array_equal(basis.apply_product(ro, axis, b), got)
         swapped = np.swapaxes(g, 0, axis)  # not contiguous
         assert np.array_equal(basis.apply_product(swapped, 0, b), np.swapaxes(got, 0, axis))
+
+
+def test_apply_product_uses_numpy_while_its_kernels_compile(monkeypatch):
+    """While a second process compiles the +-1 product's kernels (their first use after
+    installing) numpy's operations run; once it has ended the kernels do; a process that
+    could start no compiler compiles them itself.  The same bits every way."""
+    from fsll_ooc.kernels import ahead, bandops
+
+    g = np.random.default_rng(3).standard_normal((4, 5, 20))
+    want = bandops._pm_numpy(g, 2)
+    calls = []
+    real_rows = bandops._pm_rows
+    monkeypatch.setattr(bandops, "_pm_rows", lambda *a: (calls.append(1), real_rows(*a)))
+    compiling = [False]
+
+    def start(module):  # a child starts compiling them
+        compiling[0] = True
+        return True
+
+    monkeypatch.setattr(ahead, "running", lambda module: compiling[0] and module == bandops.__name__)
+    monkeypatch.setattr(ahead, "start", start)
+    monkeypatch.setattr(bandops, "_pm_state", {"ready": False, "asked": False})
+    for _ in range(2):  # the child compiles: numpy
+        assert np.array_equal(basis.apply_product(g, 1, 2), want) and not calls
+    compiling[0] = False
+    assert np.array_equal(basis.apply_product(g, 1, 2), want) and calls == [1]  # done: the kernel
+    monkeypatch.setattr(ahead, "start", lambda module: False)  # no child possible: compiled here
+    monkeypatch.setattr(bandops, "_pm_state", {"ready": False, "asked": False})
+    assert np.array_equal(basis.apply_product(g, 1, 2), want) and calls == [1, 1]
