@@ -18,7 +18,11 @@ Same bits as numpy, by construction:
   (:func:`tree_sum`).
 
 :func:`scatter_add` is ``np.add.at`` for the sparse fills (the same adds in the same
-order, compiled).
+order, compiled).  :func:`pm_product` is the product rule along a +-1 axis (the partner
+of a step on a variable of three or more values, :func:`fsll_ooc.basis.apply_product`)
+in one compiled walk over the band, with numpy's operations in numpy's order; its
+kernels compile in a second process on their first use after installing
+(:mod:`fsll_ooc.kernels.ahead`), numpy's own operations running meanwhile.
 """
 from __future__ import annotations
 
@@ -161,7 +165,6 @@ def scatter_add(flat: np.ndarray, local: np.ndarray, values: np.ndarray) -> None
     if local.size and (int(local.min()) < 0 or int(local.max()) >= flat.size):
         raise IndexError(f"a position outside the band of {flat.size} cells")
     _scatter_add(flat, local, values)
-
 
 
 # ----------------------------------------------------------------------------- +-1 products
