@@ -485,6 +485,76 @@ def study_peers_why(seeds, nets=EXAMPLE_NETS, sizes=SIZES):
     return lines
 
 
+class FurtherMembersAtAIC:
+    """An experiment, not a library option: while active, the family code prices every
+    further member of a family already in the support (its second, third, ... term) at
+    ``1 / N`` (AIC's price of a parameter) instead of ``ln N / (2N)``, times the penalty scale;
+    a family's first member keeps its full price (the scan's), so the learner's search is
+    unchanged apart from the prices.  ``cost.TermCode`` is patched in this process only; the
+    batched search (tables of ``learn.batch.AUTO_MIN_CELLS`` cells and more) re-prices
+    families in compiled code that does not see the patch, so it is refused there."""
+
+    def __init__(self, cells: int):
+        from fsll_ooc.learn import batch
+
+        if cells >= batch.AUTO_MIN_CELLS:
+            raise ValueError(f"{cells} cells: the batched search would price families without the patch")
+
+    def __enter__(self):
+        import math
+
+        from fsll_ooc import cost
+
+        self.saved = cost.TermCode._add, cost.TermCode.total
+        add, total = self.saved
+
+        def _add(code, axes, m):
+            if code.kind == "paper" or m == 0:
+                return add(code, axes, m)
+            M = code.members(axes)
+            return math.inf if m >= M else code._scaled((1.0 + math.log(M - m) - math.log(m + 1)) / code.N)
+
+        def _total(code, axes, m):
+            if code.kind == "paper" or m <= 1:
+                return total(code, axes, m)
+            M = code.members(axes)
+            log_comb = math.lgamma(M + 1.0) - math.lgamma(m + 1.0) - math.lgamma(M - m + 1.0)
+            return code._scaled(code.r0 + (m - 1 + log_comb) / code.N + float(sum(code.name_w[i] for i in axes)))
+
+        cost.TermCode._add, cost.TermCode.total = _add, _total
+        return self
+
+    def __exit__(self, *exc):
+        from fsll_ooc import cost
+
+        cost.TermCode._add, cost.TermCode.total = self.saved
+        return False
+
+
+def study_further_price(seeds, nets=EXAMPLE_NETS, sizes=SIZES, synthetic_sizes=(1_000, 10_000)):
+    """KL(p*||p) of the default against the same fit with a family's further members priced
+    at ``1 / N`` (:class:`FurtherMembersAtAIC`), on pgmpy's example networks and on the
+    mixed-cardinality sets (seeds 0 1 2 there, as in the main table)."""
+    lines = ["| data | N | seeds | FSLL(): KL / #terms | further members at 1/N: KL / #terms | per seed, default -> 1/N |",
+             "|---|---|---|---|---|---|"]
+    cases = [(net, n, list(seeds), (lambda s, net=net, n=n: (example_rows(example_network(net), n, s),
+                                                                example_network(net)))) for net in nets for n in sizes]
+    cases += [(name, n, [0, 1, 2], (lambda s, name=name, n=n: synthetic(name, n, s)))
+              for name in ("BN-mix", "Potts-mix") for n in synthetic_sizes]
+    for name, n, case_seeds, draw in cases:
+        acc = collections.defaultdict(list)
+        for s in case_seeds:
+            X, p = draw(s)
+            acc["default"].append(fit_fl(X, p, repeats=1))
+            with FurtherMembersAtAIC(p.size):
+                acc["aic"].append(fit_fl(X, p, repeats=1))
+        cell = lambda t: f"{fmt(mean([r['kl_true'] for r in acc[t]]))} / {mean([r['n_params'] for r in acc[t]]):.0f}"  # noqa: E731
+        per = ", ".join(f"{fmt(a['kl_true'])} -> {fmt(b['kl_true'])}" for a, b in zip(acc["default"], acc["aic"]))
+        lines.append(f"| {name} | {n:,} | {' '.join(map(str, case_seeds))} | {cell('default')} | {cell('aic')} | {per} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def study_pm1(seeds):
     """Greedy convergence on the same Potts grid with q = 3 (+-1 basis) and q = 4 (Walsh)."""
     lines = ["| data | N | system | iterations | appends | adjusts | removes | adjusts per append "
@@ -769,9 +839,14 @@ def main(argv=None):
     ap.add_argument("--why", action="store_true",
                     help="with --peers-only: instead of the peers, the default's model against the true "
                          "network's span and fixed penalty scales (search or cost?)")
+    ap.add_argument("--further-price", action="store_true",
+                    help="with --peers-only: instead of the peers, the default against the same fit with a "
+                         "family's further members priced at 1/N (an experiment in this process, not an option)")
     args = ap.parse_args(argv)
     if args.peers_only:
-        if args.why:
+        if args.further_price:
+            lines, raw = study_further_price(args.seeds, args.nets, args.sizes), None
+        elif args.why:
             lines, raw = study_peers_why(args.seeds, args.nets, args.sizes), None
         else:
             lines, raw = study_peers(args.seeds, args.nets, args.sizes)
@@ -780,7 +855,8 @@ def main(argv=None):
                 json.dump(raw, fh, default=float)
         subset = "" if (args.nets, args.sizes) == (list(EXAMPLE_NETS), list(SIZES)) else \
             f" --nets {' '.join(args.nets)} --sizes {' '.join(map(str, args.sizes))}"
-        print(f"\n`python bench/quality.py --studies peers --peers-only{' --why' if args.why else ''}{subset} "
+        flag = " --further-price" if args.further_price else " --why" if args.why else ""
+        print(f"\n`python bench/quality.py --studies peers --peers-only{flag}{subset} "
               f"--seeds {' '.join(map(str, args.seeds))}`, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
               f"{machine_line()}, load at the end {os.getloadavg()[0]:.1f}:\n")
         print("\n".join(lines))
