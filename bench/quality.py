@@ -537,8 +537,9 @@ def study_further_price(seeds, nets=EXAMPLE_NETS, sizes=SIZES, synthetic_sizes=(
     mixed-cardinality sets (seeds 0 1 2 there, as in the main table)."""
     lines = ["| data | N | seeds | FSLL(): KL / #terms | further members at 1/N: KL / #terms | per seed, default -> 1/N |",
              "|---|---|---|---|---|---|"]
-    cases = [(net, n, list(seeds), (lambda s, net=net, n=n: (example_rows(example_network(net), n, s),
-                                                                example_network(net)))) for net in nets for n in sizes]
+    tables = {net: example_network(net) for net in nets}
+    cases = [(net, n, list(seeds), (lambda s, p=tables[net], n=n: (example_rows(p, n, s), p)))
+             for net in nets for n in sizes]
     cases += [(name, n, [0, 1, 2], (lambda s, name=name, n=n: synthetic(name, n, s)))
               for name in ("BN-mix", "Potts-mix") for n in synthetic_sizes]
     for name, n, case_seeds, draw in cases:

@@ -334,7 +334,7 @@ def auto_members(n_rows: int) -> int:
 
     Where one fit's choice of terms is uncertain, more members lower KL(p*||p) further, and
     on up to 10,000 rows a member takes seconds: eight members instead of four brought
-    KL(p*||p) on Bayesian-network data over 2-5 valued variables at N = 1e4 from 0.0293 to
+    KL(p*||p) on Bayesian-network data over 3-5 valued variables at N = 1e4 from 0.0293 to
     0.0276 (below hill climbing with BDeu's 0.0289) and lowered it on five of six rows of
     pgmpy's example networks at N = 1e3 and 1e4 (``docs/benchmarks_quality.md``, "pgmpy's
     example networks against pyAgrum").  On more rows one fit's terms vary less and each

@@ -805,7 +805,8 @@ def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], 
 
     learner = fit_em(make, rows_t, tc, cards, n_hidden=len(hidden), seeds=seeds, tol=tol,
                      max_rounds=est.em_max_rounds).learner
-    second = None if hidden else complete_start(est, rows_t, tc, cards)  # the training rows' own complete fit
+    # the training rows' own complete-row fit, a second start under every scale
+    second = None if hidden else complete_start(est, rows_t, tc, cards, in_memory=True)
     scores, starts = {}, {}
     for i, s in enumerate(scales):
         if i:  # the search continued under the next scale, from the model it has
@@ -831,11 +832,13 @@ def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], 
                     complete_start=None if hidden else complete_start(est, rows, counts, cards))
 
 
-def complete_start(est, rows: np.ndarray, counts: np.ndarray, cards: Sequence[int]) -> dict | None:
+def complete_start(est, rows: np.ndarray, counts: np.ndarray, cards: Sequence[int],
+                   in_memory: bool = False) -> dict | None:
     """The complete rows' own default fit as a start for the EM fit on every row
     (:func:`start_of`), or None: with fewer than :data:`fsll_ooc.learn.select.MIN_ROWS`
-    complete rows, with none incomplete, or in core when two sets of tables (the
-    runs from both starts) do not fit in memory.
+    complete rows, with none incomplete, or in core (or with ``in_memory``: the runs
+    from both starts hold their tables in memory, as :func:`choose`'s do) when two sets
+    of tables do not fit in memory.
 
     EM from the held-out choice's model can stop on a fixed point of its objective that a
     run from another model beats: the E-step completes the rows under a model that lacks
@@ -852,7 +855,7 @@ def complete_start(est, rows: np.ndarray, counts: np.ndarray, cards: Sequence[in
     n = int(counts[keep].sum())
     if n < MIN_ROWS or n == int(counts.sum()):
         return None
-    if est.store is None:  # in core the best run keeps its tables while the next builds its own
+    if est.store is None or in_memory:  # the best run keeps its tables while the next builds its own
         limit = est.memory_limit if est.memory_limit is not None else total_memory()
         try:
             p = make_plan(tuple(cards), memory_limit=parse_bytes(limit) // 2, disk_free=None, workers=1,

@@ -313,7 +313,7 @@ def test_em_keeps_the_better_of_its_runs_from_the_held_out_model_and_the_complet
     assert start["theta"] == M.start_of(cc._state)["theta"] and start["log_z"] == cc.log_z_
     # each run alone: the held-out choice's model only, then the complete rows' fit only
     choose = M.choose
-    monkeypatch.setattr(M, "complete_start", lambda *a: None)
+    monkeypatch.setattr(M, "complete_start", lambda *a, **k: None)
     held = FSLL(progress=False, missing="em").fit(Xm)
 
     def only_complete(*a):
@@ -572,7 +572,7 @@ def test_em_choice_scores_each_scale_by_the_better_of_two_runs(few_holes, monkey
     keep = (train >= 0).all(axis=1)
     assert second["theta"] == M.start_of(FSLL(progress=False, cardinalities=CARDS).fit(train[keep])._state)["theta"]
     choose = M.choose
-    monkeypatch.setattr(M, "complete_start", lambda *a: None)
+    monkeypatch.setattr(M, "complete_start", lambda *a, **k: None)
     path = choose(est, rows, counts, CARDS, [], seeds)  # the continued runs alone
     starts = {}
     for s in (1.0, 0.5):
@@ -590,3 +590,14 @@ def test_em_choice_scores_each_scale_by_the_better_of_two_runs(few_holes, monkey
     got, want = np.array(choice.start["theta"]), np.array(want["theta"])
     assert got.shape == want.shape and np.array_equal(got[:, 0], want[:, 0])
     np.testing.assert_allclose(got[:, 1], want[:, 1], rtol=1e-9)
+
+
+def test_choice_second_start_needs_two_sets_of_tables_in_memory(few_holes, tmp_path):
+    """The choice's runs hold their tables in memory even for a fit with a store: its second
+    start is skipped when two sets of tables do not fit in the memory limit."""
+    rows, counts = M.distinct_rows(few_holes)
+    cells = int(np.prod(CARDS))
+    roomy = FSLL(progress=False, missing="em", store=tmp_path / "a", memory_limit="1GiB")
+    assert M.complete_start(roomy, rows, counts, CARDS, in_memory=True) is not None
+    tight = FSLL(progress=False, missing="em", store=tmp_path / "b", memory_limit=f"{cells * 8}B")
+    assert M.complete_start(tight, rows, counts, CARDS, in_memory=True) is None
