@@ -535,9 +535,10 @@ def test_scans_in_re_derivations_and_joint_candidates_from_the_scan_save_passes_
 @pytest.mark.parametrize("cards,layout,backend", [((2, 3, 4, 5), (0, 0), "numpy"), ((2, 3, 4, 5), (1, 2), "memmap"),
                                                   ((3, 2, 5, 2), (2, 3), "memmap")])
 def test_corrective_trials_as_sweeps(cards, layout, backend, tmp_path):
-    """``refine(sweep=True)``: its trials read and write no table, one re-derivation at the end;
-    the same Newton rounds and parameters as trials by re-derivations (one kind of band: the
-    same bits), the final dual table exact (brute force), its scan that of the table."""
+    """``refine(sweep=True)``: its trials read and write no table but the last round's, which is
+    the one re-derivation; the same Newton rounds and parameters as trials by re-derivations
+    (one kind of band: the same bits), the final dual table exact (brute force), its scan that
+    of the table."""
     from fsll_ooc import storage
     from fsll_ooc.engine import Engine, Table
     from fsll_ooc.learn import corrective
@@ -565,7 +566,7 @@ def test_corrective_trials_as_sweeps(cards, layout, backend, tmp_path):
         out.append((eng, state, rr, eng.passes - before))
     (e0, s0, r0, p0), (e1, s1, r1, p1) = out
     assert r0.rounds >= 3 and r1.rounds == r0.rounds and r1.trials == r0.trials
-    assert p1 == (1 if layout[0] == 0 else 2) < p0 and e1.sweeps == r1.trials and e0.sweeps == 0
+    assert p1 == (1 if layout[0] == 0 else 2) < p0 and e1.sweeps == r1.trials - 1 and e0.sweeps == 0
     if layout[0] == 0:
         assert s1.theta == s0.theta and s1.log_z == s0.log_z
     assert s1.theta == pytest.approx(s0.theta, abs=1e-10) and s1.log_z == pytest.approx(s0.log_z, abs=1e-12)
@@ -588,6 +589,68 @@ def test_corrective_trials_as_sweeps(cards, layout, backend, tmp_path):
     np.testing.assert_array_equal(e2.gather(np.arange(size)), table)
     corrective.write_duals(e2, st, 8)
     np.testing.assert_allclose(e2.gather(np.arange(size)), Phi @ oracle.model(theta, Phi), atol=1e-12)
+
+
+@pytest.mark.parametrize("table_current", [True, False])
+@pytest.mark.parametrize("reject", ["last", "all"])
+def test_corrective_rejected_re_derivation(table_current, reject):
+    """With sweeps the last round's first trial is the table's re-derivation; when it is rejected
+    (here its ``log Z`` is made NaN after it wrote the table) the phase goes on by sweeps and
+    re-derives the table again at the end, exact (brute force) for the parameters kept, the
+    cost never higher; when every trial is rejected the table is re-derived for the parameters
+    the phase started from and not left to the caller (``pending`` False), also after a batch's
+    steps (``table_current=False``)."""
+    from fsll_ooc import storage
+    from fsll_ooc.engine import Engine, Table
+    from fsll_ooc.learn import corrective
+    from fsll_ooc.learn.state import FitState
+    from fsll_ooc.planner import Layout
+
+    cards, n = (2, 3, 4, 5), 1500
+    p, _ = datasets.random_bayesnet(cards, 2, seed=3)
+    X = datasets.sample_table(p, n, seed=4)
+    size = math.prod(cards)
+    Phi = oracle.phi_matrix(cards)
+    L = Layout(cards, 0, 0)
+    specs = [storage.create_table("numpy", None, t.name.lower(), cards, L.chunk_shape) for t in Table]
+    eng = Engine.create(L, specs, n, "serial", sample_flat=np.ravel_multi_index(tuple(X.T), cards))
+    sup = np.array([1, 5, 20, 33, 61, 118], np.int64)
+    st = FitState(cards, n, 0.0, log_z=math.log(size))
+    for y, d in zip(sup.tolist(), eng.gather(sup, table=Table.DBAR).tolist()):
+        st.theta[y], st.dbar[y] = (0.0 if table_current else 0.3), d
+    if table_current:
+        st.log_z = eng.resync(sup, np.zeros(len(sup)), st.log_z)
+    start = dict(st.theta)
+    real_resync_scan, real_sweep = eng.resync_scan, eng.sweep
+    calls = {"rederive": 0, "sweep": 0}
+
+    def resync_scan(*a, **k):  # writes the table, then its log Z is lost
+        calls["rederive"] += 1
+        lz, scan = real_resync_scan(*a, **k)
+        return (math.nan if calls["rederive"] == 1 else lz), scan
+
+    def sweep(*a, **k):
+        calls["sweep"] += 1
+        lz, at = real_sweep(*a, **k)
+        return (math.nan if reject == "all" and (table_current or calls["sweep"] > 1) else lz), at
+
+    eng.resync_scan, eng.sweep = resync_scan, sweep
+    before = None if not table_current else st.cost()
+    # (one round at most where every trial is rejected: its first trial is the re-derivation)
+    rr = corrective.refine(eng, st, tol=1e-3, top=8, sweep=True, table_current=table_current,
+                           max_rounds=1 if reject == "all" else 8)
+    assert not rr.pending and calls["rederive"] >= 2 and rr.scan is not None
+    if reject == "all":
+        assert rr.rounds == 0 and st.theta == start
+    else:
+        assert rr.rounds >= 1 and rr.delta < 0
+        if before is not None:
+            assert st.cost() < before
+    theta = np.zeros(size)
+    for y, v in st.theta.items():
+        theta[y] = v
+    np.testing.assert_allclose(eng.gather(np.arange(size)), Phi @ oracle.model(theta, Phi), atol=1e-12)
+    assert st.log_z == pytest.approx(math.log(np.exp(Phi.T @ theta).sum()), abs=1e-12)
 
 
 @pytest.mark.parametrize("cards,n,seed,layout", [((2, 3, 4, 5), 3000, 0, (1, 2)), ((3, 2, 5, 2), 4000, 3, (2, 3)),

@@ -29,7 +29,11 @@ the trial's cost ``-H(q) + log Z - sum theta_y dbar_y + sum r_y`` is exact) ->
 accept only if the cost went down (backtracking ``alpha = 1, 1/2, 1/4, ...``).  The
 cost is therefore monotone, the support and the penalty do not change, and at the
 end the dual table is exact for the accepted parameters.  Rounds stop when the
-Newton decrement ``g^T H^-1 g / 2`` (the predicted remaining gain) is below ``tol``.
+Newton decrement ``g^T H^-1 g / 2`` (the predicted remaining gain) is below ``tol``, or
+after a full Newton step whose next decrement is predicted below ``tol``
+(:func:`next_decrement`) once the decrement it leaves is below ``leave`` (``10 tol``: at
+the learner's default ``tol = epsilon / 10``, less than a greedy step must gain; later
+phases take it up).
 
 Work per round: one gather (``O(|S|^2)`` cells, touched chunks only) and one or more
 resyncs (each about 2-3 table passes; timings in ``docs/benchmarks.md``).
@@ -48,7 +52,7 @@ from ..engine import Table
 from ..kernels import products as kernel_products
 from .cells import unique_inverse
 
-__all__ = ["Products", "CandidateOrder", "pair_products", "moment_matrix", "RefineResult", "refine", "write_duals", "closure_candidates", "joint_append",
+__all__ = ["Products", "CandidateOrder", "pair_products", "moment_matrix", "RefineResult", "next_decrement", "refine", "write_duals", "closure_candidates", "joint_append",
            "family_terms", "family_move"]
 
 
@@ -277,13 +281,36 @@ MAX_CROSS_PAIRS = 2**20
 MAX_SUPPORT = 4000
 
 
+_START, _CURRENT, _STALE = "start", "current", "stale"  # what the dual table holds during a phase
+
+
+def next_decrement(dec: float) -> float:
+    """The Newton decrement predicted after a full Newton step from one of ``dec``:
+    ``2 dec^2 / (1 - sqrt(2 dec))^4``, the bound of a self-concordant cost (``lambda^2 / 2``
+    with ``lambda' <= (lambda / (1 - lambda))^2``); infinite from ``dec >= 1/2``.  The cost here is
+    not self-concordant in general: on the measured fits the next decrement was 0.5-2.2x this
+    where the rounds converge quadratically, and far above it where parameters run off to
+    ``-inf`` (a 4-5x fall per round), which :func:`refine` then leaves to later phases.
+
+    >>> round(next_decrement(1e-4) / 1e-8, 3)   # 2e-8, a little more
+    2.117
+    """
+    lam = math.sqrt(2.0 * dec)
+    return 2.0 * dec * dec / (1.0 - lam) ** 4 if lam < 1.0 else math.inf
+
+
 def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int = 12,
            max_step: float = 4.0, products: Products | None = None, top: int | None = None,
-           joint: int = 0, sweep: bool = False, write: bool = True, table_current: bool = True) -> RefineResult:
+           joint: int = 0, sweep: bool = False, write: bool = True, table_current: bool = True,
+           leave: float | None = None) -> RefineResult:
     """Damped Newton on ``theta`` restricted to the support of ``state`` (in place).
 
     ``tol``: stop when the predicted remaining gain (Newton decrement / 2) is below
-    it.  ``max_step``: the first trial of a round is scaled so that no parameter moves
+    it; a round whose full Newton step predicts the next decrement below ``tol``
+    (:func:`next_decrement`), or the ``max_rounds``-th, is the last one, unless the
+    decrement read after it (where the table then holds its duals, a gather) is still
+    above ``leave`` (default ``10 tol``); ``decrement`` of the result is the last one read,
+    else the predicted one.  ``max_step``: the first trial of a round is scaled so that no parameter moves
     by more than this (keeps ``exp`` in range far from the optimum).  On return the
     engine's dual table is exact for ``state.theta`` if any round moved it (else it
     is untouched) and ``state.log_z`` is exact.  The support never changes.
@@ -296,11 +323,14 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
     takes its candidates without a pass of its own (:func:`joint_append`, ``scan``).
 
     ``sweep``: every trial is a compute sweep (:meth:`~fsll_ooc.engine.Engine.sweep`: the
-    exact ``log Z`` and the duals the next round needs, no table read or written), and the
-    dual table is re-derived once, for the accepted parameters, at the end
-    (``docs/design.md``, "Corrective phases between passes"): a phase of ``R`` rounds costs
-    one re-derivation instead of ``R``.  ``write=False`` (with ``sweep``) leaves that
-    re-derivation to the caller (``pending`` of the result; :func:`write_duals`).
+    exact ``log Z`` and the duals the next round needs, no table read or written) but the
+    last round's first, which is the table's re-derivation itself (``docs/design.md``,
+    "Corrective phases between passes"): a phase of ``R`` rounds costs ``R - 1`` sweeps and
+    one re-derivation instead of ``R`` re-derivations.  When that trial is rejected the
+    table is re-derived again at the end (for the accepted parameters, or for the
+    parameters the phase started from when no round moved: ``pending`` is then False).
+    ``write=False`` (with ``sweep``): every trial is a sweep and the re-derivation is left
+    to the caller (``pending`` of the result; :func:`write_duals`).
     ``table_current=False`` (with ``sweep``): the dual table does not describe ``state.theta``
     (a batch's steps not yet applied): the first round reads its duals and the exact
     ``log Z`` off a sweep; when no round moves, the table is left as it was for the caller
@@ -320,6 +350,7 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
     m = len(state.theta)
     if m == 0 or m > MAX_SUPPORT:
         out.decrement = 0.0 if m == 0 else math.inf
+        out.pending = not table_current
         return out
     # insertion order: appends extend the support at the end, so the pair cache only grows
     support = np.fromiter(state.theta.keys(), dtype=np.int64, count=m)
@@ -333,7 +364,9 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
         return -state.entropy_q + log_z - float(th @ dbar) + pen
 
     log_z = state.log_z
-    table_is_current = True  # does the dual table describe `theta`?
+    # what the dual table holds: what it held at the start (_START), the duals of ``theta``
+    # (_CURRENT), or those of other parameters (_STALE: a trial re-derived it)
+    table = _START
     uniq, inv = unique_inverse(np.concatenate([prod.flat, support]), math.prod(state.cards))
     known = None  # with ``sweep``: the duals at ``uniq`` of ``theta`` once a round moved it
     if not table_current:
@@ -345,7 +378,9 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
         state.log_z = log_z
     cur_cost = state.cost()
     start_cost = cur_cost
-    for _ in range(max_rounds):
+    leave = 10.0 * tol if leave is None else leave
+    checked = False  # the last round was the predicted last one: its decrement is read to check it
+    while True:
         if known is None:
             vals = engine.gather(uniq)
             out.gathers += 1
@@ -359,18 +394,23 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
         step = -_solve(H, g)
         dec = 0.5 * float(-(g @ step))
         out.decrement = dec
-        if not (dec > tol) or not np.isfinite(dec):
+        if not (dec > tol) or not np.isfinite(dec) or (checked and dec <= leave) or out.rounds >= max_rounds:
             break
         alpha = min(1.0, max_step / max(float(np.max(np.abs(step))), 1e-300))
+        # the last round: no round after it, or a full Newton step whose next decrement is
+        # predicted below ``tol``; with sweeps its first trial is the table's re-derivation
+        after = next_decrement(dec) if alpha == 1.0 else math.inf
+        final = after <= tol or out.rounds == max_rounds - 1
         accepted = False
-        for _h in range(max_halvings):
+        for h in range(max_halvings):
             trial = theta + alpha * step
+            by_table = not sweep or (write and final and h == 0)
             try:
-                if sweep:
-                    lz, at = engine.sweep(support, trial, log_z, uniq)
-                else:
+                if by_table:
+                    table = _STALE
                     lz = rederive(support, trial, log_z)
-                    table_is_current = False
+                else:
+                    lz, at = engine.sweep(support, trial, log_z, uniq)
             except (FloatingPointError, OverflowError, ValueError):
                 lz = math.nan
             out.trials += 1
@@ -378,35 +418,44 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
             # accept only a real decrease (beyond round-off of the cost, ~1e-13 relative)
             if c < cur_cost - 1e-13 * max(1.0, abs(cur_cost)):
                 theta, log_z, cur_cost = trial, lz, c
-                if sweep:
-                    known = at
+                if by_table:
+                    table = _CURRENT
                 else:
-                    table_is_current = True
+                    known = at
+                    if table == _CURRENT:
+                        table = _STALE
                 accepted = True
                 break
             alpha *= 0.5
         if not accepted:
             break
         out.rounds += 1
+        if final:
+            if table == _CURRENT:  # the table holds the round's duals: its decrement costs a gather
+                checked, known = True, None
+                continue
+            out.decrement = after if h == 0 else math.inf
+            break
     if out.rounds:
         for y, v in zip(support, theta):
             state.theta[int(y)] = float(v)
         state.log_z = log_z
-        if sweep:
-            if write:
-                out.scan = write_duals(engine, state, top, joint)
-            else:
-                out.pending = True
-        else:
-            if not table_is_current:
-                state.log_z = rederive(support, theta, log_z)
-                out.trials += 1
+        if table == _CURRENT:
             out.scan = last[0]
+        elif not sweep:
+            state.log_z = rederive(support, theta, log_z)
+            out.trials += 1
+            out.scan = last[0]
+        elif write:
+            out.scan = write_duals(engine, state, top, joint)
+        else:
+            out.pending = True
         out.delta = state.cost() - start_cost
+    elif table == _STALE:  # every trial rejected, one of them re-derived the table: the duals of theta again
+        state.log_z = rederive(support, theta, state.log_z)
+        out.scan = last[0]
     elif not table_current:
         out.pending = True
-    elif not table_is_current:  # every trial rejected: restore the duals of theta
-        state.log_z = rederive(support, theta, state.log_z)
     return out
 
 
@@ -541,7 +590,8 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     ``joint``: as for :func:`refine` (the accepted refinement's ``scan``).  ``scan``: the
     scan of the dual table as it is; when it kept enough cells by second-order score
     (``joint`` of :func:`refine`), the candidates come from it, not from a pass.  ``sweep``:
-    as for :func:`refine`; the table is then re-derived only for a selection that is kept.
+    as for :func:`refine` (its last trial re-derives the table; a selection that is not
+    kept costs one more re-derivation, which restores it).
     """
     out = JointResult(added=[])
     m = len(state.theta)
@@ -668,9 +718,10 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         for c in sel:
             state.theta[int(flat_c[c])] = 0.0
             state.dbar[int(flat_c[c])] = float(d_c[c])
-        # with sweeps the table is re-derived only for a selection that is kept
+        # with sweeps the refinement's last trial is the table's re-derivation (restored below
+        # when the selection is not kept)
         rr = refine(engine, state, tol=tol, max_rounds=max_rounds, products=prod, top=top, joint=joint,
-                    sweep=sweep, write=False)
+                    sweep=sweep)
         out.trials += 1
         after = state.cost()
         if rr.rounds and after < before - epsilon:

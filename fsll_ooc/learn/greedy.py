@@ -496,7 +496,7 @@ class Search:
         if self.mode != "off" and self.sweep and opts.refine_in_batch and st.theta:
             with e.purpose_of("batch-refine"):  # a corrective phase on the batch's parameters, before its re-derivation
                 rr = corrective.refine(e, st, **self._refine_kwargs(), table_current=False)
-        if rr is not None and rr.rounds:  # the phase re-derived the table (with its scan where the engine scans there)
+        if rr is not None and not rr.pending:  # the phase re-derived the table (with its scan where the engine scans there)
             res = rr.scan if rr.scan is not None else e.update_scan_batch([], self.support(), opts.top)
             # the phase moved the parameters: the sub-table is checked against its first sweep
             sub_inc, sub = sub, None
