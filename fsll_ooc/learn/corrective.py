@@ -170,6 +170,16 @@ class Products:
         self.support = support.copy()
 
 
+def _cells_to_read(engine, flat: np.ndarray, size: int):
+    """``(cells, inv)``: the cells to read for the values at ``flat`` and where each of ``flat``
+    is among them (``values = read(cells)[inv]``).  Out of core the duplicates go first (a read
+    goes through the chunks); in core a read is an index and ``flat`` is read as it is
+    (``inv`` None), which costs less than finding its distinct cells."""
+    if engine.out_of_core:
+        return unique_inverse(flat, size)
+    return np.asarray(flat, np.int64), None
+
+
 def moment_matrix(prod: Products, cells: np.ndarray) -> np.ndarray:
     """``M[i, j] = <Phi_i Phi_j>_p`` of the support from ``cells[k] = thetabar[prod.flat[k]]``."""
     m = len(prod.support)
@@ -367,7 +377,7 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
     # what the dual table holds: what it held at the start (_START), the duals of ``theta``
     # (_CURRENT), or those of other parameters (_STALE: a trial re-derived it)
     table = _START
-    uniq, inv = unique_inverse(np.concatenate([prod.flat, support]), math.prod(state.cards))
+    uniq, inv = _cells_to_read(engine, np.concatenate([prod.flat, support]), math.prod(state.cards))
     known = None  # with ``sweep``: the duals at ``uniq`` of ``theta`` once a round moved it
     if not table_current:
         if not sweep:
@@ -386,7 +396,7 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
             out.gathers += 1
         else:
             vals = known
-        cell = vals[inv]
+        cell = vals if inv is None else vals[inv]
         tb_s = cell[len(prod.flat):]
         H = moment_matrix(prod, cell[:len(prod.flat)])
         H -= np.outer(tb_s, tb_s)
@@ -629,8 +639,10 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         cc_a, cc_b = order.all_pairs()
         cc_pair, cc_flat, cc_coef = _expand(cards, dig_c, dig_c, cc_a, cc_b)
     n1, n2, n3 = len(prod.flat), len(cs_flat), len(cc_flat)
-    uniq, inv = unique_inverse(np.concatenate([prod.flat, cs_flat, cc_flat, support, flat_c]), math.prod(cards))
-    cell = engine.gather(uniq)[inv]
+    uniq, inv = _cells_to_read(engine, np.concatenate([prod.flat, cs_flat, cc_flat, support, flat_c]), math.prod(cards))
+    cell = engine.gather(uniq)
+    if inv is not None:
+        cell = cell[inv]
     d_c = engine.gather(flat_c, table=Table.DBAR)
     o = n1 + n2 + n3
     tb_s, tb_c = cell[o:o + m], cell[o + m:]
@@ -671,13 +683,14 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         H_cs = kernel_products.pair_sums(cs_pair, cs_coef, cell[n1:n1 + n2], K * m).reshape(K, m)
         H_cs -= np.outer(tb_c, tb_s)
         X = _solve(H_ss, np.concatenate([H_cs.T, (tb_s - d_s)[:, None]], axis=1))
-        HX = H_cs @ X[:, :K]
         u = g_c - H_cs @ X[:, K]
+        # of ``H_cs H_ss^-1 H_sc`` (K x K) only the diagonal and the picks' columns are read
+        HX_diag = np.einsum("kj,jk->k", H_cs, X[:, :K])
     else:
-        HX, u = None, g_c
+        X, u = None, g_c
 
     def sig_col(c):  # column c of ``sig = H_cc - H_cs H_ss^-1 H_sc``, the candidates given the support
-        return h_col(c) - HX[:, c] if HX is not None else h_col(c).copy()
+        return h_col(c) - H_cs @ X[:, c] if X is not None else h_col(c).copy()
 
     chosen, picked_gain = [], []
     floor = 1e-12
@@ -685,7 +698,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     # picks' columns ``cols`` (a column of the conditioned ``sig`` is the original column
     # less one rank-one term per earlier pick, in pick order: the numbers of an in-place
     # update of the whole matrix, at ``O(K)`` per pick and earlier pick instead of ``O(K^2)``)
-    dg = h_diag - np.diag(HX) if HX is not None else h_diag.copy()
+    dg = h_diag - HX_diag if X is not None else h_diag.copy()
     cols = []
     for _ in range(min(max_new, K)):
         ok = dg > floor
