@@ -28,8 +28,9 @@ def data():
 
 @pytest.fixture(scope="module")
 def batched(data):
-    """The in-core fit with several steps per pass."""
-    return FSLL(progress=False, penalty="paper", learn_options=LearnOptions(batch=True)).fit(data[0])
+    """The in-core fit with several steps per pass (from scratch, at the full penalty scale: the
+    fit on all rows warm-started from a penalty-scale sub-fit may need no batch at all)."""
+    return FSLL(progress=False, penalty="paper", penalty_scale=1.0, learn_options=LearnOptions(batch=True)).fit(data[0])
 
 
 def assert_same_model(m, ref):
@@ -61,7 +62,7 @@ def test_batched_fits_match_in_core_on_every_chunking(data, batched, tmp_path, b
     X, _ = data
     store = None if backend == "numpy" else tmp_path / "store"
     m = FSLL(progress=False, store=store, backend=backend, layout=layout, scheduler="threads", penalty="paper",
-             learn_options=LearnOptions(batch=True)).fit(X)
+             penalty_scale=1.0, learn_options=LearnOptions(batch=True)).fit(X)
     assert any("batch" in h for h in m.history_)
     assert_same_model(m, batched)
 
