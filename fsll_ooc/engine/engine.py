@@ -388,13 +388,16 @@ class Engine:
         its own variables, and reads off the cells; the transform along the head variables
         (``a > 0``) is then a short sum over the bands for each cell.  ``log Z`` is the same
         bits as :meth:`resync`'s; with one kind of band (``a = 0``) the duals too, and with
-        two they agree to rounding.  Counted in :attr:`sweeps`, not in :attr:`passes`."""
+        two they agree to rounding.  The transforms do only the work the sparse ``theta`` and
+        the few ``cells`` need (:func:`fsll_ooc.kernels.transform.transform_sparse`, the same
+        bits), so the rest of the band, and of the scratch table in memory, is left unspecified.
+        Counted in :attr:`sweeps`, not in :attr:`passes`."""
         L = self.layout
         support = np.asarray(support, np.int64)
         theta = np.asarray(theta, np.float64)
         cells = np.asarray(cells, np.int64)
         if L.a == 0:
-            ops = (("T", L.a_axes, True), ("exp", log_z), ("normalize",), ("T", L.a_axes, False),
+            ops = (("T", L.a_axes, True), ("exp", log_z), ("normalize",), ("T", L.a_axes, False, "taken"),
                    ("take", cells, np.arange(cells.size, dtype=np.int64)))
             # in memory the sweep works in the scratch table (no table of the fit is current there
             # during a fit): a new band per sweep would cost the operating system's zeroed pages
@@ -408,7 +411,7 @@ class Engine:
         band, local = global_to_band(L, "A", cells)
         uniq, inv = np.unique(local, return_inverse=True)
         nb, nu = L.n_a_bands, uniq.size
-        ops = (("T", L.a_axes, True), ("exp", log_z), ("sum",), ("T", L.a_axes, False))
+        ops = (("T", L.a_axes, True), ("exp", log_z), ("sum",), ("T", L.a_axes, False, "taken"))
 
         def arg(i):
             take = ("take", uniq, i * nu + np.arange(nu, dtype=np.int64))

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import basis, kernels, storage
 from ..kernels import bandops, threadpool
-from ..kernels.transform import transform_inplace
+from ..kernels.transform import transform_sparse
 from ..planner import Layout
 from .bands import band_geometry, band_key, band_vars, fixed_digits, local_to_global, xor_mask, xor_perm
 
@@ -141,11 +141,16 @@ def _r_const(ctx: Context, kind: str, idx: int) -> float:
     return ctx.r0 + sum(ctx.w[v] for v, x in fixed_digits(ctx.layout, kind, idx).items() if x != 0)
 
 
-def _transform_band(band: np.ndarray, positions: Sequence[int], transpose: bool, parallel: bool = False) -> None:
+def _transform_band(band: np.ndarray, positions: Sequence[int], transpose: bool, parallel: bool = False,
+                    nonzero: np.ndarray | None = None, needed: np.ndarray | None = None) -> None:
     """In-place transform of the n-D band array along band axes ``positions``; ``parallel``:
-    on several threads (only when no other band task runs at the same time)."""
+    on several threads (only when no other band task runs at the same time).  ``nonzero``
+    (the band is ``+0.0`` outside these flat positions) or ``needed`` (only these flat
+    positions are read afterwards): :func:`fsll_ooc.kernels.transform.transform_sparse`,
+    the same bits with only the work they need."""
     if positions:
-        transform_inplace(band, axes=tuple(positions), transpose=transpose, parallel=parallel)
+        transform_sparse(band, axes=tuple(positions), transpose=transpose, nonzero=nonzero, needed=needed,
+                         parallel=parallel)
 
 
 def _positions(ctx: Context, kind: str, vars_: Sequence[int]) -> list[int]:
@@ -166,7 +171,7 @@ def task_fill(ctx: Context, kind: str, idx: int, table: Table | None, local: np.
     key = band_key(ctx.layout, kind, idx)
     band = _sparse_band(ctx, shape, local, values, None if table is None else ctx.specs[table], key)
     taken: list = []
-    total = _apply_ops(ctx, kind, band, ops, taken)
+    total = _apply_ops(ctx, kind, band, ops, taken, nonzero=local)
     if table is not None:
         storage.write(ctx.specs[table], key, band)
     return _with_taken(ScanResult(total=total), taken)
@@ -264,10 +269,12 @@ _ELEMENTWISE = frozenset(("exp", "sum", "normalize", "scale", "add"))
 
 
 def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple, taken: list | None = None,
-               parallel: bool | None = None) -> float:
+               parallel: bool | None = None, nonzero: np.ndarray | None = None) -> float:
     """Apply ``ops`` to ``band`` in place, in order; returns the last sum taken (0.0 if none).
 
     ``("T", vars, transpose)``: the transform (``T^T`` with ``transpose``) along ``vars``;
+    ``("T", vars, transpose, "taken")``: the same, but computed only where the ``take`` ops
+    that must follow it (and nothing else) read (the rest of the band is left unspecified);
     ``("exp", shift)``: ``exp(band - shift)``; ``("sum",)``: the sum; ``("normalize",)``:
     divide by the sum (one band only); ``("scale", c)``, ``("add", c)``: times / plus ``c``;
     ``("take", local, keys)``: read off the band's cells ``local`` (flat, band order) as they
@@ -275,7 +282,9 @@ def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple, taken: lis
 
     ``parallel`` (default ``ctx.threads``: the band is its pass's only task): a large band's
     transforms, and its runs of elementwise ops and sums (:func:`fsll_ooc.kernels.bandops.elementwise`,
-    numpy's bits), on every thread of :mod:`fsll_ooc.kernels.threadpool`.
+    numpy's bits), on every thread of :mod:`fsll_ooc.kernels.threadpool`.  ``nonzero``: the
+    band is ``+0.0`` outside these flat positions (a band built from sparse values): a
+    first transform skips the fibres that hold only zeros (the same bits).
     """
     if parallel is None:
         parallel = ctx.threads
@@ -291,10 +300,17 @@ def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple, taken: lis
             s = bandops.elementwise(band.reshape(-1), ops[i:j], threadpool.num_threads())
             if s is not None:
                 total = s
-            i = j
+            i, nonzero = j, None
             continue
         if op[0] == "T":
-            _transform_band(band, _positions(ctx, kind, op[1]), op[2], parallel)
+            needed = None
+            if len(op) > 3 and op[3] == "taken":
+                rest = ops[i + 1:]
+                if not rest or any(o[0] != "take" for o in rest):
+                    raise ValueError(f"a transform computed only where it is read must be followed by reads only: "
+                                 f"{ops!r}")
+                needed = np.concatenate([np.asarray(o[1], np.int64) for o in rest])
+            _transform_band(band, _positions(ctx, kind, op[1]), op[2], parallel, nonzero, needed)
         elif op[0] == "exp":
             band -= op[1]
             np.exp(band, out=band)
@@ -312,6 +328,8 @@ def _apply_ops(ctx: Context, kind: str, band: np.ndarray, ops: tuple, taken: lis
             taken.append((np.asarray(op[2], np.int64), band.reshape(-1)[op[1]].copy()))
         else:  # pragma: no cover
             raise ValueError(f"unknown op {op!r}")
+        if op[0] != "take":
+            nonzero = None  # the band is no longer zero outside it
         i += 1
     return total
 
@@ -340,15 +358,17 @@ def _open_band(ctx: Context, kind: str, idx: int, source: tuple | None = None, s
             t = storage.read(ctx.specs[THETABAR], key)
             in_place = ctx.specs[THETABAR].backend_impl.supports_inplace_views and not t.flags.owndata
         else:
+            nonzero = None
             if source[0] is None:
                 t = _sparse_band(ctx, geom.shape, source[2], source[3], ctx.specs[THETABAR], key)
+                nonzero = source[2]
             else:
                 spec_s = ctx.specs[source[0]]
                 t = storage.read(spec_s, key)
                 if spec_s.backend_impl.supports_inplace_views and not t.flags.owndata:
                     t = t.copy()  # a view of the source table: work on a copy, the source stays clean
                 t = t.reshape(geom.shape)
-            total = _apply_ops(ctx, kind, t, source[1])
+            total = _apply_ops(ctx, kind, t, source[1], nonzero=nonzero)
             if sums is not None:
                 sums.append(total)
             in_place = False

@@ -52,7 +52,7 @@ from numba import njit
 from . import ahead, threadpool
 from .transform_plan import C_PAT, C_SPAN, PMF, PMT, R2, R4, R8, axis_index, plan_for
 
-__all__ = ["transform_inplace", "warmup", "REFERENCE_FIRST_MAX_SIZE"]
+__all__ = ["transform_inplace", "transform_sparse", "warmup", "REFERENCE_FIRST_MAX_SIZE", "SPARSE_SHARE"]
 
 # Sub-blocks (bytes) for consecutive program rows acting within them (L1, L2).
 _SUB1_BYTES = 1 << 15
@@ -953,36 +953,42 @@ def _pm_f(x, base, n, k, st, tr):
 def _pm_s(x, base, n, k, st, tr, s):
     """+-1 basis on fibres of ``k`` elements at stride ``st > 1``.  The sums of up to
     ``len(s)`` neighbouring fibres are kept in ``s``, so every inner loop is contiguous."""
+    for b in range(base, base + n, k * st):
+        _pm_fibres(x, b, b + st, k, st, tr, s)
+
+
+@njit(cache=True, nogil=True)
+def _pm_fibres(x, q0, q1, k, st, tr, s):
+    """:func:`_pm_s` on the fibres that start at ``q0 .. q1 - 1`` (in one span)."""
     one = np.uint64(1)
     ch = np.uint64(s.size)
-    for b in range(base, base + n, k * st):
-        for j0 in range(b, b + st, ch):
-            m = min(ch, b + st - j0)
+    for j0 in range(q0, q1, ch):
+        m = min(ch, q1 - j0)
+        for jj in range(m):
+            s[jj] = x[j0 + jj]
+        for l in range(one, k):
+            ql = j0 + l * st
             for jj in range(m):
-                s[jj] = x[j0 + jj]
+                s[jj] += x[ql + jj]
+        if tr:
+            for jj in range(m):
+                v = x[j0 + jj]
+                t = (v + v) - s[jj]
+                s[jj] = t
+                x[j0 + jj] = t
             for l in range(one, k):
                 ql = j0 + l * st
                 for jj in range(m):
-                    s[jj] += x[ql + jj]
-            if tr:
+                    v = x[ql + jj]
+                    x[ql + jj] = (v + v) + s[jj]
+        else:
+            for jj in range(m):
+                x[j0 + jj] = s[jj]
+            for l in range(one, k):
+                ql = j0 + l * st
                 for jj in range(m):
-                    v = x[j0 + jj]
-                    t = (v + v) - s[jj]
-                    s[jj] = t
-                    x[j0 + jj] = t
-                for l in range(one, k):
-                    ql = j0 + l * st
-                    for jj in range(m):
-                        v = x[ql + jj]
-                        x[ql + jj] = (v + v) + s[jj]
-            else:
-                for jj in range(m):
-                    x[j0 + jj] = s[jj]
-                for l in range(one, k):
-                    ql = j0 + l * st
-                    for jj in range(m):
-                        v = x[ql + jj]
-                        x[ql + jj] = (v + v) - s[jj]
+                    v = x[ql + jj]
+                    x[ql + jj] = (v + v) - s[jj]
 
 
 # ---------------------------------------------------------------------------------
@@ -1003,6 +1009,92 @@ def _grow(span, total, limit):
 
 
 @njit(cache=True, nogil=True)
+def _row(y, b1, s1, p, i, s):
+    """Program row ``i`` of ``p`` (strides in elements) on ``y[b1:b1+s1]`` (whole spans)."""
+    eight = np.uint64(8)
+    one = np.uint64(1)
+    two = np.uint64(2)
+    four = np.uint64(4)
+    kind = p[i, 0]
+    h = p[i, 1]
+    if kind == R8:
+        if h < eight:
+            _r8s(y, b1, s1, p, i)
+        elif h == eight and p[i, C_PAT] == one:
+            _r8a_h8(y, b1, s1, p, i)
+        elif h == eight and p[i, C_PAT] == two:
+            _r8d_h8(y, b1, s1, p, i)
+        else:
+            _r8(y, b1, s1, p, i)
+    elif kind == R4:
+        if h < eight:
+            _r4s(y, b1, s1, p, i)
+        else:
+            _r4(y, b1, s1, p, i)
+    elif kind == R2:
+        if h < eight:
+            _r2s(y, b1, s1, p, i)
+        else:
+            _r2(y, b1, s1, p, i)
+    elif s is None:
+        pass  # no +-1 axis in this program (see the docstring)
+    elif h == one:
+        _pm_c(y, b1, s1, p[i, 2], kind == PMT)
+    elif h < four:
+        _pm_f(y, b1, s1, p[i, 2], h, kind == PMT)
+    elif h < eight:
+        _pm_s(y, b1, s1, p[i, 2], h, kind == PMT, s)
+    elif p[i, 2] == np.uint64(3):
+        _pm3s(y, b1, s1, p, i, kind == PMT)
+    elif p[i, 2] == np.uint64(5):
+        _pm5s(y, b1, s1, p, i, kind == PMT)
+    elif p[i, 2] == np.uint64(6):
+        _pm6s(y, b1, s1, p, i, kind == PMT)
+    elif p[i, 2] == np.uint64(7):
+        _pm7s(y, b1, s1, p, i, kind == PMT)
+    else:
+        _pm_s(y, b1, s1, p[i, 2], h, kind == PMT, s)
+
+
+@njit(cache=True, nogil=True)
+def _rows(y, p, i0, nrows, base, n, s):
+    """Program rows ``i0 .. nrows - 1`` of ``p`` (strides in elements) on ``y[base:base+n]``."""
+    sub1 = np.uint64(_SUB1_BYTES // y.itemsize)
+    sub2 = np.uint64(_SUB2_BYTES // y.itemsize)
+    # Rows run in order, but consecutive rows whose butterflies stay inside
+    # sub-blocks of <= sub2 (L2) or <= sub1 (L1) elements run sub-block by
+    # sub-block (spans form a divisibility chain, so this only reorders
+    # independent work): fewer sweeps through the larger caches.
+    while i0 < nrows:
+        i1 = i0 + 1
+        s0 = p[i0, C_SPAN]
+        if s0 > sub2:
+            s0 = n
+        else:
+            while i1 < nrows and p[i1, C_SPAN] <= sub2:
+                s0 = max(s0, p[i1, C_SPAN])
+                i1 += 1
+            s0 = _grow(s0, n, sub2)
+        for b0 in range(base, base + n, s0):
+            k = i0
+            while k < i1:
+                kend = k + 1
+                s1 = p[k, C_SPAN]
+                if s1 > sub1:
+                    s1 = s0
+                else:
+                    while kend < i1 and p[kend, C_SPAN] <= sub1:
+                        s1 = max(s1, p[kend, C_SPAN])
+                        kend += 1
+                    s1 = _grow(s1, s0, sub1)
+                for b1 in range(b0, b0 + s0, s1):
+                    for i in range(k, kend):
+                        _row(y, b1, s1, p, i, s)
+                k = kend
+        i0 = i1
+
+
+@njit(cache=True, nogil=True)
 def _run_pass(x, passes, progs, ps, t0, t1, s):
     """Tiles ``t0 .. t1-1`` of pass ``ps``.  Gathered: tile ``t`` covers rows ``r < R``
     of ``ww <= w`` contiguous elements at ``o R C + r C + c0`` (``o, c0`` from ``t``),
@@ -1016,11 +1108,6 @@ def _run_pass(x, passes, progs, ps, t0, t1, s):
     (about a third of this driver's first-use compile time)."""
     one = np.uint64(1)
     zero = np.uint64(0)
-    eight = np.uint64(8)
-    two = np.uint64(2)
-    four = np.uint64(4)
-    sub1 = np.uint64(_SUB1_BYTES // x.itemsize)
-    sub2 = np.uint64(_SUB2_BYTES // x.itemsize)
     R = passes[ps, 0]
     C = passes[ps, 1]
     w = passes[ps, 2]
@@ -1064,83 +1151,93 @@ def _run_pass(x, passes, progs, ps, t0, t1, s):
             y = x
             base = start
             n = min(m, nblk - t * m) * R * C
-        # Rows run in order, but consecutive rows whose butterflies stay inside
-        # sub-blocks of <= sub2 (L2) or <= sub1 (L1) elements run sub-block by
-        # sub-block (spans form a divisibility chain, so this only reorders
-        # independent work): fewer sweeps through the larger caches.
-        nrows = p.shape[0]
-        i0 = 0
-        while i0 < nrows:
-            i1 = i0 + 1
-            s0 = p[i0, C_SPAN]
-            if s0 > sub2:
-                s0 = n
-            else:
-                while i1 < nrows and p[i1, C_SPAN] <= sub2:
-                    s0 = max(s0, p[i1, C_SPAN])
-                    i1 += 1
-                s0 = _grow(s0, n, sub2)
-            for b0 in range(base, base + n, s0):
-                k = i0
-                while k < i1:
-                    kend = k + 1
-                    s1 = p[k, C_SPAN]
-                    if s1 > sub1:
-                        s1 = s0
-                    else:
-                        while kend < i1 and p[kend, C_SPAN] <= sub1:
-                            s1 = max(s1, p[kend, C_SPAN])
-                            kend += 1
-                        s1 = _grow(s1, s0, sub1)
-                    for b1 in range(b0, b0 + s0, s1):
-                        for i in range(k, kend):
-                            kind = p[i, 0]
-                            h = p[i, 1]
-                            if kind == R8:
-                                if h < eight:
-                                    _r8s(y, b1, s1, p, i)
-                                elif h == eight and p[i, C_PAT] == one:
-                                    _r8a_h8(y, b1, s1, p, i)
-                                elif h == eight and p[i, C_PAT] == two:
-                                    _r8d_h8(y, b1, s1, p, i)
-                                else:
-                                    _r8(y, b1, s1, p, i)
-                            elif kind == R4:
-                                if h < eight:
-                                    _r4s(y, b1, s1, p, i)
-                                else:
-                                    _r4(y, b1, s1, p, i)
-                            elif kind == R2:
-                                if h < eight:
-                                    _r2s(y, b1, s1, p, i)
-                                else:
-                                    _r2(y, b1, s1, p, i)
-                            elif s is None:
-                                pass  # no +-1 axis in this program (see the docstring)
-                            elif h == one:
-                                _pm_c(y, b1, s1, p[i, 2], kind == PMT)
-                            elif h < four:
-                                _pm_f(y, b1, s1, p[i, 2], h, kind == PMT)
-                            elif h < eight:
-                                _pm_s(y, b1, s1, p[i, 2], h, kind == PMT, s)
-                            elif p[i, 2] == np.uint64(3):
-                                _pm3s(y, b1, s1, p, i, kind == PMT)
-                            elif p[i, 2] == np.uint64(5):
-                                _pm5s(y, b1, s1, p, i, kind == PMT)
-                            elif p[i, 2] == np.uint64(6):
-                                _pm6s(y, b1, s1, p, i, kind == PMT)
-                            elif p[i, 2] == np.uint64(7):
-                                _pm7s(y, b1, s1, p, i, kind == PMT)
-                            else:
-                                _pm_s(y, b1, s1, p[i, 2], h, kind == PMT, s)
-                    k = kend
-            i0 = i1
+        _rows(y, p, 0, p.shape[0], base, n, s)
         if gather:
             for r in range(R):
                 src = start + r * C
                 dst = r * pitch
                 for j in range(ww):
                     x[src + j] = buf[dst + j]
+
+
+# ---------------------------------------------------------------------------------
+# Sparse inputs and outputs: only the fibres that can be non-zero, or that lead to the
+# cells read (same kernels per fibre, so the same bits)
+# ---------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _row_run(x, q0, cnt, p, i, one_row, s):
+    """Program row ``i`` of ``p`` (strides in elements of ``x``) on its ``cnt`` fibres
+    that start at ``q0, q0 + 1, ..`` (all in one span), with the arithmetic of :func:`_row`:
+    a butterfly row's radix-2 stages in the row's order (what the fused kernels compute),
+    a ``+-1`` row's sums as its kernels take them.  ``one_row``: a scratch row (a long run
+    of butterflies goes to the vectorised kernels; ``s``: the ``+-1`` kernels' scratch)."""
+    kind = p[i, 0]
+    one = np.uint64(1)
+    if kind >= np.uint64(PMF):
+        if s is None:
+            return  # no +-1 axis in this program (see _run_pass)
+        k = p[i, 2]
+        if p[i, 1] == one:  # the table's last axis: one fibre, numpy's pairwise sums
+            _pm_c(x, q0, k, k, kind == PMT)
+        else:
+            _pm_fibres(x, q0, q0 + cnt, k, p[i, 1], kind == PMT, s)
+        return
+    if cnt >= np.uint64(8):
+        for c in range(one_row.shape[1]):
+            one_row[0, c] = p[i, c]
+        one_row[0, 1] = cnt  # the kernels' inner loop runs over the fibres of the run
+        if kind == R8:
+            _r8(x, q0, one, one_row, 0)
+        elif kind == R4:
+            _r4(x, q0, one, one_row, 0)
+        else:
+            _r2(x, q0, one, one_row, 0)
+        return
+    m = 1 if kind == R2 else (2 if kind == R4 else 3)
+    r = 1 << m
+    for q in range(q0, q0 + cnt):
+        for t in range(m):
+            bit = 1 << t
+            for j in range(r):
+                if j & bit == 0:
+                    qa = q + (p[i, 2 + j] if j else np.uint64(0))
+                    qb = q + p[i, 2 + (j | bit)]
+                    u = x[qa]
+                    v = x[qb]
+                    x[qa] = u + v
+                    x[qb] = u - v
+
+
+@njit(cache=True, nogil=True)
+def _run_sparse(x, p, mode, rstart, rcount, rptr, blocks, blen, s):
+    """The rows of ``p`` (strides in elements of ``x``) on the blocks ``blocks`` of ``blen``
+    elements, row after row in each block.  Row ``i``'s ``mode``: 0, its runs
+    ``rstart/rcount[rptr[i, b]:rptr[i, b + 1]]`` in block ``b`` (fibres ``start .. start +
+    count - 1``); 1, the runs ``rptr[i, 0]:rptr[i, 1]`` relative to each of its spans
+    (the same in every span); 3, every fibre of the block."""
+    one_row = np.empty((1, p.shape[1]), np.uint64)
+    for bi in range(blocks.size):
+        blk = blocks[bi]
+        b0 = np.uint64(blk) * blen
+        i = 0
+        while i < p.shape[0]:
+            md = mode[i]
+            if md == 3:  # consecutive rows on every fibre: as in the plan's own pass
+                i1 = i + 1
+                while i1 < p.shape[0] and mode[i1] == 3:
+                    i1 += 1
+                _rows(x, p, i, i1, b0, blen, s)
+                i = i1
+                continue
+            if md == 0:
+                for r in range(rptr[i, blk], rptr[i, blk + 1]):
+                    _row_run(x, np.uint64(rstart[r]), np.uint64(rcount[r]), p, i, one_row, s)
+            elif md == 1:
+                for sb in range(b0, b0 + blen, p[i, C_SPAN]):
+                    for r in range(rptr[i, 0], rptr[i, 1]):
+                        _row_run(x, sb + np.uint64(rstart[r]), np.uint64(rcount[r]), p, i, one_row, s)
+            i += 1
 
 
 def _pm_scratch(progs, dtype):
@@ -1160,24 +1257,35 @@ def _transform_serial(x, passes, progs):
 # Threads
 # ---------------------------------------------------------------------------------
 
-def _transform_threads(x, passes, progs, n):
-    """Each pass: its tiles in contiguous chunks (a few per thread), taken by ``n``
-    threads (the caller and ``n - 1`` helpers) in order; a pass ends when all are done
+def _per_thread_scratch(progs, dtype):
+    """A function returning the calling thread's ``+-1`` scratch (:func:`_pm_scratch`)."""
+    local = threading.local()
+
+    def scratch():
+        if not hasattr(local, "s"):
+            local.s = _pm_scratch(progs, dtype)
+        return local.s
+
+    return scratch
+
+
+def _pass_threads(x, passes, progs, ps, n, scratch):
+    """Pass ``ps``: its tiles in contiguous chunks (a few per thread), taken by ``n``
+    threads (the caller and ``n - 1`` helpers) in order; it ends when all are done
     (:func:`fsll_ooc.kernels.threadpool.parallel_for`: the caller waits for chunks, not
     for a helper that has not started).  Taking chunks as they come keeps the threads busy
     when a core is shared."""
-    local = threading.local()
+    nt = int(passes[ps, 6])
+    k = max(1, min(nt, _CHUNKS_PER_THREAD * n))
+    bounds = [np.uint64(nt * c // k) for c in range(k + 1)]
+    threadpool.parallel_for(n, k, lambda c: _run_pass(x, passes, progs, ps, bounds[c], bounds[c + 1], scratch()))
 
-    def scratch():  # one per thread
-        if not hasattr(local, "s"):
-            local.s = _pm_scratch(progs, x.dtype)
-        return local.s
 
+def _transform_threads(x, passes, progs, n):
+    """Every pass on ``n`` threads (:func:`_pass_threads`)."""
+    scratch = _per_thread_scratch(progs, x.dtype)
     for ps in range(passes.shape[0]):
-        nt = int(passes[ps, 6])
-        k = max(1, min(nt, _CHUNKS_PER_THREAD * n))
-        bounds = [np.uint64(nt * c // k) for c in range(k + 1)]
-        threadpool.parallel_for(n, k, lambda c: _run_pass(x, passes, progs, ps, bounds[c], bounds[c + 1], scratch()))
+        _pass_threads(x, passes, progs, ps, n, scratch)
 
 
 # ---------------------------------------------------------------------------------
@@ -1207,6 +1315,19 @@ def _reference_same_bits(shape, axes) -> bool:
     return all(shape[ax] == 2 or shape[ax] & (shape[ax] - 1) for ax in axes)
 
 
+def _check_table(a) -> None:
+    """The errors of :func:`transform_inplace` for a table it cannot work on in place."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"transform_inplace needs a numpy array, got {type(a).__name__}")
+    if a.dtype.kind != "f":
+        raise TypeError(f"transform_inplace needs a float array (float64 or float32), got {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError("transform_inplace needs a C-contiguous array "
+                         "(use np.ascontiguousarray(a), or basis.transform(a) for a copy)")
+    if not a.flags.writeable:
+        raise ValueError("transform_inplace needs a writeable array")
+
+
 def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpose: bool = False,
                       parallel: bool = True, first_use: str = "compile") -> None:
     """Overwrite ``a`` with ``basis.transform(a, axes, transpose=transpose)``.
@@ -1225,15 +1346,7 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
     float dtypes (float16, longdouble, non-native byte order) are done by the numpy
     reference and copied back.
     """
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"transform_inplace needs a numpy array, got {type(a).__name__}")
-    if a.dtype.kind != "f":
-        raise TypeError(f"transform_inplace needs a float array (float64 or float32), got {a.dtype}")
-    if not a.flags.c_contiguous:
-        raise ValueError("transform_inplace needs a C-contiguous array "
-                         "(use np.ascontiguousarray(a), or basis.transform(a) for a copy)")
-    if not a.flags.writeable:
-        raise ValueError("transform_inplace needs a writeable array")
+    _check_table(a)
     ndim = a.ndim
     ax_list = list(range(ndim)) if axes is None else [axis_index(ax, ndim) for ax in axes]
     if a.size == 0 or not ax_list:
@@ -1263,6 +1376,165 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
             _transform_threads(x, pl.passes, pl.progs, n)
         else:
             _transform_serial(x, pl.passes, pl.progs)
+
+
+#: A program row runs on its listed fibres only while they cost at most this share of a
+#: run over all its fibres (the vectorised kernels), counting :data:`_RUN_COST` fibres for
+#: each run of consecutive fibres; above it, it runs on every fibre of the blocks it touches.
+SPARSE_SHARE = 0.5
+_RUN_COST = 8
+
+
+def _runs(lo, H):
+    """Offsets ``lo`` (sorted, distinct, below ``H``) widened to 8-aligned chunks when
+    ``H >= 8`` (so that runs reach the vectorised kernels; a zero fibre done costs nothing
+    but time), as runs ``(start, count)`` of consecutive offsets."""
+    if H >= 8:
+        c = np.unique(lo // 8)
+        brk = np.flatnonzero(np.diff(c) != 1) + 1
+        starts = c[np.concatenate(([0], brk))] * 8
+        ends = np.minimum((c[np.concatenate((brk - 1, [c.size - 1]))] + 1) * 8, H)
+        return starts, ends - starts
+    brk = np.flatnonzero(np.diff(lo) != 1) + 1
+    starts = lo[np.concatenate(([0], brk))]
+    return starts, np.diff(np.concatenate(([0], brk, [lo.size])))
+
+
+def _row_runs_nonzero(S, H, span, lo_mod, N, limit):
+    """The fibres of a row (stride ``H``, ``span``) that can hold a non-zero when the cells
+    ``x`` with ``x mod lo_mod`` outside ``S mod lo_mod`` are zero (``lo_mod`` divides ``H``):
+    runs ``(start, count)`` of fibre offsets relative to each span (the same in every
+    span); None when they cost more than ``limit`` fibres (:data:`SPARSE_SHARE`)."""
+    lo = np.unique(S % lo_mod)
+    spans = N // span
+    if spans * (H // lo_mod) * lo.size > 4 * limit:
+        return None
+    if lo_mod < H:
+        lo = np.unique((np.arange(H // lo_mod, dtype=np.int64)[:, None] * lo_mod + lo[None, :]).ravel())
+    starts, counts = _runs(lo, H)
+    if spans * (int(counts.sum()) + _RUN_COST * starts.size) > limit:
+        return None
+    return starts, counts
+
+
+def _row_runs_needed(Y, H, span, M, limit):
+    """The fibres of a row (stride ``H``, ``span``) that lead to the cells ``x`` with
+    ``x // M`` in ``Y // M`` (``M``, the largest span of the rows after it, a place value of
+    the table like ``H`` and ``span``): runs ``(start, count)`` of fibres, sorted; None when
+    they cost more than ``limit`` fibres or cannot be told apart (then every fibre)."""
+    K = np.unique(Y // M) * M
+    if M <= H:
+        if K.size * M > 4 * limit:  # (before the duplicates go)
+            return None
+        starts = np.unique((K // span) * span + K % H)
+        count = M
+    elif M % span or K.size * (M // span) * H > limit:
+        return None
+    else:
+        starts = (K[:, None] + np.arange(M // span, dtype=np.int64)[None, :] * span).ravel()
+        count = H
+    if starts.size * (count + _RUN_COST) > limit:
+        return None
+    return starts, np.full(starts.size, count, np.int64)
+
+
+def _table_rows(pl, ps):
+    """Pass ``ps``'s program rows with strides, offsets and spans in elements of the table
+    (not of a gathered tile): ``(rows, radix of each row)``."""
+    C = pl.passes[ps, 1]
+    rows = pl.progs[pl.passes[ps, 4]:pl.passes[ps, 5]].copy()
+    rows[:, 1] *= C
+    rows[:, 3:C_SPAN + 1] *= C
+    radix = [int(r[2]) if r[0] >= PMF else {R2: 2, R4: 4, R8: 8}[int(r[0])] for r in rows]
+    return rows, radix
+
+
+def _sparse_schedule(pl, N, nonzero, needed):
+    """Per pass: its rows (:func:`_table_rows`) and per row ``(mode, starts, counts)`` for
+    :func:`_run_sparse` (modes there; the starts of mode 0 absolute and sorted, of mode 1
+    relative to the row's spans)."""
+    rows = [_table_rows(pl, ps) for ps in range(pl.npasses)]
+    flat = [(ps, i, int(r[1]), int(r[C_SPAN]), rad[i]) for ps, (rr, rad) in enumerate(rows) for i, r in enumerate(rr)]
+    sched = {}
+    if nonzero is not None:  # rows in order: the cells below the smallest stride done so far are untouched
+        done = N
+        for ps, i, H, span, radix in flat:
+            runs = _row_runs_nonzero(nonzero, H, span, min(H, done), N, SPARSE_SHARE * (N // radix))
+            sched[ps, i] = (3, None, None) if runs is None else (1,) + runs
+            done = min(done, H)
+    else:  # rows backwards: a row's outputs are needed where a later row's fibre needs them
+        M = 1
+        for ps, i, H, span, radix in reversed(flat):
+            runs = _row_runs_needed(needed, H, span, M, SPARSE_SHARE * (N // radix))
+            sched[ps, i] = (3, None, None) if runs is None else (0,) + runs
+            M = max(M, span)
+    return [(rows[ps][0], [sched[ps, i] for i in range(len(rows[ps][1]))]) for ps in range(pl.npasses)]
+
+
+def transform_sparse(a: np.ndarray, axes: Sequence[int] | None = None, transpose: bool = False, *,
+                     nonzero: np.ndarray | None = None, needed: np.ndarray | None = None,
+                     parallel: bool = True) -> None:
+    """:func:`transform_inplace` doing only the work a sparse input or a sparse output needs,
+    with the same bits at every cell it computes.
+
+    ``nonzero``: flat (C order) positions outside which ``a`` is ``+0.0``; the fibres that
+    hold only such zeros (they stay zeros) are skipped, and every cell of the result is
+    :func:`transform_inplace`'s.  Or ``needed``: the flat positions to be read afterwards;
+    only the fibres that lead to them are computed, and the other cells are left
+    unspecified.  Each program row of the transform's plan (:mod:`fsll_ooc.kernels.transform_plan`)
+    runs on the fibres it must, with the kernels (and so the arithmetic) of
+    :func:`transform_inplace`; a row with more than :data:`SPARSE_SHARE` of its fibres to do
+    runs on whole blocks.  Without either (or with both, a repeated axis or another dtype)
+    it is :func:`transform_inplace`."""
+    _check_table(a)
+    ndim = a.ndim
+    ax_list = list(range(ndim)) if axes is None else [axis_index(ax, ndim) for ax in axes]
+    axs = tuple(sorted(set(ax_list)))
+    if ((nonzero is None) == (needed is None) or len(axs) != len(ax_list) or a.size == 0
+            or a.dtype not in (np.float64, np.float32) or not a.dtype.isnative):
+        transform_inplace(a, axes, transpose=transpose, parallel=parallel)
+        return
+    N = a.size
+    cells = np.unique(np.asarray(nonzero if needed is None else needed, np.int64).reshape(-1))
+    if cells.size and (cells[0] < 0 or cells[-1] >= N):
+        raise IndexError(f"a position outside the table of {N} cells")
+    if cells.size == 0:
+        return  # a table of zeros stays zeros; no cell is read
+    pl = plan_for(tuple(a.shape), axs, a.itemsize, bool(transpose))
+    if pl.passes.shape[0] == 0:
+        return
+    x = a.reshape(-1)
+    n = threadpool.num_threads() if parallel and N >= _PAR_MIN_SIZE else 1
+    scratch = _per_thread_scratch(pl.progs, x.dtype)
+    sched = _sparse_schedule(pl, N, None if needed is not None else cells, cells if needed is not None else None)
+    for ps, (rows, plan_rows) in enumerate(sched):
+        modes = [m for m, _, _ in plan_rows]
+        gather = bool(pl.passes[ps, 3])
+        blen = N if gather else int(pl.passes[ps, 0] * pl.passes[ps, 1])
+        nblk = N // blen
+        # a row's fibres lie in its spans, and every span of a pass in one of its blocks: the
+        # needed cells' blocks hold all the fibres that lead to them
+        blocks = np.arange(nblk, dtype=np.int64) if needed is None else np.unique(cells // blen)
+        if (gather and 3 in modes) or (all(m == 3 for m in modes) and blocks.size == nblk):
+            _pass_threads(x, pl.passes, pl.progs, ps, n, scratch)  # every fibre: the plan's own pass
+            continue
+        rptr = np.zeros((len(modes), nblk + 1), np.int64)
+        starts, counts, off = [], [], 0
+        for i, (m, st, ct) in enumerate(plan_rows):
+            if m == 0:
+                rptr[i] = off + np.searchsorted(st, np.arange(nblk + 1, dtype=np.int64) * blen)
+            elif m == 1:
+                rptr[i, :2] = (off, off + st.size)
+            if st is not None:
+                starts.append(st)
+                counts.append(ct)
+                off += st.size
+        args = (np.asarray(modes, np.int64), np.concatenate(starts or [np.zeros(0, np.int64)]),
+                np.concatenate(counts or [np.zeros(0, np.int64)]), rptr)
+        k = max(1, min(blocks.size, _CHUNKS_PER_THREAD * n)) if n > 1 and not gather else 1
+        bounds = [blocks.size * c // k for c in range(k + 1)]
+        threadpool.parallel_for(n, k, lambda c: _run_sparse(x, rows, *args, blocks[bounds[c]:bounds[c + 1]],
+                                                            np.uint64(blen), scratch()))
 
 
 def warmup(dtypes=(np.float64, np.float32), cards=None) -> None:
