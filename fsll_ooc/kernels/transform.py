@@ -1380,9 +1380,25 @@ def transform_inplace(a: np.ndarray, axes: Sequence[int] | None = None, transpos
 
 #: A program row runs on its listed fibres only while they cost at most this share of a
 #: run over all its fibres (the vectorised kernels), counting :data:`_RUN_COST` fibres for
-#: each run of consecutive fibres; above it, it runs on every fibre of the blocks it touches.
+#: each run of consecutive fibres; above it, it runs on every fibre of the blocks it touches
+#: (measured on the sweeps of a survey-like table and a 2^24 binary one).
 SPARSE_SHARE = 0.5
 _RUN_COST = 8
+#: The same for the runs of a sparse input's fibres (repeated in every span: many short runs).
+_SPAN_RUN_COST = 64
+
+
+def _distinct(a, is_sorted=False):
+    """The distinct values of the int64 array ``a``, ascending (by a sort: numpy's hashed
+    ``unique`` costs more on the few thousand cells read at once)."""
+    if not is_sorted:
+        a = np.sort(a)
+    if a.size < 2:
+        return a
+    keep = np.empty(a.size, bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
 
 
 def _runs(lo, H):
@@ -1390,7 +1406,7 @@ def _runs(lo, H):
     ``H >= 8`` (so that runs reach the vectorised kernels; a zero fibre done costs nothing
     but time), as runs ``(start, count)`` of consecutive offsets."""
     if H >= 8:
-        c = np.unique(lo // 8)
+        c = _distinct(lo // 8, True)
         brk = np.flatnonzero(np.diff(c) != 1) + 1
         starts = c[np.concatenate(([0], brk))] * 8
         ends = np.minimum((c[np.concatenate((brk - 1, [c.size - 1]))] + 1) * 8, H)
@@ -1405,14 +1421,14 @@ def _row_runs_nonzero(S, H, span, lo_mod, N, limit):
     ``x`` with ``x mod lo_mod`` outside ``S mod lo_mod`` are zero (``lo_mod`` divides ``H``):
     runs ``(start, count)`` of fibre offsets relative to each span (the same in every
     span); None when they cost more than ``limit`` fibres (:data:`SPARSE_SHARE`)."""
-    lo = np.unique(S % lo_mod)
+    lo = _distinct(S % lo_mod)
     spans = N // span
     if spans * (H // lo_mod) * lo.size > 4 * limit:
         return None
     if lo_mod < H:
-        lo = np.unique((np.arange(H // lo_mod, dtype=np.int64)[:, None] * lo_mod + lo[None, :]).ravel())
+        lo = (np.arange(H // lo_mod, dtype=np.int64)[:, None] * lo_mod + lo[None, :]).ravel()  # ascending
     starts, counts = _runs(lo, H)
-    if spans * (int(counts.sum()) + _RUN_COST * starts.size) > limit:
+    if spans * (int(counts.sum()) + _SPAN_RUN_COST * starts.size) > limit:
         return None
     return starts, counts
 
@@ -1420,13 +1436,14 @@ def _row_runs_nonzero(S, H, span, lo_mod, N, limit):
 def _row_runs_needed(Y, H, span, M, limit):
     """The fibres of a row (stride ``H``, ``span``) that lead to the cells ``x`` with
     ``x // M`` in ``Y // M`` (``M``, the largest span of the rows after it, a place value of
-    the table like ``H`` and ``span``): runs ``(start, count)`` of fibres, sorted; None when
-    they cost more than ``limit`` fibres or cannot be told apart (then every fibre)."""
-    K = np.unique(Y // M) * M
+    the table like ``H`` and ``span``; ``Y`` ascending): runs ``(start, count)`` of fibres,
+    sorted; None when they cost more than ``limit`` fibres or cannot be told apart (then
+    every fibre)."""
+    K = _distinct(Y // M, True) * M
     if M <= H:
         if K.size * M > 4 * limit:  # (before the duplicates go)
             return None
-        starts = np.unique((K // span) * span + K % H)
+        starts = _distinct((K // span) * span + K % H)
         count = M
     elif M % span or K.size * (M // span) * H > limit:
         return None
@@ -1456,16 +1473,20 @@ def _sparse_schedule(pl, N, nonzero, needed):
     rows = [_table_rows(pl, ps) for ps in range(pl.npasses)]
     flat = [(ps, i, int(r[1]), int(r[C_SPAN]), rad[i]) for ps, (rr, rad) in enumerate(rows) for i, r in enumerate(rr)]
     sched = {}
+    runs = ()
     if nonzero is not None:  # rows in order: the cells below the smallest stride done so far are untouched
         done = N
         for ps, i, H, span, radix in flat:
-            runs = _row_runs_nonzero(nonzero, H, span, min(H, done), N, SPARSE_SHARE * (N // radix))
+            # (once a row needs most fibres, so do the rows after it: they are not worked out)
+            if runs is not None:
+                runs = _row_runs_nonzero(nonzero, H, span, min(H, done), N, SPARSE_SHARE * (N // radix))
             sched[ps, i] = (3, None, None) if runs is None else (1,) + runs
             done = min(done, H)
     else:  # rows backwards: a row's outputs are needed where a later row's fibre needs them
         M = 1
         for ps, i, H, span, radix in reversed(flat):
-            runs = _row_runs_needed(needed, H, span, M, SPARSE_SHARE * (N // radix))
+            if runs is not None:  # (and the rows before one that needs most fibres need most too)
+                runs = _row_runs_needed(needed, H, span, M, SPARSE_SHARE * (N // radix))
             sched[ps, i] = (3, None, None) if runs is None else (0,) + runs
             M = max(M, span)
     return [(rows[ps][0], [sched[ps, i] for i in range(len(rows[ps][1]))]) for ps in range(pl.npasses)]
@@ -1495,7 +1516,7 @@ def transform_sparse(a: np.ndarray, axes: Sequence[int] | None = None, transpose
         transform_inplace(a, axes, transpose=transpose, parallel=parallel)
         return
     N = a.size
-    cells = np.unique(np.asarray(nonzero if needed is None else needed, np.int64).reshape(-1))
+    cells = _distinct(np.asarray(nonzero if needed is None else needed, np.int64).reshape(-1))
     if cells.size and (cells[0] < 0 or cells[-1] >= N):
         raise IndexError(f"a position outside the table of {N} cells")
     if cells.size == 0:
@@ -1514,7 +1535,7 @@ def transform_sparse(a: np.ndarray, axes: Sequence[int] | None = None, transpose
         nblk = N // blen
         # a row's fibres lie in its spans, and every span of a pass in one of its blocks: the
         # needed cells' blocks hold all the fibres that lead to them
-        blocks = np.arange(nblk, dtype=np.int64) if needed is None else np.unique(cells // blen)
+        blocks = np.arange(nblk, dtype=np.int64) if needed is None else _distinct(cells // blen, True)
         if (gather and 3 in modes) or (all(m == 3 for m in modes) and blocks.size == nblk):
             _pass_threads(x, pl.passes, pl.progs, ps, n, scratch)  # every fibre: the plan's own pass
             continue
