@@ -10,28 +10,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsll_ooc import basis, datasets, storage
+from fsll_ooc import datasets, storage
 from fsll_ooc.engine import Engine, Table, tasks
 from fsll_ooc.kernels import transform as ft
 from fsll_ooc.kernels import transform_plan as tp
 from fsll_ooc.planner import Layout
 
 import oracle
+from test_fast_transform import _dense
 
 
 def _bits(a):
     """The bit patterns of a float64 array (``-0.0`` differs from ``+0.0``)."""
     return np.ascontiguousarray(a, np.float64).view(np.int64)
-
-
-def _dense(g, axes, transpose):
-    """The transform as explicit sums with the dense local matrices."""
-    out = g.astype(np.float64)
-    for ax in range(g.ndim) if axes is None else axes:
-        m = basis.local_matrix(g.shape[ax])
-        m = m.T if transpose else m
-        out = np.moveaxis(np.tensordot(m, np.moveaxis(out, ax, 0), axes=(1, 0)), 0, ax)
-    return out
 
 
 def _sparse_table(rng, shape, n):

@@ -1057,6 +1057,21 @@ def _row(y, b1, s1, p, i, s):
 
 
 @njit(cache=True, nogil=True)
+def _sub_block(p, i0, nrows, limit, n):
+    """``(i1, size)``: rows ``i0 .. i1 - 1`` (of at most ``nrows``) run together in
+    sub-blocks of ``size`` elements (of a region of ``n``) when their spans fit ``limit``;
+    a row whose span does not runs alone on the whole region."""
+    i1 = i0 + 1
+    size = p[i0, C_SPAN]
+    if size > limit:
+        return i1, n
+    while i1 < nrows and p[i1, C_SPAN] <= limit:
+        size = max(size, p[i1, C_SPAN])
+        i1 += 1
+    return i1, _grow(size, n, limit)
+
+
+@njit(cache=True, nogil=True)
 def _rows(y, p, i0, nrows, base, n, s):
     """Program rows ``i0 .. nrows - 1`` of ``p`` (strides in elements) on ``y[base:base+n]``."""
     sub1 = np.uint64(_SUB1_BYTES // y.itemsize)
@@ -1066,27 +1081,11 @@ def _rows(y, p, i0, nrows, base, n, s):
     # sub-block (spans form a divisibility chain, so this only reorders
     # independent work): fewer sweeps through the larger caches.
     while i0 < nrows:
-        i1 = i0 + 1
-        s0 = p[i0, C_SPAN]
-        if s0 > sub2:
-            s0 = n
-        else:
-            while i1 < nrows and p[i1, C_SPAN] <= sub2:
-                s0 = max(s0, p[i1, C_SPAN])
-                i1 += 1
-            s0 = _grow(s0, n, sub2)
+        i1, s0 = _sub_block(p, i0, nrows, sub2, n)
         for b0 in range(base, base + n, s0):
             k = i0
             while k < i1:
-                kend = k + 1
-                s1 = p[k, C_SPAN]
-                if s1 > sub1:
-                    s1 = s0
-                else:
-                    while kend < i1 and p[kend, C_SPAN] <= sub1:
-                        s1 = max(s1, p[kend, C_SPAN])
-                        kend += 1
-                    s1 = _grow(s1, s0, sub1)
+                kend, s1 = _sub_block(p, k, i1, sub1, s0)
                 for b1 in range(b0, b0 + s0, s1):
                     for i in range(k, kend):
                         _row(y, b1, s1, p, i, s)
