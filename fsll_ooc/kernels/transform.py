@@ -1167,10 +1167,11 @@ def _run_pass(x, passes, progs, ps, t0, t1, s):
 @njit(cache=True, nogil=True)
 def _row_run(x, q0, cnt, p, i, one_row, s):
     """Program row ``i`` of ``p`` (strides in elements of ``x``) on its ``cnt`` fibres
-    that start at ``q0, q0 + 1, ..`` (all in one span), with the arithmetic of :func:`_row`:
-    a butterfly row's radix-2 stages in the row's order (what the fused kernels compute),
-    a ``+-1`` row's sums as its kernels take them.  ``one_row``: a scratch row (a long run
-    of butterflies goes to the vectorised kernels; ``s``: the ``+-1`` kernels' scratch)."""
+    that start at ``q0, q0 + 1, ..`` (all in one span), by the kernels of :func:`_row` (so
+    with their arithmetic): a butterfly row's kernel on a copy of the row (``one_row``) whose
+    inner loop runs over the fibres of the run, or fibre by fibre for a short run; a ``+-1``
+    row's sums in sequence, or numpy's pairwise sums on the table's last axis (``s``: the
+    ``+-1`` kernels' scratch)."""
     kind = p[i, 0]
     one = np.uint64(1)
     if kind >= np.uint64(PMF):
@@ -1182,9 +1183,9 @@ def _row_run(x, q0, cnt, p, i, one_row, s):
         else:
             _pm_fibres(x, q0, q0 + cnt, k, p[i, 1], kind == PMT, s)
         return
+    for c in range(one_row.shape[1]):
+        one_row[0, c] = p[i, c]
     if cnt >= np.uint64(8):
-        for c in range(one_row.shape[1]):
-            one_row[0, c] = p[i, c]
         one_row[0, 1] = cnt  # the kernels' inner loop runs over the fibres of the run
         if kind == R8:
             _r8(x, q0, one, one_row, 0)
@@ -1193,19 +1194,14 @@ def _row_run(x, q0, cnt, p, i, one_row, s):
         else:
             _r2(x, q0, one, one_row, 0)
         return
-    m = 1 if kind == R2 else (2 if kind == R4 else 3)
-    r = 1 << m
+    one_row[0, 1] = one  # a few fibres: one by one, by the kernels' unit-stride branch
     for q in range(q0, q0 + cnt):
-        for t in range(m):
-            bit = 1 << t
-            for j in range(r):
-                if j & bit == 0:
-                    qa = q + (p[i, 2 + j] if j else np.uint64(0))
-                    qb = q + p[i, 2 + (j | bit)]
-                    u = x[qa]
-                    v = x[qb]
-                    x[qa] = u + v
-                    x[qb] = u - v
+        if kind == R8:
+            _r8s(x, q, one, one_row, 0)
+        elif kind == R4:
+            _r4s(x, q, one, one_row, 0)
+        else:
+            _r2s(x, q, one, one_row, 0)
 
 
 @njit(cache=True, nogil=True)
