@@ -20,6 +20,15 @@ import oracle
 from test_fast_transform import _dense
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _driver_compiled():
+    """The sparse driver compiled here (it otherwise runs the full transform until a second
+    process has compiled it)."""
+    for disp, sig in ft.ahead_kernels():
+        disp.compile(sig)
+    assert ft.sparse_kernels_ready()
+
+
 def _bits(a):
     """The bit patterns of a float64 array (``-0.0`` differs from ``+0.0``)."""
     return np.ascontiguousarray(a, np.float64).view(np.int64)
@@ -141,6 +150,30 @@ def test_no_input_and_bad_positions():
         got = g.copy()
         ft.transform_sparse(got, transpose=True, **kw)
         assert np.array_equal(_bits(got), _bits(ref))
+
+
+def test_full_transform_until_the_driver_is_compiled(monkeypatch):
+    """Before its driver is in numba's cache a second process is asked to compile it and the
+    full transform runs (the same bits); once it is, the sparse driver runs."""
+    started, runs = [], []
+    kernel = ft._run_sparse
+    monkeypatch.setattr(ft, "_run_sparse", lambda *a: runs.append(1) or kernel(*a))
+    monkeypatch.setattr(ft, "_sparse_ready", [False])
+    monkeypatch.setattr(ft.ahead, "running", lambda module: False)
+    monkeypatch.setattr(ft, "ahead_kernels", lambda: [(kernel, ())])
+    monkeypatch.setattr(ft.ahead, "is_cached", lambda disp, sig: False)
+    monkeypatch.setattr(ft.ahead, "start", lambda module: started.append(module) or True)
+    monkeypatch.setattr(ft, "SPARSE_SHARE", 100.0)
+    g, pos = _sparse_table(np.random.default_rng(3), (2, 3, 4, 5), 4)
+    ref = g.copy()
+    ft.transform_inplace(ref)
+    got = g.copy()
+    ft.transform_sparse(got, nonzero=pos)
+    assert np.array_equal(_bits(got), _bits(ref)) and started == [ft.__name__] and not runs
+    monkeypatch.setattr(ft.ahead, "is_cached", lambda disp, sig: True)
+    got = g.copy()
+    ft.transform_sparse(got, nonzero=pos)
+    assert np.array_equal(_bits(got), _bits(ref)) and runs and ft._sparse_ready[0]
 
 
 def test_reads_must_follow_a_transform_for_reads():

@@ -50,9 +50,10 @@ import numpy as np
 from numba import njit
 
 from . import ahead, threadpool
-from .transform_plan import C_PAT, C_SPAN, PMF, PMT, R2, R4, R8, axis_index, plan_for
+from .transform_plan import C_PAT, C_SPAN, NCOL, PMF, PMT, R2, R4, R8, axis_index, plan_for
 
-__all__ = ["transform_inplace", "transform_sparse", "warmup", "REFERENCE_FIRST_MAX_SIZE", "SPARSE_SHARE"]
+__all__ = ["transform_inplace", "transform_sparse", "sparse_kernels_ready", "warmup", "REFERENCE_FIRST_MAX_SIZE",
+           "SPARSE_SHARE"]
 
 # Sub-blocks (bytes) for consecutive program rows acting within them (L1, L2).
 _SUB1_BYTES = 1 << 15
@@ -1487,6 +1488,35 @@ def _sparse_schedule(pl, N, nonzero, needed):
     return [(rows[ps][0], [sched[ps, i] for i in range(len(rows[ps][1]))]) for ps in range(pl.npasses)]
 
 
+_sparse_ready = [False]
+
+
+def ahead_kernels() -> list:
+    """``(dispatcher, argument types)`` of :func:`transform_sparse`'s driver on float64 tables,
+    with and without ``+-1`` axes (compiled in a second process on its first use after
+    installing: :mod:`fsll_ooc.kernels.ahead`)."""
+    x = np.zeros(8)
+    p = np.zeros((1, NCOL), np.uint64)
+    v = np.zeros(1, np.int64)
+    ptr = np.zeros((1, 2), np.int64)
+    return [(_run_sparse, tuple(_run_sparse.typeof_pyval(a) for a in (x, p, v, v, v, ptr, v, np.uint64(8), s)))
+            for s in (np.zeros(_PM_CHUNK), None)]
+
+
+def sparse_kernels_ready() -> bool:
+    """Is :func:`transform_sparse`'s driver compiled or in numba's cache?  If not, a second
+    process compiles it (:func:`fsll_ooc.kernels.ahead.start`) and :func:`transform_sparse`
+    runs the full transform meanwhile (the same bits)."""
+    if not _sparse_ready[0]:
+        if ahead.running(__name__):
+            return False
+        if not all(ahead.is_cached(d, s) for d, s in ahead_kernels()):
+            ahead.start(__name__)
+            return False
+        _sparse_ready[0] = True
+    return True
+
+
 def transform_sparse(a: np.ndarray, axes: Sequence[int] | None = None, transpose: bool = False, *,
                      nonzero: np.ndarray | None = None, needed: np.ndarray | None = None,
                      parallel: bool = True) -> None:
@@ -1500,14 +1530,15 @@ def transform_sparse(a: np.ndarray, axes: Sequence[int] | None = None, transpose
     unspecified.  Each program row of the transform's plan (:mod:`fsll_ooc.kernels.transform_plan`)
     runs on the fibres it must, with the kernels (and so the arithmetic) of
     :func:`transform_inplace`; a row with more than :data:`SPARSE_SHARE` of its fibres to do
-    runs on whole blocks.  Without either (or with both, a repeated axis or another dtype)
-    it is :func:`transform_inplace`."""
+    runs on whole blocks.  Without either (or with both, a repeated axis or another dtype),
+    and until its driver is compiled (:func:`sparse_kernels_ready`), it is
+    :func:`transform_inplace`."""
     _check_table(a)
     ndim = a.ndim
     ax_list = list(range(ndim)) if axes is None else [axis_index(ax, ndim) for ax in axes]
     axs = tuple(sorted(set(ax_list)))
     if ((nonzero is None) == (needed is None) or len(axs) != len(ax_list) or a.size == 0
-            or a.dtype not in (np.float64, np.float32) or not a.dtype.isnative):
+            or a.dtype not in (np.float64, np.float32) or not a.dtype.isnative or not sparse_kernels_ready()):
         transform_inplace(a, axes, transpose=transpose, parallel=parallel)
         return
     N = a.size
