@@ -107,6 +107,17 @@ def test_multi_pass_paths(small_budgets, transpose):
             _close(_run(g, axes, transpose=transpose, parallel=False), ref)
 
 
+@pytest.mark.parametrize("shape", [(3, 2), (4, 3, 2), (5, 3, 3), (2, 3, 2, 2), (3, 3, 2), (7, 3, 2, 3)])
+def test_three_values_at_small_strides_bit_identical(shape):
+    """A 3-valued axis at stride 2 or 3 (its own kernel): the reference's bits (sums in
+    sequence), both ways."""
+    rng = np.random.default_rng(sum(shape))
+    g = rng.standard_normal(shape) * 10.0 ** rng.uniform(-4, 4, size=shape)
+    for tr in (False, True):
+        got, ref = _run(g, transpose=tr), basis.transform(g, transpose=tr)
+        assert np.array_equal(got, ref)
+
+
 def test_long_last_axis_pairwise():
     """+-1 sums along the last axis follow numpy's pairwise order, also past 128."""
     rng = np.random.default_rng(2)

@@ -951,6 +951,29 @@ def _pm_f(x, base, n, k, st, tr):
 
 
 @njit(cache=True, nogil=True)
+def _pm3_f(x, base, n, st, tr):
+    """:func:`_pm_f` for ``k = 3`` (a variable of three values before a small axis or two):
+    the fibre's three elements in registers, the same sums."""
+    two = st * np.uint64(2)
+    for b in range(base, base + n, np.uint64(3) * st):
+        for q in range(b, b + st):
+            x0 = x[q]
+            x1 = x[q + st]
+            x2 = x[q + two]
+            s = x0 + x1
+            s = s + x2
+            if tr:
+                t = (x0 + x0) - s
+                x[q] = t
+                x[q + st] = (x1 + x1) + t
+                x[q + two] = (x2 + x2) + t
+            else:
+                x[q] = s
+                x[q + st] = (x1 + x1) - s
+                x[q + two] = (x2 + x2) - s
+
+
+@njit(cache=True, nogil=True)
 def _pm_s(x, base, n, k, st, tr, s):
     """+-1 basis on fibres of ``k`` elements at stride ``st > 1``.  The sums of up to
     ``len(s)`` neighbouring fibres are kept in ``s``, so every inner loop is contiguous."""
@@ -1042,7 +1065,10 @@ def _row(y, b1, s1, p, i, s):
     elif h == one:
         _pm_c(y, b1, s1, p[i, 2], kind == PMT)
     elif h < four:
-        _pm_f(y, b1, s1, p[i, 2], h, kind == PMT)
+        if p[i, 2] == np.uint64(3):
+            _pm3_f(y, b1, s1, h, kind == PMT)
+        else:
+            _pm_f(y, b1, s1, p[i, 2], h, kind == PMT)
     elif h < eight:
         _pm_s(y, b1, s1, p[i, 2], h, kind == PMT, s)
     elif p[i, 2] == np.uint64(3):
