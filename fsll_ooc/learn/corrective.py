@@ -785,9 +785,13 @@ def _family_candidates(engine, state, limit: int):
     the support's families, their targets, the position of each one's family in ``fams`` (the
     families listed).  Memoised on the support's families; each family's terms and targets are
     built and gathered once per state (the memo goes with :meth:`FitState.targets_changed`)."""
-    named = tuple(dict.fromkeys(map(state.family, state.theta)))
+    support = tuple(state.theta)
     memo = state.__dict__.get("_family_memo")
+    if memo is not None and memo[3] == support:  # (an adjust leaves the support as it was)
+        return memo[1]
+    named = tuple(dict.fromkeys(map(state.family, support)))
     if memo is not None and memo[0] == named:
+        state.__dict__["_family_memo"] = memo[:3] + (support,)
         return memo[1]
     parts = memo[2] if memo is not None else {}
     fams = _families_within(state.cards, named, limit)
@@ -808,7 +812,7 @@ def _family_candidates(engine, state, limit: int):
     else:
         cand, dd, fam_ix = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
     out = (cand, dd, fam_ix, fams)
-    state.__dict__["_family_memo"] = (named, out, parts)
+    state.__dict__["_family_memo"] = (named, out, parts, support)
     return out
 
 
@@ -829,7 +833,7 @@ def family_move(engine, state, best, limit: int):
     if limit <= 0 or not state.theta:
         return delta, move, y, t, d
     cand, dd, fam_ix, fams = _family_candidates(engine, state, limit)
-    keep = np.fromiter((c not in state.theta for c in cand.tolist()), bool, len(cand))
+    keep = ~np.fromiter(map(state.theta.__contains__, cand.tolist()), bool, len(cand))
     if not keep.any():
         return delta, move, y, t, d
     cand, dd, fam_ix = cand[keep], dd[keep], fam_ix[keep]
