@@ -1,4 +1,4 @@
-"""Sets of flat cell indices, fast: the corrective step's gathers deduplicate millions of them."""
+"""Sets of flat cell indices, fast: the corrective step's gathers out of core deduplicate millions of them."""
 from __future__ import annotations
 
 import numpy as np
