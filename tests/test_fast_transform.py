@@ -109,8 +109,8 @@ def test_multi_pass_paths(small_budgets, transpose):
 
 @pytest.mark.parametrize("shape", [(3, 2), (4, 3, 2), (5, 3, 3), (2, 3, 2, 2), (3, 3, 2), (7, 3, 2, 3)])
 def test_three_values_at_small_strides_bit_identical(shape):
-    """A 3-valued axis at stride 2 or 3 (its own kernel): the reference's bits (sums in
-    sequence), both ways."""
+    """A 3-valued axis at stride 2 or 3 (its own kernel), and a binary last axis after a
+    +-1 axis (radix-2 at a constant offset): the reference's bits, both ways."""
     rng = np.random.default_rng(sum(shape))
     g = rng.standard_normal(shape) * 10.0 ** rng.uniform(-4, 4, size=shape)
     for tr in (False, True):

@@ -181,7 +181,16 @@ def _r2s(x, base, n, p, i):
     read once: per-block reloads and alias checks would cost more than the work)."""
     h = p[i, 1]
     o1 = p[i, 3]
-    if h == np.uint64(1):
+    one = np.uint64(1)
+    if h == one and o1 == one:  # the table's last axis: a constant offset (the loop vectorises)
+        for q in range(base, base + n, np.uint64(2)):
+            x0 = x[q]
+            x1 = x[q + one]
+            t0 = x0 + x1
+            t1 = x0 - x1
+            x[q] = t0
+            x[q + one] = t1
+    elif h == one:
         for q in range(base, base + n, np.uint64(2)):
             x0 = x[q]
             x1 = x[q + o1]
