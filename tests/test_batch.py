@@ -353,14 +353,14 @@ def test_batch_options_validated_resolved_and_kept():
         batch.BatchOptions(support_moves=1)
 
 
-def _engine(cards, X, layout=(0, 0)):
+def _engine(cards, X, layout=(0, 0), backend="numpy", store=None):
     from fsll_ooc import storage
     from fsll_ooc.engine import Engine
     from fsll_ooc.learn import FitState
     from fsll_ooc.planner import Layout
 
     L = Layout(tuple(cards), *layout)
-    specs = [storage.create_table("numpy", None, nm, cards, L.chunk_shape) for nm in ("dbar", "thetabar", "scratch")]
+    specs = [storage.create_table(backend, store, nm, cards, L.chunk_shape) for nm in ("dbar", "thetabar", "scratch")]
     N = len(X)
     flat = np.ravel_multi_index(tuple(np.asarray(X).T), cards)
     eng = Engine.create(L, specs, N, "serial", sample_flat=flat)
@@ -507,26 +507,29 @@ def test_refine_scans_in_its_last_re_derivation_out_of_core(tmp_path):
 
 
 @pytest.mark.parametrize("layout", [(0, 0), (1, 2)])
-def test_scans_in_re_derivations_and_joint_candidates_from_the_scan_save_passes_alone(layout):
+def test_scans_in_re_derivations_and_joint_candidates_from_the_scan_save_passes_alone(layout, tmp_path):
     """A corrective phase's last re-derivation scans in its own pass with one band kind too, and
-    a joint selection takes its candidates from that scan: the same model, fewer passes (no
-    scan pass after a corrective phase, no top-k pass of a joint selection right after one)."""
+    out of core a joint selection takes its candidates from that scan: the same model, fewer
+    passes (no scan pass after a corrective phase, no top-k pass of a joint selection right
+    after one); in core it runs its own top-k pass, the same model again."""
     from fsll_ooc.learn import LearnOptions, learn
 
     cards, n = (2, 3, 4, 5), 2000
     p, _ = datasets.random_bayesnet(cards, 2, seed=5)
     X = datasets.sample_table(p, n, seed=105)
     runs = []
-    for new in (False, True):
-        eng, state = _engine(cards, X, layout)
+    for new, backend in ((False, "memmap"), (True, "memmap"), (True, "numpy")):
+        eng, state = _engine(cards, X, layout, backend, None if backend == "numpy" else tmp_path / f"{new}")
         eng.one_band_scan_in_resync = new
         state.penalty_code = "family"
         learn(eng, state, LearnOptions(batch=batch.BatchOptions(max_cells=20, joint_in_scan=new, sweep_trials=False)))
         runs.append((eng, state))
-    (e0, s0), (e1, s1) = runs
+    (e0, s0), (e1, s1), (e2, s2) = runs
     assert s1.theta == s0.theta and s1.log_z == s0.log_z and s0.converged and s1.converged
-    by0, by1 = e0.passes_by(), e1.passes_by()
+    assert s2.theta == s0.theta and s2.log_z == s0.log_z
+    by0, by1, by2 = e0.passes_by(), e1.passes_by(), e2.passes_by()
     assert by0.get("joint-top", 0) >= 1 and by1.get("joint-top", 0) < by0["joint-top"]
+    assert by2.get("joint-top", 0) == by0["joint-top"]  # in core: a top-k pass of its own
     if layout == (0, 0):
         assert by1["other"] < by0["other"]
     assert e1.passes < e0.passes

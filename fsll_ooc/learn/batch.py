@@ -52,9 +52,10 @@ class BatchOptions:
     ``top``: how many of the best append candidates each scan reports;
     ``max_steps``: steps of one sub-table search at most; ``support_moves``: the adjust and
     remove moves of the support that gain join the batch like append candidates (else
-    only the best move and the append candidates do); ``joint_in_scan``: the scans of a
-    corrective phase also keep the best cells by second-order score, so that a joint
-    selection right after takes its candidates from them instead of a top-k pass of its own;
+    only the best move and the append candidates do); ``joint_in_scan``: out of core, the
+    scans of a corrective phase also keep the best cells by second-order score, so that a
+    joint selection right after takes its candidates from them instead of a top-k pass of its
+    own (in core that pass costs less than keeping them in every scan; the same candidates);
     ``sweep_trials``: a corrective phase's Newton trials are compute sweeps that read and
     write no table (:meth:`fsll_ooc.engine.Engine.sweep`), the table re-derived once at the
     phase's end (:func:`fsll_ooc.learn.corrective.refine`); ``refine_in_batch`` (with

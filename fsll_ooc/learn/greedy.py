@@ -292,9 +292,10 @@ class Search:
         bo = self.batch_options
         if bo is not None:  # the sub-table search's kernels compile meanwhile (the first use after installing)
             ahead.start(kernels_search.__name__)
-        # a corrective phase's scans keep a joint selection's candidates (no top-k pass of its own)
+        # out of core a corrective phase's scans keep a joint selection's candidates (no top-k pass
+        # of its own); in core that pass costs less than keeping them in every scan
         self.joint_k = o.joint_candidates if bo is not None and bo.joint_in_scan and o.joint and self.mode != "off" \
-            else 0
+            and engine.out_of_core else 0
         # a corrective phase's trials as compute sweeps, one re-derivation at its end
         self.sweep = bo is not None and bo.sweep_trials
         self.top = None if bo is None else bo.top
