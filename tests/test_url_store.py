@@ -241,3 +241,44 @@ def test_a_killed_fit_resumes_from_the_url_store_once_its_lease_runs_out(s3, loc
 def test_storage_options_are_kept_out_of_the_repr_and_the_store(s3):
     m = FSLL(store="s3://bucket/x", storage_options={"key": "AKIA-SECRET", "secret": "s3cr3t"})
     assert "s3cr3t" not in repr(m) and "AKIA" not in repr(m) and "'secret': '...'" in repr(m)
+
+
+class _BlockingFS:
+    """An fsspec stand-in whose removal waits until it is let go (a server that has not answered)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.removed = []
+
+    def rm(self, path, recursive=False):
+        self.release.wait()
+        self.removed.append(path)
+
+
+def test_a_scratch_removal_never_blocks_the_thread_a_collection_ran_it_in():
+    """A reader's scratch removal is a finalizer: a garbage collection may run it in the very
+    thread that must answer its requests (an in-process server's, an event loop's). Outside the
+    main thread it returns at once and the removal finishes in a thread of its own; in the main
+    thread (at exit) it waits for the removal, as an exit must."""
+    fs = _BlockingFS()
+    returned = threading.Event()
+
+    def collector():  # stands for the server thread a collection happened to run in
+        url_store._remove_quietly(fs, "bucket/store/readers/x")
+        returned.set()
+
+    t = threading.Thread(target=collector)
+    t.start()
+    assert returned.wait(60), "the finalizer waited for its own removal outside the main thread"
+    assert fs.removed == []  # the removal is still waiting on the 'server'
+    fs.release.set()
+    t.join()
+    for th in threading.enumerate():
+        if th.name == "fsll-ooc-scratch-removal":
+            th.join()
+    assert fs.removed == ["bucket/store/readers/x"]
+
+    done = _BlockingFS()
+    done.release.set()
+    url_store._remove_quietly(done, "bucket/store/readers/y")  # main thread: removed on return
+    assert done.removed == ["bucket/store/readers/y"]

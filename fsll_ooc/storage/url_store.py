@@ -289,11 +289,24 @@ class ObjectChangedError(OSError):
         super().__init__(f"{url} was replaced by another writer since this writer last wrote it")
 
 
-def _remove_quietly(fs, path: str) -> None:
+def _remove_now(fs, path: str) -> None:
     try:
         fs.rm(path, recursive=True)
     except Exception:  # noqa: BLE001 - at exit, an unreachable store keeps the scratch table
         pass
+
+
+def _remove_quietly(fs, path: str) -> None:
+    """Remove a reader's scratch table (a garbage collection's finalizer, or at exit).
+
+    A garbage collection may run the finalizer in any thread, among them one that the
+    removal's own requests wait on (an event loop's, a server's in the same process): the
+    removal then runs in a thread of its own, and only the main thread (at exit, or a
+    collection there) waits for it, as before."""
+    worker = threading.Thread(target=_remove_now, args=(fs, path), name="fsll-ooc-scratch-removal", daemon=True)
+    worker.start()
+    if threading.current_thread() is threading.main_thread():
+        worker.join()
 
 
 def _server_age(fs, path: str) -> tuple[dict | None, str | None, float | None]:
