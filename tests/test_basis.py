@@ -111,11 +111,11 @@ def test_apply_product_uses_numpy_while_its_kernels_compile(monkeypatch):
 
     monkeypatch.setattr(ahead, "running", lambda module: compiling[0] and module == bandops.__name__)
     monkeypatch.setattr(ahead, "start", start)
-    monkeypatch.setattr(bandops, "_pm_state", {"ready": False, "asked": False})
+    monkeypatch.setattr(ahead, "_ready", {})
     for _ in range(2):  # the child compiles: numpy
         assert np.array_equal(basis.apply_product(g, 1, 2), want) and not calls
     compiling[0] = False
     assert np.array_equal(basis.apply_product(g, 1, 2), want) and calls == [1]  # done: the kernel
     monkeypatch.setattr(ahead, "start", lambda module: False)  # no child possible: compiled here
-    monkeypatch.setattr(bandops, "_pm_state", {"ready": False, "asked": False})
+    monkeypatch.setattr(ahead, "_ready", {})
     assert np.array_equal(basis.apply_product(g, 1, 2), want) and calls == [1, 1]

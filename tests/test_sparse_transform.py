@@ -158,7 +158,7 @@ def test_full_transform_until_the_driver_is_compiled(monkeypatch):
     started, runs = [], []
     kernel = ft._run_sparse
     monkeypatch.setattr(ft, "_run_sparse", lambda *a: runs.append(1) or kernel(*a))
-    monkeypatch.setattr(ft, "_sparse_ready", [False])
+    monkeypatch.setattr(ft.ahead, "_ready", {})
     monkeypatch.setattr(ft.ahead, "running", lambda module: False)
     monkeypatch.setattr(ft, "ahead_kernels", lambda: [(kernel, ())])
     monkeypatch.setattr(ft.ahead, "is_cached", lambda disp, sig: False)
@@ -173,7 +173,7 @@ def test_full_transform_until_the_driver_is_compiled(monkeypatch):
     monkeypatch.setattr(ft.ahead, "is_cached", lambda disp, sig: True)
     got = g.copy()
     ft.transform_sparse(got, nonzero=pos)
-    assert np.array_equal(_bits(got), _bits(ref)) and runs and ft._sparse_ready[0]
+    assert np.array_equal(_bits(got), _bits(ref)) and runs and ft.ahead._ready[ft.__name__]
 
 
 def test_reads_must_follow_a_transform_for_reads():

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["is_cached", "start", "running", "wait", "WAIT_SECONDS"]
+__all__ = ["is_cached", "start", "running", "ready", "wait", "WAIT_SECONDS"]
 
 #: How long :func:`wait` waits for a child before compiling in this process instead.
 WAIT_SECONDS = 300.0
@@ -96,6 +96,28 @@ def running(module: str) -> bool:
     """Is a child started by this process still compiling ``module``'s kernels?"""
     entry = _children.get(module)
     return entry is not None and entry[0] == os.getpid() and entry[1].poll() is None
+
+
+_ready: dict[str, bool] = {}  # module -> asked for a child (False) or ready (True), in this process
+
+
+def ready(module: str) -> bool:
+    """May ``module``'s kernels (its ``ahead_kernels()``) be called now, by a caller that has
+    a fallback with the same bits?  Not while a child started by this process compiles them;
+    the first call asks for one (:func:`start`; none starts when they are cached).  Once that
+    child has ended, or when none could start, yes: numba loads them from its cache or
+    compiles them here (asked once per process, never again at every call)."""
+    state = _ready.get(module)
+    if state:
+        return True
+    if running(module):
+        return False
+    if state is None:
+        _ready[module] = False
+        if start(module):
+            return False
+    _ready[module] = True
+    return True
 
 
 def wait(module: str, timeout: float | None = None) -> None:

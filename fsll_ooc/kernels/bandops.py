@@ -216,7 +216,6 @@ def _pm_cells(x, b, out):  # pragma: no cover - compiled
 
 #: Shortest rows (cells after the axis) that :func:`pm_product` walks row by row.
 PM_ROW_MIN = 16
-_pm_state = {"ready": False, "asked": False}
 
 
 def ahead_kernels() -> list:
@@ -231,19 +230,9 @@ def ahead_kernels() -> list:
 
 def pm_kernels_ready() -> bool:
     """May :func:`pm_product` call its kernels?  Not while a second process compiles them (their
-    first use after installing: :func:`fsll_ooc.kernels.ahead.start`, asked once per process);
-    :func:`pm_product` then uses numpy's operations (the same bits).  Once that process has
-    ended, or when none could start, numba loads them from its cache or compiles them here."""
-    if _pm_state["ready"]:
-        return True
-    if ahead.running(__name__):
-        return False
-    if not _pm_state["asked"]:
-        _pm_state["asked"] = True
-        if ahead.start(__name__):  # (nothing starts when they are cached)
-            return False
-    _pm_state["ready"] = True
-    return True
+    first use after installing: :func:`fsll_ooc.kernels.ahead.ready`); :func:`pm_product` then
+    uses numpy's operations (the same bits)."""
+    return ahead.ready(__name__)
 
 
 def pm_product(x: np.ndarray, b: int) -> np.ndarray:

@@ -1523,7 +1523,6 @@ def _sparse_schedule(pl, N, nonzero, needed):
     return [(rows[ps][0], [sched[ps, i] for i in range(len(rows[ps][1]))]) for ps in range(pl.npasses)]
 
 
-_sparse_ready = [False]
 
 
 def ahead_kernels() -> list:
@@ -1539,17 +1538,10 @@ def ahead_kernels() -> list:
 
 
 def sparse_kernels_ready() -> bool:
-    """Is :func:`transform_sparse`'s driver compiled or in numba's cache?  If not, a second
-    process compiles it (:func:`fsll_ooc.kernels.ahead.start`) and :func:`transform_sparse`
-    runs the full transform meanwhile (the same bits)."""
-    if not _sparse_ready[0]:
-        if ahead.running(__name__):
-            return False
-        if not all(ahead.is_cached(d, s) for d, s in ahead_kernels()):
-            ahead.start(__name__)
-            return False
-        _sparse_ready[0] = True
-    return True
+    """May :func:`transform_sparse` run its driver?  Not while a second process compiles it (its
+    first use after installing: :func:`fsll_ooc.kernels.ahead.ready`); :func:`transform_sparse`
+    then runs the full transform (the same bits)."""
+    return ahead.ready(__name__)
 
 
 def transform_sparse(a: np.ndarray, axes: Sequence[int] | None = None, transpose: bool = False, *,
