@@ -13,7 +13,11 @@ rows starts from the penalty scale's held-out model (``docs/design.md``, "Choosi
 penalty scale"; the rows at ``epsilon=1e-4`` and out of core are unchanged); every change since that did not mean to
 change results reproduces it exactly.  The ``/auto`` rows were written again, unchanged in
 code, at d76f901 on a fresh install of the dependencies (numpy 2.4.6, numba 0.68.1): their last
-one or two digits follow the libraries' floating point, the paper-rule rows do not.  The
+one or two digits follow the libraries' floating point and the processor (numba compiles for the
+machine it runs on: on an AMD EPYC VM with AVX-512, five of the six ``/auto`` rows differ from
+the reference, written on an Intel Xeon, in their last one to three digits, the same
+iterations and terms), the paper-rule rows do not.  So a change is checked against a
+fingerprint of the code before it taken on the same machine.  The
 ``BN20-37L/auto`` and ``BN20-54L/auto`` rows moved in their last two or three digits (the same
 iterations and terms) when a corrective phase's last Newton round became the dual table's
 re-derivation and the joint selection began to read its product cells as they are.
