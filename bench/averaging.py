@@ -38,6 +38,8 @@ Usage::
 
     python bench/averaging.py run --cases BN-mix:10000:0 BN-mix:10000:1 msnbc --raw out.jsonl
     python bench/averaging.py report out.jsonl [more.jsonl ...]
+    python bench/averaging.py parallel --roots OLD_TREE NEW_TREE --cases BN-mix:10000:0 --reps 3 --raw par.jsonl
+    python bench/averaging.py parallel-report par.jsonl
 """
 from __future__ import annotations
 
@@ -271,36 +273,104 @@ def report(paths) -> None:
             print(f"* {_data(data)}: " + "; ".join(per))
 
 
-def parallel(cases, reps: int) -> None:
-    """Seconds of one ``FSLL()`` fit, of ``FSLLAverage()`` (K = 4) one member after the other
-    and with ``n_jobs=2``, interleaved; the same members either way (checked).  Each fit's
-    CPU seconds of this process over its wall-clock seconds: the cores it used."""
-    from fsll_ooc import FSLLAverage
+# One timed fit in a fresh interpreter on the code of ROOT (argv: root, data .npz, variant
+# as JSON).  It imports the package and fits a small table first (the kernels loaded, as in
+# a session after its first fit), then times the fit: wall-clock, this process's CPU
+# seconds and those of the processes it started and waited for (worker processes).
+_ONE = """import hashlib, json, resource, sys, time
+root, data, variant = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+sys.path.insert(0, root)
+import numpy as np
+from fsll_ooc import FSLL, FSLLAverage, datasets
+d = np.load(data)
+X, p_true = d["X"], d["p"]
+cards = p_true.shape
+FSLL(progress=False).fit(np.random.default_rng(0).integers(0, 3, size=(200, 6)))
+kind, kw = variant
+make = FSLL if kind == "fit" else FSLLAverage
+child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+t0, c0 = time.perf_counter(), time.process_time()
+m = make(progress=False, cardinalities=cards, **kw).fit(X)
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+kids = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
+members = getattr(m, "members_", [m])
+digest = hashlib.sha1(repr([sorted(mm.theta_.items()) for mm in members]).encode()).hexdigest()[:12]
+kl = float(datasets.kl_divergence(p_true, np.asarray(m.probabilities()).reshape(cards)))
+print(json.dumps({"wall": wall, "cpu": cpu, "cpu_children": kids, "K": len(members), "members": digest, "kl": kl}))
+"""
 
-    FSLL(progress=False).fit(np.random.default_rng(0).integers(0, 3, size=(200, 6)))  # compile kernels
-    print("| data | rep | s FSLL() | s FSLLAverage() | s FSLLAverage(n_jobs=2) | average / fit | "
-          "average n_jobs=2 / fit | CPU s fit / average / n_jobs=2 | cores used fit / average / n_jobs=2 | load |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
-    for case in cases:
-        X, cards, _, _ = load_case(case)
+#: The variants of ``parallel``: (label, root index (0 old, 1 new), class, parameters).
+PAR_VARIANTS = (("FSLL()", 1, "fit", {}),
+                ("old FSLLAverage()", 0, "avg", {}),
+                ("new FSLLAverage()", 1, "avg", {}),
+                ("new FSLLAverage(n_members=4)", 1, "avg", {"n_members": 4}),
+                ("new FSLLAverage(n_jobs=1)", 1, "avg", {"n_jobs": 1}))
+
+
+def parallel(cases, reps: int, roots, raw) -> None:
+    """``FSLL()`` against ``FSLLAverage()`` of two trees (``roots``: old, new), each fit in a
+    fresh interpreter (after a warm-up fit), interleaved (the variants' order turns with the
+    repetition), with the 1-minute load before each; wall-clock seconds, CPU seconds of the
+    fitting process and of its worker processes, the cores used (CPU over wall-clock), KL to
+    the true distribution, and a digest of the members' terms (the same members in both
+    trees and whatever ``n_jobs``)."""
+    import tempfile
+
+    commits = [subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=r, capture_output=True,
+                              text=True).stdout.strip() for r in roots]
+    print(f"old {roots[0]} at {commits[0]}, new {roots[1]} at {commits[1]}; {os.uname().nodename}, "
+          f"{os.cpu_count()} cores", flush=True)
+    out = open(raw, "a") if raw else None
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for case in cases:
+            X, p_true = synthetic(*case.split(":")[:1], *map(int, case.split(":")[1:]))
+            files[case] = os.path.join(tmp, case.replace(":", "_") + ".npz")
+            np.savez(files[case], X=X, p=p_true)
+        print("| data | rep | variant | s wall | CPU s (fit process + workers) | cores used | KL | members | load |\n"
+              "|---|---|---|---|---|---|---|---|---|", flush=True)
         for rep in range(reps):
-            t, cpu = {}, {}
-            for name, make in (("fit", lambda: FSLL(progress=False, cardinalities=cards)),
-                               ("avg", lambda: FSLLAverage(progress=False, cardinalities=cards)),
-                               ("par", lambda: FSLLAverage(progress=False, cardinalities=cards, n_jobs=2))):
-                t0, c0 = time.perf_counter(), time.process_time()
-                m = make().fit(X)
-                t[name], cpu[name] = time.perf_counter() - t0, time.process_time() - c0
-                if name == "avg":
-                    ref = [mm.theta_ for mm in m.members_]
-                elif name == "par":  # the same members, bit for bit
-                    for a, b in zip(m.members_, ref):
-                        assert a.theta_ == b
-            print(f"| {_data(':'.join(case.split(':')[:2]))} | {rep} | {t['fit']:.2f} | {t['avg']:.2f} | {t['par']:.2f} | "
-                  f"{t['avg'] / t['fit']:.2f} | {t['par'] / t['fit']:.2f} | "
-                  f"{' / '.join(f'{cpu[k]:.2f}' for k in ('fit', 'avg', 'par'))} | "
-                  f"{' / '.join(f'{cpu[k] / t[k]:.2f}' for k in ('fit', 'avg', 'par'))} | {os.getloadavg()[0]:.1f} |",
-                  flush=True)
+            for case in cases:
+                order = list(PAR_VARIANTS)
+                order = order[rep % len(order):] + order[: rep % len(order)]
+                for label, root, kind, kw in order:
+                    load = os.getloadavg()[0]
+                    res = subprocess.run([sys.executable, "-c", _ONE, roots[root], files[case], json.dumps([kind, kw])],
+                                         capture_output=True, text=True)
+                    if res.returncode:
+                        raise SystemExit(res.stderr)
+                    r = json.loads(res.stdout.strip().splitlines()[-1])
+                    cpu = r["cpu"] + r["cpu_children"]
+                    print(f"| {case} | {rep} | {label} | {r['wall']:.2f} | {cpu:.2f} ({r['cpu']:.2f} + "
+                          f"{r['cpu_children']:.2f}) | {cpu / r['wall']:.2f} | {r['kl']:.4f} | {r['K']} {r['members']} | "
+                          f"{load:.1f} |", flush=True)
+                    if out:
+                        out.write(json.dumps(dict(r, case=case, rep=rep, variant=label, load=load,
+                                                  commit=commits[root])) + "\n")
+                        out.flush()
+
+
+def parallel_report(paths) -> None:
+    """Per case and variant: median wall-clock and CPU seconds over the repetitions, and
+    both over ``FSLL()``'s of the same repetition (median of the ratios)."""
+    rows = [json.loads(line) for p in paths for line in open(p) if line.strip()]
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    labels = [v[0] for v in PAR_VARIANTS]
+    print("| data | variant | K | s wall | / FSLL() | CPU s | / FSLL() | cores used | KL | reps | load |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
+    for case in cases:
+        fit = {r["rep"]: r for r in rows if r["case"] == case and r["variant"] == "FSLL()"}
+        for v in labels:
+            rs = [r for r in rows if r["case"] == case and r["variant"] == v and r["rep"] in fit]
+            if not rs:
+                continue
+            cpu = [r["cpu"] + r["cpu_children"] for r in rs]
+            wr = [r["wall"] / fit[r["rep"]]["wall"] for r in rs]
+            cr = [(r["cpu"] + r["cpu_children"]) / (fit[r["rep"]]["cpu"] + fit[r["rep"]]["cpu_children"]) for r in rs]
+            print(f"| {case} | {v} | {rs[0]['K']} | {np.median([r['wall'] for r in rs]):.2f} | {np.median(wr):.2f}x | "
+                  f"{np.median(cpu):.2f} | {np.median(cr):.2f}x | {np.median([c / r['wall'] for c, r in zip(cpu, rs)]):.2f} | "
+                  f"{rs[0]['kl']:.4f} | {len(rs)} | {min(r['load'] for r in rs):.1f}-{max(r['load'] for r in rs):.1f} |")
 
 
 def main(argv=None) -> None:
@@ -313,16 +383,24 @@ def main(argv=None) -> None:
     r.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     rp = sub.add_parser("report")
     rp.add_argument("raw", nargs="+")
-    tp = sub.add_parser("parallel", help="wall time of FSLLAverage() with members one after the other and "
-                                         "with n_jobs=2, against one FSLL() fit, interleaved")
+    tp = sub.add_parser("parallel", help="wall-clock and CPU seconds of FSLLAverage() of two trees against one "
+                                         "FSLL() fit, interleaved, each fit in a fresh interpreter")
     tp.add_argument("--cases", nargs="+", default=["BN-mix:10000:0", "BN-mix:1000:0"])
     tp.add_argument("--reps", type=int, default=2)
+    tp.add_argument("--roots", nargs=2, default=[ROOT, ROOT], metavar=("OLD", "NEW"),
+                    help="trees whose fsll_ooc is timed (old, new)")
+    tp.add_argument("--raw", help="JSON lines appended to")
+    tpr = sub.add_parser("parallel-report", help="medians over the repetitions of parallel's raw files")
+    tpr.add_argument("raw", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "report":
         report(a.raw)
         return
     if a.cmd == "parallel":
-        parallel(a.cases, a.reps)
+        parallel(a.cases, a.reps, a.roots, a.raw)
+        return
+    if a.cmd == "parallel-report":
+        parallel_report(a.raw)
         return
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()

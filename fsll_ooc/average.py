@@ -26,10 +26,11 @@ import os
 
 import numpy as np
 
-from . import fitting, model_file, queries
+from . import fitting, model_file, queries, threads
 from .estimator import FSLL
 
-__all__ = ["FSLLAverage", "AUTO_MEMBERS", "SMALL_DATA", "auto_members", "SUBSAMPLE"]
+__all__ = ["FSLLAverage", "AUTO_MEMBERS", "SMALL_DATA", "auto_members", "SUBSAMPLE", "PARALLEL_CELLS",
+           "available_cores"]
 
 #: Members of ``n_members="auto"``: ``(small, large)``, the first on at most
 #: :data:`SMALL_DATA` rows, the second on more (:func:`auto_members`).
@@ -54,12 +55,19 @@ class FSLLAverage:
         the number of rows, 8 on at most 10,000 rows and 4 on more (:func:`auto_members`).
     random_state : int, optional
         Seed of the subsamples (default 0: a fit is repeatable).
-    n_jobs : int
-        Members fitted at once, each in a thread of its own (default 1: one after the
-        other).  The members are the same whatever ``n_jobs``, bit for bit: each is its
-        own fit of its own rows, and fits running at once share no state that changes their
-        numbers.  In core a fit's table passes already use every core, so the gain is the
-        learner's own work between them.
+    n_jobs : None or int
+        Members fitted at once: this process fits members and ``n_jobs - 1`` worker
+        processes fit others (each takes the next member when it has finished one).
+        ``None`` (default): the cores available (:func:`available_cores`, at most
+        ``K``) on a table of at least :data:`PARALLEL_CELLS` cells in core, else 1 (a
+        smaller table's member takes less than a worker's start).  The members are the
+        same whatever ``n_jobs``, bit for bit: each is its own fit of its own rows.  Each
+        process's kernels use ``cores // n_jobs`` threads.  Out of core (``store``), or with
+        parameters no other process can receive (e.g. a ``dask.distributed`` client),
+        ``n_jobs > 1`` fits members in threads of this process instead (which gains little:
+        between table passes the learner holds the interpreter lock).  A worker's error is
+        raised here (its traceback as the cause); the workers end with the fit, also when
+        it fails or is interrupted.
     **params
         Parameters of every member's :class:`~fsll_ooc.FSLL` (``epsilon``, ``penalty``,
         ``cardinalities``, ``store``, ...).  With ``store=DIR`` member ``k`` is fitted
@@ -84,7 +92,7 @@ class FSLLAverage:
     True
     """
 
-    def __init__(self, n_members="auto", random_state=0, n_jobs=1, **params):
+    def __init__(self, n_members="auto", random_state=0, n_jobs=None, **params):
         self.n_members = n_members
         self.random_state = random_state
         self.n_jobs = n_jobs
@@ -117,6 +125,16 @@ class FSLLAverage:
             raise ValueError(f"n_members must be 'auto' or an int of at least 2 (one fit is FSLL), got {k!r}")
         return int(k)
 
+    def _resolved_jobs(self, n_members: int, cards) -> int:
+        """Members fitted at once: ``n_jobs``, or for ``None`` the cores available
+        (:func:`available_cores`, at most ``n_members``) in core on a table of at least
+        :data:`PARALLEL_CELLS` cells, else 1."""
+        if self.n_jobs is not None:
+            return min(int(self.n_jobs), n_members)
+        if self.params.get("store") is not None or int(np.prod(cards, dtype=float)) < PARALLEL_CELLS:
+            return 1
+        return min(available_cores(), n_members)
+
     def _prototype(self) -> FSLL:
         """An ``FSLL`` with the members' parameters, checked (unknown or refused names: ``ValueError``)."""
         unknown = [k for k in self.params if k not in FSLL._PARAMS]
@@ -128,8 +146,8 @@ class FSLLAverage:
             raise ValueError(f"FSLLAverage does not average EM fits (parameter {refused[0]!r}); "
                              "fit FSLL(missing='em') or FSLL(hidden=...) instead")
         j = self.n_jobs
-        if isinstance(j, (bool, np.bool_)) or not isinstance(j, (int, np.integer)) or j < 1:
-            raise ValueError(f"n_jobs must be a positive int, got {j!r}")
+        if j is not None and (isinstance(j, (bool, np.bool_)) or not isinstance(j, (int, np.integer)) or j < 1):
+            raise ValueError(f"n_jobs must be None or a positive int, got {j!r}")
         rs = self.random_state
         if rs is not None and (isinstance(rs, (bool, np.bool_)) or not isinstance(rs, (int, np.integer)) or rs < 0):
             raise ValueError(f"random_state must be None or a non-negative int, got {rs!r}")
@@ -161,23 +179,16 @@ class FSLLAverage:
         store = self.params.get("store")
         rng = np.random.default_rng(self.random_state)
         subsets = [np.sort(rng.permutation(N)[:m]) for _ in range(K)]
-
-        def fit_member(k):
-            kw = dict(self.params, cardinalities=tuple(cards))
-            if store is not None:
-                kw["store"] = _member_store(store, k)
-            member = FSLL(**kw).fit(codes[subsets[k]], feature_names=names, categories=cats, ordered=keep)
-            if store is None:  # in core: drop its working tables, so the average needs one fit's memory
-                member._engine = None  # (its table is rebuilt from theta when asked, as for a loaded model)
-            return member
-
-        if self.n_jobs > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(min(int(self.n_jobs), K)) as ex:
-                members = list(ex.map(fit_member, range(K)))
+        job = _Job(codes, tuple(cards), names, cats, keep, dict(self.params, cardinalities=tuple(cards)))
+        jobs = self._resolved_jobs(K, cards)
+        sendable = jobs > 1 and store is None and _can_send(job)
+        if jobs > 1 and sendable:
+            members = _fit_in_processes(job, subsets, jobs)
+        elif jobs > 1 and self.n_jobs is not None:  # out of core, or parameters no other process can receive
+            with threads.pool(min(jobs, K), "fsll-average") as ex:
+                members = list(ex.map(lambda k: job.member(k, subsets[k]), range(K)))
         else:
-            members = [fit_member(k) for k in range(K)]
+            members = [job.member(k, subsets[k]) for k in range(K)]
         self._set_fitted(members, N)
         return self
 
@@ -364,3 +375,273 @@ def _model_file(m: FSLL) -> "model_file.ModelFile":
     return model_file.ModelFile(m._state, {k: plain_value(v) for k, v in m.get_params().items() if k in m._SAVED_PARAMS},
                                 m.cost_, m.kl_data_, None, None,
                                 model_file.category_order(m.basis_order_))
+
+
+# ---------------------------------------------------------------------- members at once
+#: The fewest cells of the table for which ``n_jobs=None`` fits members in other
+#: processes: a smaller table's fit takes well under the second a worker process needs
+#: to start (imports and numba's cached kernels), so its members are fitted here.
+PARALLEL_CELLS = 2**14
+#: Codes up to this many bytes go to a worker process with its first message; larger
+#: ones are written once to a temporary file that every worker maps (read-only).
+SEND_BYTES = 32 * 2**20
+
+
+def available_cores() -> int:
+    """Cores this process may use: those of its CPU affinity, at most the kernels' thread
+    count (:func:`fsll_ooc.kernels.threadpool.num_threads`, i.e. ``NUMBA_NUM_THREADS``).
+
+    >>> available_cores() >= 1
+    True
+    """
+    from .kernels.threadpool import num_threads
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - no affinity on this platform
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, num_threads()))
+
+
+class _Job:
+    """What every member's fit needs (the same in this process and in a worker process):
+    the codes, their labels, and the members' ``FSLL`` parameters."""
+
+    def __init__(self, codes, cards, names, cats, keep, params, dtype=None):
+        self.codes, self.cards, self.names, self.cats, self.keep = codes, cards, names, cats, keep
+        self.params = params
+        self.dtype = np.dtype(dtype) if dtype is not None else codes.dtype  # of the rows a member is given
+
+    def member(self, k: int, rows: np.ndarray) -> FSLL:
+        """Member ``k``: ``FSLL(**params)`` fitted on ``codes[rows]`` (its own store under
+        ``store``; in core its working tables dropped)."""
+        kw = dict(self.params)
+        store = kw.get("store")
+        if store is not None:
+            kw["store"] = _member_store(store, k)
+        member = FSLL(**kw).fit(np.asarray(self.codes[rows], dtype=self.dtype), feature_names=self.names,
+                                categories=self.cats, ordered=self.keep)
+        if store is None:  # in core: drop its working tables, so the average needs one fit's memory
+            member._engine = None  # (its table is rebuilt from theta when asked, as for a loaded model)
+        return member
+
+
+def _can_send(job: _Job) -> bool:
+    """Can another process receive the members' parameters and labels (pickle)?"""
+    import pickle
+
+    try:
+        pickle.dumps((job.params, job.names, job.cats, job.keep))
+    except Exception:  # e.g. a dask.distributed client as scheduler
+        return False
+    return True
+
+
+def _small_codes(codes: np.ndarray) -> np.ndarray:
+    """``codes`` in the smallest unsigned integer type that holds them (fewer bytes to send)."""
+    top = int(codes.max()) if codes.size else 0
+    if codes.size and int(codes.min()) < 0:
+        return codes
+    for t in (np.uint8, np.uint16, np.uint32):
+        if top <= np.iinfo(t).max:
+            return codes.astype(t)
+    return codes
+
+
+# The worker process: its path is the parent's; it reads its work from stdin and answers
+# on the file descriptor that was its stdout (its own stdout then goes to stderr).
+_WORKER = """import json, sys
+sys.path[:] = json.loads(sys.argv[1])
+from fsll_ooc.average import _serve
+_serve()
+"""
+
+
+def _serve() -> None:
+    """A worker process's loop: the job, then member numbers to fit until ``None``."""
+    import pickle
+    import sys
+    import traceback
+    import warnings
+
+    from .kernels import threadpool
+
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which ends this process
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # prints of the library go to stderr, never into the answers
+    inp = sys.stdin.buffer
+    head = pickle.load(inp)
+    threadpool.set_num_threads(head["threads"])
+    codes = head["codes"]
+    if isinstance(codes, str):
+        codes = np.load(codes, mmap_mode="r")
+    job = _Job(codes, head["cards"], head["names"], head["cats"], head["keep"], head["params"], head["dtype"])
+    n = int(codes.shape[0])
+    while True:
+        msg = pickle.load(inp)
+        if msg is None:
+            return
+        k, bits = msg
+        rows = np.flatnonzero(np.unpackbits(bits, count=n))
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                member = job.member(k, rows)
+            answer = ("ok", k, member, [(str(w.message), w.category) for w in caught])
+        except BaseException as e:  # the fit's own error, raised again in the parent
+            answer = ("error", k, e, traceback.format_exc())
+        try:
+            data = pickle.dumps(answer)
+        except Exception:
+            data = pickle.dumps(("error", k, RuntimeError(repr(answer[2])), answer[-1]))
+        out.write(data)
+        out.flush()
+
+
+class _Worker:
+    """One worker process (``python -c _WORKER``) and the thread of this process that
+    feeds it member numbers and collects its members."""
+
+    def __init__(self, head_bytes: bytes, env: dict):
+        import json
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER, json.dumps(list(sys.path))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.head = head_bytes  # sent by the feeding thread (the worker reads it once it has started)
+
+    def fit(self, k: int, bits: np.ndarray):
+        """Member ``k`` (rows ``bits``, packed) fitted in the worker: the worker's answer."""
+        import pickle
+
+        try:
+            if self.head is not None:
+                self.proc.stdin.write(self.head)
+                self.head = None
+            pickle.dump((k, bits), self.proc.stdin)
+            self.proc.stdin.flush()
+            return pickle.load(self.proc.stdout)
+        except (EOFError, OSError):  # it has ended (a closed pipe, or no answer)
+            code = self.proc.wait()
+            raise RuntimeError(f"the worker process fitting member {k} of the average ended unexpectedly "
+                               f"(exit code {code}); n_jobs=1 fits every member in this process") from None
+
+    def close(self, wait: bool) -> None:
+        """Ask the worker to end (``wait``: for its current member first), else end it now."""
+        import pickle
+        import subprocess
+
+        if wait:
+            try:
+                pickle.dump(None, self.proc.stdin)
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+def _fit_in_processes(job: _Job, subsets, jobs: int) -> list:
+    """The members of ``subsets``, fitted by this process and ``jobs - 1`` worker processes
+    at once, each taking the next member as it finishes one; the same members, bit for
+    bit, as one after the other (each is its own fit of its own rows)."""
+    import pickle
+    import tempfile
+    import threading
+    import warnings
+
+    from .kernels import threadpool
+
+    K, n = len(subsets), int(job.codes.shape[0])
+    jobs = min(int(jobs), K)
+    per = max(1, available_cores() // jobs)  # kernel threads of each process: no core oversubscribed
+    small = _small_codes(np.ascontiguousarray(job.codes))
+    todo = list(range(K))
+    lock = threading.Lock()
+    members: list = [None] * K
+    failed: list = []
+
+    def take():
+        with lock:
+            return todo.pop(0) if todo and not failed else None
+
+    def bits(k):
+        mask = np.zeros(n, bool)
+        mask[subsets[k]] = True
+        return np.packbits(mask)
+
+    with tempfile.TemporaryDirectory(prefix="fsll-average-") as tmp:
+        codes = small
+        if small.nbytes > SEND_BYTES:  # written once, mapped by every worker
+            codes = os.path.join(tmp, "codes.npy")
+            np.save(codes, small)
+        head = pickle.dumps({"threads": per, "codes": codes, "cards": job.cards, "names": job.names,
+                             "cats": job.cats, "keep": job.keep, "params": job.params, "dtype": job.dtype.str})
+        env = dict(os.environ, NUMBA_NUM_THREADS=str(per), OMP_NUM_THREADS=str(per),
+                   OPENBLAS_NUM_THREADS=str(per), MKL_NUM_THREADS=str(per))
+        workers, feeders = [], []
+
+        def feed(w):
+            try:
+                while (k := take()) is not None:
+                    answer = w.fit(k, bits(k))
+                    if answer[0] != "ok":
+                        with lock:
+                            failed.append(answer)
+                        return
+                    members[k] = answer
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                with lock:
+                    failed.append(("error", -1, e, ""))
+
+        before = threadpool._chosen["n"]
+        try:
+            for _ in range(jobs - 1):
+                try:
+                    workers.append(_Worker(head, env))
+                except OSError as e:  # no process can be started here: this process fits the rest
+                    warnings.warn(f"FSLLAverage could not start a worker process ({e}); its members are "
+                                  "fitted in this process", RuntimeWarning, stacklevel=3)
+                    break
+            for w in workers:
+                feeders.append(threading.Thread(target=feed, args=(w,), name="fsll-average-feed", daemon=True))
+                feeders[-1].start()
+            threadpool.set_num_threads(per)
+            while (k := take()) is not None:  # this process fits members too
+                members[k] = job.member(k, subsets[k])
+            for t in feeders:
+                t.join()
+        finally:
+            threadpool._chosen["n"] = before
+            ok = not failed and all(m is not None for m in members)
+            for w in workers:
+                w.close(wait=ok)
+            for t in feeders:
+                t.join()
+    if failed:
+        _, k, error, trace = failed[0]
+        if trace:
+            raise error from _RemoteError(f"member {k}, in a worker process:\n{trace}")
+        raise error
+    out = []
+    for m in members:
+        if isinstance(m, tuple):  # a worker's answer: the member and the warnings its fit gave
+            _, k, m, caught = m
+            for message, category in caught:
+                warnings.warn(message, category, stacklevel=3)
+        out.append(m)
+    return out
+
+
+class _RemoteError(Exception):
+    """The traceback of an error raised in a worker process (the cause of the error raised here)."""
