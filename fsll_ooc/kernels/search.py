@@ -94,40 +94,48 @@ def _lncosh(x):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _partner(x, shape, strides, walsh, digits, all_walsh, mask, part, tmp):
     """``part[i] = <Phi_i Phi_y'>`` for every cell ``i`` of the sub-table ``x`` (flat), ``y'``
-    with sub-table ``digits``: one flat XOR (``all_walsh``) or the product rule axis by axis."""
+    with sub-table ``digits``: one flat XOR (``all_walsh``) or the product rule axis by axis
+    (each axis walked as blocks of ``k`` rows of ``stride`` cells: no division per cell; the
+    results of two axes alternate between ``part`` and ``tmp``, the last one in ``part``)."""
     n = x.shape[0]
     if all_walsh:
         for i in range(n):
             part[i] = x[i ^ mask]
         return
+    left = 0
+    for ax in range(shape.shape[0]):
+        if digits[ax] != 0:
+            left += 1
     src = x
-    dst = part
-    first = True
     for ax in range(shape.shape[0]):
         b = digits[ax]
         if b == 0:
             continue
+        dst = part if left % 2 == 1 else tmp  # the last axis writes part
+        left -= 1
         k = shape[ax]
         s = strides[ax]
-        if not first:  # the last result becomes the source
-            for i in range(n):
-                tmp[i] = part[i]
-            src = tmp
+        ks = k * s
         if walsh[ax]:
-            for i in range(n):
-                a = (i // s) % k
-                dst[i] = src[i + ((a ^ b) - a) * s]
+            for o in range(0, n, ks):
+                for a in range(k):
+                    src_row = o + (a ^ b) * s
+                    dst_row = o + a * s
+                    for q in range(s):
+                        dst[dst_row + q] = src[src_row + q]
         else:
-            for i in range(n):
-                a = (i // s) % k
-                base = i - a * s
-                if a == 0:
-                    dst[i] = src[base + b * s]
-                elif a == b:
-                    dst[i] = src[base]
-                else:
-                    dst[i] = -(src[i] + (src[base] + src[base + b * s]))
-        first = False
+            for o in range(0, n, ks):
+                for q in range(s):  # a = 0: the partner's row
+                    dst[o + q] = src[o + b * s + q]
+                for a in range(1, k):
+                    row = o + a * s
+                    if a == b:
+                        for q in range(s):
+                            dst[row + q] = src[o + q]
+                    else:
+                        for q in range(s):
+                            dst[row + q] = -(src[row + q] + (src[o + q] + src[o + b * s + q]))
+        src = dst
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
