@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import basis
+from .. import basis, storage
 from ..engine import Table
 from ..kernels import products as kernel_products
 from .cells import unique_inverse
@@ -178,6 +178,31 @@ def _cells_to_read(engine, flat: np.ndarray, size: int):
     if engine.out_of_core:
         return unique_inverse(flat, size)
     return np.asarray(flat, np.int64), None
+
+
+def _table_array(engine) -> np.ndarray | None:
+    """The dual table ``thetabar`` as one flat C-order float64 array of this process (an in-core
+    fit of one band, where a gather is an index into it), else None."""
+    if engine.out_of_core or engine.layout.a != 0:
+        return None
+    spec = engine.ctx.spec(Table.THETABAR)
+    if spec.backend_impl.name != "numpy":
+        return None
+    arr = storage.as_array(spec)
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.float64 or not arr.flags.c_contiguous:
+        return None
+    return arr.reshape(-1)
+
+
+def _pair_sums_at(cards, table: np.ndarray, dig_a: np.ndarray, dig_b: np.ndarray, ia: np.ndarray, ib: np.ndarray):
+    """``pair_sums`` of the pairs ``(dig_a[ia[j]], dig_b[ib[j]])`` read off ``table`` (:func:`_table_array`)
+    without writing their expansion out: the sums of :func:`_expand` + a gather + ``pair_sums``, bit
+    for bit."""
+    cards = tuple(int(k) for k in cards)
+    walsh = np.array([basis.is_walsh(k) for k in cards], bool)
+    return kernel_products.pair_sums_at(np.ascontiguousarray(dig_a, np.int64), np.ascontiguousarray(dig_b, np.int64),
+                                        np.asarray(ia, np.int64), np.asarray(ib, np.int64), _strides(cards), walsh,
+                                        table)
 
 
 def moment_matrix(prod: Products, cells: np.ndarray) -> np.ndarray:
@@ -623,11 +648,16 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     if K == 0:
         return out
     cards = state.cards
-    cs_pair, cs_flat, cs_coef = _cross_moments(cards, flat_c, support) if m else (np.zeros(0, np.int64),) * 2 + (
-        np.zeros(0),)
     order = cand_order if cand_order is not None else CandidateOrder()
     order.update(flat_c)
     dig_c = _digits(cards, flat_c)
+    # in core the candidate x support pairs are summed straight off the table (no expansion
+    # written out, no gather of its cells); out of core expanded and read in the one gather
+    table = _table_array(engine)
+    if table is not None or not m:
+        cs_pair, cs_flat, cs_coef = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    else:
+        cs_pair, cs_flat, cs_coef = _cross_moments(cards, flat_c, support)
     # in core the candidates' own pairs are expanded and read for the diagonal and the picks'
     # columns only (a gather per pick costs microseconds); out of core all of them, in the one
     # gather (a gather reads whole chunks)
@@ -653,8 +683,11 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
 
         def h_col(c):  # column c of H_cc: the pairs (i, c), each expanded as the full matrix's would be
             ia, ib = order.pairs_with(c)
-            pair, flat, coef = _expand(cards, dig_c, dig_c, ia, ib)
-            col = kernel_products.pair_sums(pair, coef, engine.gather(flat), K)
+            if table is not None:
+                col = _pair_sums_at(cards, table, dig_c, dig_c, ia, ib)
+            else:
+                pair, flat, coef = _expand(cards, dig_c, dig_c, ia, ib)
+                col = kernel_products.pair_sums(pair, coef, engine.gather(flat), K)
             col -= tb_c * tb_c[c]
             return col
     else:
@@ -680,7 +713,11 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         r_c = np.array([state.penalty(int(y)) for y in flat_c])
     if m:
         H_ss = moment_matrix(prod, cell[:n1]) - np.outer(tb_s, tb_s)
-        H_cs = kernel_products.pair_sums(cs_pair, cs_coef, cell[n1:n1 + n2], K * m).reshape(K, m)
+        if table is not None:
+            H_cs = _pair_sums_at(cards, table, dig_c, _digits(cards, support), np.repeat(np.arange(K), m),
+                                 np.tile(np.arange(m), K)).reshape(K, m)
+        else:
+            H_cs = kernel_products.pair_sums(cs_pair, cs_coef, cell[n1:n1 + n2], K * m).reshape(K, m)
         H_cs -= np.outer(tb_c, tb_s)
         X = _solve(H_ss, np.concatenate([H_cs.T, (tb_s - d_s)[:, None]], axis=1))
         u = g_c - H_cs @ X[:, K]

@@ -1,0 +1,72 @@
+"""The joint selection's pair sums read straight off the dual table (in core) against the
+expansion, a gather and ``pair_sums`` (bit for bit) and against brute force."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fsll_ooc import datasets
+from fsll_ooc.kernels import products as kernel_products
+from fsll_ooc.learn import corrective
+
+import oracle
+
+
+def _digit_rows(cards, n, rng, max_nonzero):
+    """``n`` digit rows, each with at most ``max_nonzero`` non-zero digits (as a support's terms)."""
+    out = np.zeros((n, len(cards)), np.int64)
+    for r in range(n):
+        axes = rng.choice(len(cards), size=int(rng.integers(0, max_nonzero + 1)), replace=False)
+        for ax in axes:
+            out[r, ax] = rng.integers(1, cards[ax])
+    return out
+
+
+@pytest.mark.parametrize("cards,max_nonzero", [((2, 3, 4, 5), 4), ((3, 3, 3), 3), ((5, 2, 6, 3, 8), 3),
+                                               ((2, 2, 2), 3), ((7,), 1)])
+def test_pair_sums_at_equals_expansion_then_gather(cards, max_nonzero):
+    rng = np.random.default_rng(len(cards) + max_nonzero)
+    table = rng.standard_normal(math.prod(cards))
+    a = _digit_rows(cards, 40, rng, max_nonzero)
+    b = _digit_rows(cards, 30, rng, max_nonzero)
+    ia = rng.integers(0, len(a), 500)
+    ib = rng.integers(0, len(b), 500)
+    pair, flat, coef = corrective._expand(cards, a, b, ia, ib)
+    want = kernel_products.pair_sums(pair, coef, table[flat], len(ia))
+    got = corrective._pair_sums_at(cards, table, a, b, ia, ib)
+    np.testing.assert_array_equal(got, want)  # the same numbers added in the same order
+    # no pairs at all
+    assert corrective._pair_sums_at(cards, table, a, b, ia[:0], ib[:0]).shape == (0,)
+
+
+def test_pair_sums_at_are_moments_of_basis_products():
+    """Brute force: with ``table = Phi p`` (the duals of a distribution ``p``), the sum of a pair
+    is ``<Phi_a Phi_b>_p``, from the dense basis matrix."""
+    cards = (3, 2, 4, 3)
+    rng = np.random.default_rng(7)
+    Phi = oracle.phi_matrix(cards)
+    p = rng.dirichlet(np.ones(math.prod(cards)))
+    table = Phi @ p
+    a = _digit_rows(cards, 25, rng, 4)
+    b = _digit_rows(cards, 25, rng, 4)
+    ia, ib = np.repeat(np.arange(25), 25), np.tile(np.arange(25), 25)
+    got = corrective._pair_sums_at(cards, table, a, b, ia, ib)
+    fa, fb = np.ravel_multi_index(a.T, cards), np.ravel_multi_index(b.T, cards)
+    want = (Phi[fa[ia]] * Phi[fb[ib]]) @ p
+    np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def test_table_array_is_the_dual_table_in_core_only(tmp_path):
+    cards = (3, 4, 2)
+    X = datasets.sample_table(datasets.random_bayesnet(cards, 1, seed=1)[0], 500, seed=2)
+    from fsll_ooc import FSLL
+
+    m = FSLL(cardinalities=cards, progress=False).fit(X)
+    t = corrective._table_array(m.engine_)
+    assert t is not None and t.shape == (math.prod(cards),)
+    flat = np.arange(math.prod(cards))
+    np.testing.assert_array_equal(t, m.engine_.gather(flat))
+    m = FSLL(cardinalities=cards, store=tmp_path / "s", layout=(1, 2), progress=False).fit(X)
+    assert corrective._table_array(m.engine_) is None
