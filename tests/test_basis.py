@@ -65,7 +65,8 @@ def test_phi_values():
 
 
 @pytest.mark.parametrize("shape,axis", [((3, 5, 2), 1), ((2, 3, 40), 1), ((4, 6, 3), 2), ((5, 7, 17), 0),
-                                        ((3, 3, 3, 3), 2), ((1, 5, 1), 1)])
+                                        ((3, 3, 3, 3), 2), ((1, 5, 1), 1), ((7, 3, 5), 1), ((2, 3, 2), 1),
+                                        ((3, 3, 9), 1), ((3, 3, 3, 3, 3), 4)])
 def test_apply_product_compiled_is_numpys_bits(shape, axis):
     """The compiled +-1 product (row by row for long rows, cell by cell for short ones) gives
     the bits of numpy's operations, and both are the product matrix applied along the axis;

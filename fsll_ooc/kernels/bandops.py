@@ -202,6 +202,17 @@ def _pm_cells(x, b, out):  # pragma: no cover - compiled
     xf = x.reshape(-1)
     of = out.reshape(-1)
     off_b = b * Q
+    if k == 3 and Q > 1:  # a ternary axis: the one other row is 3 - b (unrolled: the same operations)
+        off_a = (3 - b) * Q
+        for base in range(0, P * 3 * Q, 3 * Q):
+            for j in range(base, base + Q):
+                x0 = xf[j]
+                xb = xf[j + off_b]
+                c = x0 + xb
+                of[j] = xb
+                of[j + off_b] = x0
+                of[j + off_a] = -(xf[j + off_a] + c)
+        return
     for base in range(0, P * k * Q, k * Q):
         for j in range(base, base + Q):
             x0 = xf[j]
