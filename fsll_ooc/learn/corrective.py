@@ -704,7 +704,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     family = state.penalty_code != "paper"
     if family:  # each candidate's marginal code length, updated as picks fill its family
         counts = state.family_counts()
-        fam_c = [state.family(int(y)) for y in flat_c.tolist()]
+        fam_c = state._families(flat_c.tolist())
         fam_id = {}
         fam_ix = np.array([fam_id.setdefault(f, len(fam_id)) for f in fam_c], dtype=np.int64)
         code = state.term_code()  # (no candidate is in the support: one more member of its family)
@@ -826,7 +826,7 @@ def _family_candidates(engine, state, limit: int):
     memo = state.__dict__.get("_family_memo")
     if memo is not None and memo[3] == support:  # (an adjust leaves the support as it was)
         return memo[1]
-    named = tuple(dict.fromkeys(map(state.family, support)))
+    named = tuple(dict.fromkeys(state._families(support)))
     if memo is not None and memo[0] == named:
         state.__dict__["_family_memo"] = memo[:3] + (support,)
         return memo[1]
@@ -853,6 +853,26 @@ def _family_candidates(engine, state, limit: int):
     return out
 
 
+def _family_scores(engine, state, limit: int, counts: dict):
+    """What :func:`family_move` scores the unused terms on the named families by, all but their
+    duals: ``(cand, dd, log1p(dd), 1 + dd, log1p(-dd), 1 - dd, r)`` of the terms of
+    :func:`_family_candidates` not in the support (``r``: each one's marginal code length).  They
+    change only with the support (memoised on it, the code and the candidates)."""
+    found = _family_candidates(engine, state, limit)
+    support, code = tuple(state.theta), state.term_code()
+    memo = state.__dict__.get("_family_scores")
+    if memo is not None and memo[0] == support and memo[1] is code and memo[2] is found:
+        return memo[3]
+    cand, dd, fam_ix, fams = found
+    keep = ~np.fromiter(map(state.theta.__contains__, cand.tolist()), bool, len(cand))
+    cand, dd, fam_ix = cand[keep], dd[keep], fam_ix[keep]
+    # (none is in the support: each costs one more member of its family)
+    r = np.array([code.add(a, counts.get(a, 0)) for a in fams])[fam_ix]
+    out = (cand, dd, np.log1p(dd), 1.0 + dd, np.log1p(-dd), 1.0 - dd, r)
+    state.__dict__["_family_scores"] = (support, code, found, out)
+    return out
+
+
 def family_move(engine, state, best, limit: int):
     """The best single move under the family code, from the scan's best and the named families.
 
@@ -869,18 +889,14 @@ def family_move(engine, state, best, limit: int):
         delta = delta + (state.marginal_penalties([y], counts)[0] - state.penalty(y))
     if limit <= 0 or not state.theta:
         return delta, move, y, t, d
-    cand, dd, fam_ix, fams = _family_candidates(engine, state, limit)
-    keep = ~np.fromiter(map(state.theta.__contains__, cand.tolist()), bool, len(cand))
-    if not keep.any():
+    cand, dd, l1pd, ompd, l1md, omd, r = _family_scores(engine, state, limit, counts)
+    if not len(cand):
         return delta, move, y, t, d
-    cand, dd, fam_ix = cand[keep], dd[keep], fam_ix[keep]
-    tt = np.asarray(engine.gather(cand), np.float64)
-    # (none is in the support: each costs one more member of its family)
-    code = state.term_code()
-    r = np.array([code.add(a, counts.get(a, 0)) for a in fams])[fam_ix]
+    table = _table_array(engine)
+    tt = table[cand] if table is not None else np.asarray(engine.gather(cand), np.float64)
     lim = 1.0 - 2.0**-52
     tc = np.clip(tt, -lim, lim)
-    gain = 0.5 * ((1.0 + dd) * (np.log1p(tc) - np.log1p(dd)) + (1.0 - dd) * (np.log1p(-tc) - np.log1p(-dd))) + r
+    gain = 0.5 * (ompd * (np.log1p(tc) - l1pd) + omd * (np.log1p(-tc) - l1md)) + r
     i = int(np.argmin(gain))
     if gain[i] < delta:
         return float(gain[i]), "append", int(cand[i]), float(tt[i]), float(dd[i])

@@ -55,7 +55,15 @@ class FitState:
         """``r_y`` of several flat indices (Python ints), memoised like :meth:`penalty`; under the
         family code, their marginal code lengths (:meth:`marginal_penalties`)."""
         if self.penalty_code != "paper":
-            return self.marginal_penalties(flats)
+            support = tuple(self.theta)
+            if len(flats) != len(support) or tuple(flats) != support:
+                return self.marginal_penalties(flats)
+            # the support's own prices (the learner asks for them after every pass): memoised on it
+            code = self.term_code()
+            memo = self.__dict__.get("_support_penalties")
+            if memo is None or memo[0] != support or memo[1] is not code:
+                memo = self.__dict__["_support_penalties"] = (support, code, self.marginal_penalties(flats))
+            return list(memo[2])
         cache = self.__dict__.setdefault("_r_cache", {})
         try:
             return list(map(cache.__getitem__, flats))
