@@ -1,0 +1,82 @@
+"""What the search memoises between passes gives what a fresh computation gives, bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+
+from fsll_ooc import FSLL, datasets
+from fsll_ooc.learn import corrective, greedy
+
+
+def _fitted(cards=(3, 4, 2, 3), n=3000, seed=4):
+    p, _ = datasets.random_bayesnet(cards, 2, seed=seed)
+    X = datasets.sample_table(p, n, seed=seed + 1)
+    return FSLL(cardinalities=cards, progress=False).fit(X)
+
+
+def _fresh_family_move(engine, state, best, limit):
+    """:func:`corrective.family_move` as it was computed before its scores were memoised."""
+    delta, move, y, t, d = best
+    counts = state.family_counts()
+    if move == "append":
+        delta = delta + (state.marginal_penalties([y], counts)[0] - state.penalty(y))
+    cand, dd, fam_ix, fams = corrective._family_candidates(engine, state, limit)
+    keep = ~np.fromiter(map(state.theta.__contains__, cand.tolist()), bool, len(cand))
+    if not keep.any():
+        return delta, move, y, t, d
+    cand, dd, fam_ix = cand[keep], dd[keep], fam_ix[keep]
+    tt = np.asarray(engine.gather(cand), np.float64)
+    code = state.term_code()
+    r = np.array([code.add(a, counts.get(a, 0)) for a in fams])[fam_ix]
+    lim = 1.0 - 2.0**-52
+    tc = np.clip(tt, -lim, lim)
+    gain = 0.5 * ((1.0 + dd) * (np.log1p(tc) - np.log1p(dd)) + (1.0 - dd) * (np.log1p(-tc) - np.log1p(-dd))) + r
+    i = int(np.argmin(gain))
+    if gain[i] < delta:
+        return float(gain[i]), "append", int(cand[i]), float(tt[i]), float(dd[i])
+    return delta, move, y, t, d
+
+
+def test_family_move_memo_matches_a_fresh_computation_as_the_support_changes():
+    m = _fitted()
+    st, eng = m.fit_state_, m.engine_
+    assert st.penalty_code == "family"
+    members = list(st.theta)
+    best = (float("inf"), "none", -1, 0.0, 0.0)  # (any candidate beats it)
+    seen = 0
+    # the support shrinks, regrows, is reordered: the memo follows it (and the same support twice)
+    for keep in (members, members[:-1], members[:-3], members, members[::-1], members[::-1]):
+        saved = dict(st.theta)
+        st.theta = {y: saved.get(y, 0.1) for y in keep}
+        st.dbar = {y: st.dbar.get(y, 0.0) for y in keep}
+        got = corrective.family_move(eng, st, best, 512)
+        want = _fresh_family_move(eng, st, best, 512)
+        assert got == want
+        seen += got[1] == "append"
+    assert seen  # some support left terms to append on its families
+
+
+def test_support_penalties_memo_is_marginal_penalties():
+    m = _fitted()
+    st = m.fit_state_
+    ys = list(st.theta)
+    want = st.marginal_penalties(ys)
+    assert st.penalties(ys) == want and st.penalties(ys) == want  # computed, then memoised
+    out = st.penalties(ys)
+    out[0] = -1.0  # a caller's list is its own
+    assert st.penalties(ys) == want
+    assert st.penalties(ys[:-1]) == st.marginal_penalties(ys[:-1])  # not the support: not memoised
+    y = ys.pop()
+    v = st.theta.pop(y)  # the support changes: priced again
+    assert st.penalties(ys) == st.marginal_penalties(ys)
+    st.theta[y] = v
+    st.set_penalty_scale(0.5)  # another scale: priced again
+    ys.append(y)
+    assert st.penalties(ys) == st.marginal_penalties(ys)
+
+
+def test_settle_allocator_once_per_process(monkeypatch):
+    first = greedy.settle_allocator()
+    assert greedy.settle_allocator() is first  # asked once
+    monkeypatch.setattr(greedy, "_ALLOCATOR", [])
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")  # the user's own setting wins
+    assert greedy.settle_allocator() is False
