@@ -243,3 +243,36 @@ def test_engine_same_bits_with_and_without(cards, layout, backend, share, tmp_pa
     np.testing.assert_allclose(at, (Phi @ p)[cells], atol=1e-12)
     np.testing.assert_allclose(duals, Phi @ p, atol=1e-12)
     np.testing.assert_allclose(out[True][5], p[cells], atol=1e-14)
+
+
+def test_repeated_positions_reuse_the_work_only_when_they_are_the_same(monkeypatch):
+    """The work worked out for a sparse input or a set of reads is kept for the next call with
+    the same positions (a corrective phase's sweeps); other positions of the same count, another
+    cost rule or thread count work theirs out: every call the full transform's bits."""
+    ft._SCHEDULES.clear()
+    calls = []
+    real = ft._sparse_work
+    monkeypatch.setattr(ft, "_sparse_work", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(3)
+    shape = (7, 5, 9, 3, 4, 2, 2)
+    size = math.prod(shape)
+    g, pos = _sparse_table(rng, shape, 12)
+    other = pos.copy()
+    other[0] = (other[0] + 1) % size  # the same count, another position
+    g2 = np.zeros(shape)
+    g2.reshape(-1)[other] = 1.5
+    reads = rng.choice(size, size=40, replace=False)
+    for src, p in ((g, pos), (g, pos), (g2, other), (g, pos)):
+        _check(src, p, None, True, reads)
+    # per call of _check: one input, one set of reads; the second call and the last find both kept
+    assert len(calls) == 2 + 0 + 1 + 0
+    monkeypatch.setattr(ft, "SPARSE_SHARE", 100.0)
+    _check(g, pos, None, True, reads)
+    assert len(calls) == 5
+    for _ in range(3):
+        got = np.random.default_rng(1).standard_normal(shape)
+        ref = got.copy()
+        ft.transform_inplace(ref, transpose=False)
+        ft.transform_sparse(got, transpose=False, needed=reads)
+        assert np.array_equal(_bits(got.reshape(-1)[reads]), _bits(ref.reshape(-1)[reads]))
+    assert len(calls) == 6  # the other direction's reads worked out once, then kept

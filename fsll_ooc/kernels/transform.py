@@ -1569,18 +1569,54 @@ def transform_sparse(a: np.ndarray, axes: Sequence[int] | None = None, transpose
         transform_inplace(a, axes, transpose=transpose, parallel=parallel)
         return
     N = a.size
-    cells = _distinct(np.asarray(nonzero if needed is None else needed, np.int64).reshape(-1))
-    if cells.size and (cells[0] < 0 or cells[-1] >= N):
-        raise IndexError(f"a position outside the table of {N} cells")
-    if cells.size == 0:
-        return  # a table of zeros stays zeros; no cell is read
-    pl = plan_for(tuple(a.shape), axs, a.itemsize, bool(transpose))
-    if pl.passes.shape[0] == 0:
-        return
+    raw = np.ascontiguousarray(nonzero if needed is None else needed, np.int64).reshape(-1)
     x = a.reshape(-1)
     n = threadpool.num_threads() if parallel and N >= _PAR_MIN_SIZE else 1
+    pl = plan_for(tuple(a.shape), axs, a.itemsize, bool(transpose))
+    key = (tuple(a.shape), axs, bool(transpose), a.dtype.str, needed is None, n, SPARSE_SHARE, _RUN_COST,
+           _SPAN_RUN_COST, raw.size, hash(raw.tobytes()))
+    with _SCHEDULES_LOCK:
+        hit = _SCHEDULES.get(key)
+    if hit is not None and hit[1] is pl and np.array_equal(hit[0], raw):
+        work = hit[2]
+    else:
+        cells = _distinct(raw)
+        if cells.size and (cells[0] < 0 or cells[-1] >= N):
+            raise IndexError(f"a position outside the table of {N} cells")
+        if cells.size == 0:
+            return  # a table of zeros stays zeros; no cell is read
+        if pl.passes.shape[0] == 0:
+            return
+        work = _sparse_work(pl, N, n, cells, needed is not None)
+        with _SCHEDULES_LOCK:
+            _SCHEDULES[key] = (raw.copy(), pl, work)
+            while len(_SCHEDULES) > SCHEDULES_KEPT:
+                del _SCHEDULES[next(iter(_SCHEDULES))]
     scratch = _per_thread_scratch(pl.progs, x.dtype)
-    sched = _sparse_schedule(pl, N, None if needed is not None else cells, cells if needed is not None else None)
+    for item in work:
+        if item[0] is None:
+            _pass_threads(x, pl.passes, pl.progs, item[1], n, scratch)  # every fibre: the plan's own pass
+            continue
+        rows, args, blocks, bounds, blen, k = item
+        threadpool.parallel_for(n, k, lambda c: _run_sparse(x, rows, *args, blocks[bounds[c]:bounds[c + 1]],
+                                                            np.uint64(blen), scratch()))
+
+
+#: The sweeps of a corrective phase transform the same sparse input, and read the same cells,
+#: round after round: :func:`transform_sparse` keeps the work it worked out for the last few
+#: (by the plan, threads, cost rule and positions; the positions compared in full).
+SCHEDULES_KEPT = 8
+_SCHEDULES: dict = {}
+_SCHEDULES_LOCK = threading.Lock()
+
+
+def _sparse_work(pl, N, n, cells, is_needed):
+    """:func:`transform_sparse`'s passes over a table of ``N`` cells on ``n`` threads, from the
+    distinct sorted positions ``cells`` (read afterwards when ``is_needed``, else the only
+    non-zero ones): per pass ``(None, pass)`` (every fibre: the plan's own pass) or ``(rows,
+    args, blocks, bounds, block length, chunks)`` for :func:`_run_sparse`."""
+    sched = _sparse_schedule(pl, N, None if is_needed else cells, cells if is_needed else None)
+    work = []
     for ps, (rows, plan_rows) in enumerate(sched):
         modes = [m for m, _, _ in plan_rows]
         gather = bool(pl.passes[ps, 3])
@@ -1588,9 +1624,9 @@ def transform_sparse(a: np.ndarray, axes: Sequence[int] | None = None, transpose
         nblk = N // blen
         # a row's fibres lie in its spans, and every span of a pass in one of its blocks: the
         # needed cells' blocks hold all the fibres that lead to them
-        blocks = np.arange(nblk, dtype=np.int64) if needed is None else _distinct(cells // blen, True)
+        blocks = np.arange(nblk, dtype=np.int64) if not is_needed else _distinct(cells // blen, True)
         if (gather and 3 in modes) or (all(m == 3 for m in modes) and blocks.size == nblk):
-            _pass_threads(x, pl.passes, pl.progs, ps, n, scratch)  # every fibre: the plan's own pass
+            work.append((None, ps))
             continue
         rptr = np.zeros((len(modes), nblk + 1), np.int64)
         starts, counts, off = [], [], 0
@@ -1607,8 +1643,8 @@ def transform_sparse(a: np.ndarray, axes: Sequence[int] | None = None, transpose
                 np.concatenate(counts or [np.zeros(0, np.int64)]), rptr)
         k = max(1, min(blocks.size, _CHUNKS_PER_THREAD * n)) if n > 1 and not gather else 1
         bounds = [blocks.size * c // k for c in range(k + 1)]
-        threadpool.parallel_for(n, k, lambda c: _run_sparse(x, rows, *args, blocks[bounds[c]:bounds[c + 1]],
-                                                            np.uint64(blen), scratch()))
+        work.append((rows, args, blocks, bounds, blen, k))
+    return work
 
 
 def warmup(dtypes=(np.float64, np.float32), cards=None) -> None:
