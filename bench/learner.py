@@ -13,7 +13,9 @@ Cases (``--cases``):
 
 Each fit is timed warm (a first fit of the same case compiles and loads the kernels, then
 ``--repeats`` timed fits; the fastest is kept) and scored on the held-out rows (mean
-log-likelihood per row, nats).  ``--roots A B`` runs each case under several checkouts of the
+log-likelihood per row, nats); the table gives the fastest fit's wall time and the least CPU
+time of the process over the timed fits (all its threads; steadier than the wall clock on a
+shared machine).  ``--roots A B`` runs each case under several checkouts of the
 project, interleaved (A, B, A, B, ...) in child processes, for before/after figures on a
 shared machine; ``--threads`` sets ``NUMBA_NUM_THREADS`` (and the fit's helper threads) of
 the children.
@@ -148,16 +150,17 @@ def child(case: str, repeats: int, kw: dict, phases: bool = False) -> dict:
     acc = _time_phases() if phases else {}
     Xtr, Xte, cards = case_data(case)
     FSLL(cardinalities=cards, progress=False, **kw).fit(Xtr[: max(len(Xtr) // 10, 200)])
-    times, split = [], {}
+    times, cpus, split = [], [], {}
     for _ in range(repeats):
         acc.clear()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         m = FSLL(cardinalities=cards, progress=False, **kw).fit(Xtr)
         times.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
         if times[-1] == min(times):
             split = dict(acc)
     ll = float(np.mean(m.log_prob(Xte)))
-    return {"case": case, "time": min(times), "times": times, "ll": ll, "terms": int(m.n_bases_),
+    return {"case": case, "time": min(times), "times": times, "cpu": min(cpus), "ll": ll, "terms": int(m.n_bases_),
             "iters": int(m.n_iter_), "phases": split}
 
 
@@ -199,8 +202,8 @@ def main(argv=None):
         return
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load {os.getloadavg()[0]:.2f}, "
           f"{os.cpu_count()} CPUs; fits {kw or 'default'}")
-    print("| case | threads | root (commit) | round | fit s (best of repeats) | held-out LL | terms | load |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| case | threads | root (commit) | round | fit s (best of repeats) | CPU s (best) | held-out LL | terms | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     runs = []
     for case in args.cases:
         for threads in args.threads:
@@ -209,10 +212,11 @@ def main(argv=None):
                     r = run_child(root, case, threads, args.repeats, kw, args.phases)
                     load = os.getloadavg()[0]
                     if "error" in r:
-                        print(f"| {case} | {threads} | {root} ({commit_of(root)}) | {rnd} | error: {r['error'][0]} | | | |")
+                        print(f"| {case} | {threads} | {root} ({commit_of(root)}) | {rnd} | error: {r['error'][0]} | | | | |")
                         continue
                     print(f"| {case} | {threads} | {root} ({commit_of(root)}) | {rnd} | {r['time']:.2f} "
-                          f"({', '.join(f'{t:.2f}' for t in r['times'])}) | {r['ll']:.5f} | {r['terms']} | {load:.2f} |",
+                          f"({', '.join(f'{t:.2f}' for t in r['times'])}) | {r['cpu']:.2f} | {r['ll']:.5f} | {r['terms']} | "
+                          f"{load:.2f} |",
                           flush=True)
                     runs.append((f"{case}, {threads} thr, {commit_of(root)}, round {rnd}", r))
     if args.phases and runs:  # the fastest fit of each child, phase by phase (inclusive wall seconds)

@@ -80,3 +80,26 @@ def test_settle_allocator_once_per_process(monkeypatch):
     monkeypatch.setattr(greedy, "_ALLOCATOR", [])
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")  # the user's own setting wins
     assert greedy.settle_allocator() is False
+
+
+def test_digits_and_family_counts_memos():
+    import math
+
+    import pytest
+
+    from fsll_ooc.learn.state import FitState
+
+    cards = (3, 2, 4)
+    st = FitState(cards, 100, 1.0, penalty_code="family")
+    for flat in range(math.prod(cards)):
+        want = tuple(int(v) for v in np.unravel_index(flat, cards))
+        assert st.digits(flat) == want and st.digits(np.int64(flat)) == want  # computed, then memoised
+    with pytest.raises(ValueError):
+        st.digits(math.prod(cards))
+    ys = [5, 1, 7, 3, 2, 9]  # families in the order of their first member, counted
+    want: dict = {}
+    for y in ys:
+        a = tuple(i for i, v in enumerate(st.digits(y)) if v)
+        want[a] = want.get(a, 0) + 1
+    got = st._count_families(ys)
+    assert got == want and list(got) == list(want) and type(got) is dict

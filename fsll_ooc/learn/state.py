@@ -1,6 +1,7 @@
 """The state of a fit: the sparse model and its bookkeeping, enough to continue it."""
 from __future__ import annotations
 
+import collections
 import math
 import operator
 from dataclasses import dataclass, field
@@ -27,15 +28,21 @@ class FitState:
     penalty_scale: float = 1.0  # multiplies the code length (1.0: the code as it is)
 
     def digits(self, flat: int) -> tuple[int, ...]:
-        """The multi-index (C order) of flat index ``flat``."""
-        flat = int(flat)
+        """The multi-index (C order) of flat index ``flat`` (memoised: the learner asks for the
+        same terms' digits at every step and record)."""
+        cache = self.__dict__.setdefault("_digits_cache", {})
+        out = cache.get(flat)
+        if out is not None:
+            return out
+        flat = key = int(flat)
         if not 0 <= flat < math.prod(self.cards):
             raise ValueError(f"flat index {flat} out of range for cardinalities {self.cards}")
-        out = []
+        digits = []
         for k in reversed(self.cards):
             flat, x = divmod(flat, k)
-            out.append(x)
-        return tuple(reversed(out))
+            digits.append(x)
+        out = cache[key] = tuple(reversed(digits))
+        return out
 
     def penalty(self, flat: int) -> float:
         """The paper's ``r_y`` of flat index ``y`` (memoised: the learner asks for the support every
@@ -112,15 +119,15 @@ class FitState:
     def _families(self, ys) -> list[tuple[int, ...]]:
         """:meth:`family` of each of ``ys`` (one look-up each once memoised)."""
         cache = self.__dict__.setdefault("_family_cache", {})
-        get = cache.get
-        return [get(y) or self.family(y) for y in ys]
+        try:
+            return list(map(cache.__getitem__, ys))
+        except KeyError:  # some not seen yet
+            get = cache.get
+            return [get(y) or self.family(y) for y in ys]
 
     def _count_families(self, ys) -> dict[tuple[int, ...], int]:
         """Members of each family among ``ys``, the families in the order of their first member."""
-        counts: dict = {}
-        for a in self._families(ys):
-            counts[a] = counts.get(a, 0) + 1
-        return counts
+        return dict(collections.Counter(self._families(ys)))
 
     def marginal_penalties(self, flats, counts=None) -> list[float]:
         """Code length a member gives back when removed, a non-member costs when added."""
