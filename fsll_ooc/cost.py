@@ -58,6 +58,9 @@ __all__ = [
     "resolve_penalty_scale",
     "checked_penalty_scale",
     "PENALTY_SCALES",
+    "FURTHER_PRICES",
+    "resolve_further_price",
+    "checked_further_price",
     "penalty_weights",
     "penalty",
     "kl_step",
@@ -236,6 +239,33 @@ def checked_penalty_scale(v) -> float:
     return s
 
 
+#: Prices of a family's further terms under the family code: ``"full"`` (``ln N / 2`` per
+#: parameter, as its first term) and ``"aic"`` (one nat per parameter, AIC's price).
+FURTHER_PRICES = ("full", "aic")
+
+
+def resolve_further_price(price, penalty=None):
+    """``"full"``, ``"aic"`` or ``"auto"`` from ``further_price`` (``None``: ``"full"``, the family
+    code as it is).  ``penalty``: the resolved code of the terms; a price other than
+    ``"full"`` needs the family code (the paper's code has no families to price)."""
+    if price is None:
+        return "full"
+    if not isinstance(price, str) or price not in FURTHER_PRICES + ("auto",):
+        raise ValueError(f"further_price must be None, 'auto' or one of {FURTHER_PRICES}, got {price!r}")
+    if price != "full" and penalty == "paper":
+        raise ValueError(f"further_price={price!r} prices the further terms of the family code; "
+                         "penalty='paper' has no families (use penalty='family' or further_price='full')")
+    return price
+
+
+def checked_further_price(v) -> str:
+    """A further-terms price read from a file: one of :data:`FURTHER_PRICES` (not ``"auto"``)."""
+    price = resolve_further_price(v)
+    if price == "auto":
+        raise ValueError("further_price must be 'full' or 'aic' in a fitted state, got 'auto'")
+    return price
+
+
 class TermCode:
     """Description length (nats per sample) of a support, family by family.
 
@@ -252,20 +282,33 @@ class TermCode:
     ``(ln N / 2 + ln((M_A - m) / (m + 1))) / N`` instead of the full price (``docs/design.md``,
     "The family code").
 
+    ``further`` (family code only) is the price of a family's further members:
+    ``"full"`` as above; ``"aic"``: each further member costs one nat instead of ``ln N / 2``
+    (AIC's price of a parameter), ``(1 + ln((M_A - m) / (m + 1))) / N``, so a family with
+    ``m`` members costs ``(ln N / 2 + (m - 1) + sum_{i in A} ln n + ln C(M_A, m)) / N``; its
+    first member keeps the full price (the scan's), so a new interaction still pays
+    ``ln N / 2`` and its naming (``docs/design.md``, "A family's further terms").
+
     ``scale`` multiplies every code length (the penalty scale, ``docs/design.md``, "Choosing
     the penalty scale"); ``1.0`` leaves them as above, bit for bit.
     """
 
-    def __init__(self, cards: Sequence[int], n_samples: int, kind: str = "paper", scale: float = 1.0):
+    def __init__(self, cards: Sequence[int], n_samples: int, kind: str = "paper", scale: float = 1.0,
+                 further: str = "full"):
         if kind not in PENALTIES:
             raise ValueError(f"penalty must be one of {PENALTIES}, got {kind!r}")
+        if further not in FURTHER_PRICES:
+            raise ValueError(f"further_price must be one of {FURTHER_PRICES}, got {further!r}")
         self.kind = kind
+        self.further = further
         self.scale = float(scale)
         self.cards = tuple(int(k) for k in cards)
         self.N = float(n_samples)
         self.r0, self.w = penalty_weights(self.cards, n_samples)
         n = len(self.cards)
         self.name_w = [math.log(n) / self.N if k > 1 else 0.0 for k in self.cards]
+        #: the price per parameter of a family's further member (its first one pays ``r0``)
+        self.r1 = self.r0 if further == "full" or kind == "paper" else 1.0 / self.N
 
     def _scaled(self, x: float) -> float:
         return x if self.scale == 1.0 else self.scale * x
@@ -295,7 +338,7 @@ class TermCode:
         M = self.members(axes)
         if m >= M:
             return math.inf
-        return self._scaled(self.r0 + (math.log(M - m) - math.log(m + 1)) / self.N + name)
+        return self._scaled((self.r0 if m == 0 else self.r1) + (math.log(M - m) - math.log(m + 1)) / self.N + name)
 
     def total(self, axes: Sequence[int], m: int) -> float:
         """Code length of family ``axes`` with ``m`` members."""
@@ -305,4 +348,5 @@ class TermCode:
             return self._scaled(m * (self.r0 + float(sum(self.w[i] for i in axes))))
         M = self.members(axes)
         log_comb = math.lgamma(M + 1.0) - math.lgamma(m + 1.0) - math.lgamma(M - m + 1.0)
-        return self._scaled(m * self.r0 + log_comb / self.N + float(sum(self.name_w[i] for i in axes)))
+        per = m * self.r0 if self.further == "full" else self.r0 + (m - 1) * self.r1
+        return self._scaled(per + log_comb / self.N + float(sum(self.name_w[i] for i in axes)))

@@ -106,6 +106,11 @@ class FSLL(queries.QueryMethods):
         ``epsilon="auto"``, ``1.0`` with a numeric epsilon (the paper's algorithm).  An EM
         fit (``missing``, ``hidden``) chooses it the same way, scoring the held-out rows by
         their observed-data log-likelihood (:func:`fsll_ooc.missing.choose`).
+    further_price : None, "full", "aic" or "auto"
+        The family code's price of a family's further terms (the first pays ``ln N / 2``
+        and the naming): ``"full"`` the same (None, the default), ``"aic"`` one nat each,
+        ``"auto"`` the better on the held-out rows of ``penalty_scale`` (``docs/design.md``,
+        "A family's further terms"; not with ``penalty="paper"``, nor ``"auto"`` with EM).
     missing : None or "em"
         ``"em"``: rows with missing cells (NaN, None, ``pd.NA``; ``-1`` in an integer
         code array) are fitted by expectation-maximisation (:mod:`fsll_ooc.missing`):
@@ -145,7 +150,8 @@ class FSLL(queries.QueryMethods):
     log_z_, cardinalities_, n_samples_, plan_, feature_names_in_, categories_,
     penalty_scale_ (the scale fitted under), penalty_scale_scores_ (after ``fit``: the mean
     held-out log-likelihood per row of each scale ``penalty_scale="auto"`` compared; empty
-    when none was compared).
+    when none was compared; under ``further_price="auto"`` keyed by ``(scale, price)``),
+    further_price_ (the price of a family's further terms fitted under).
     basis_order_ (per variable: ``basis_order_[i][c]`` is the shown code at basis position
     ``c``; ``theta_``'s indices refer to it).
     After an EM fit also: em_objective_, em_loglik_ (observed-data log-likelihood per
@@ -155,7 +161,8 @@ class FSLL(queries.QueryMethods):
     def __init__(self, cardinalities=None, epsilon="auto", max_iter=None, store=None, backend=None,
                  memory_limit=None, scheduler=None, layout=None, resync_every=256, progress=None, refine=None,
                  learn_options=None, penalty=None, penalty_scale=None, missing=None, hidden=None, n_restarts=None,
-                 random_state=None, em_max_rounds=100, em_tol=None, storage_options=None, category_order="auto"):
+                 random_state=None, em_max_rounds=100, em_tol=None, storage_options=None, category_order="auto",
+                 further_price=None):
         self.cardinalities = cardinalities
         self.epsilon = epsilon
         self.max_iter = max_iter
@@ -178,6 +185,7 @@ class FSLL(queries.QueryMethods):
         self.em_tol = em_tol
         self.storage_options = storage_options
         self.category_order = category_order
+        self.further_price = further_price
 
     # ------------------------------------------------------------------ sklearn-style params
     # To add a parameter: an argument of __init__ stored verbatim, its name in _PARAMS, its
@@ -187,10 +195,10 @@ class FSLL(queries.QueryMethods):
     _PARAMS = ("cardinalities", "epsilon", "max_iter", "store", "backend", "memory_limit", "scheduler",
                "layout", "resync_every", "progress", "refine", "learn_options", "penalty", "penalty_scale",
                "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol", "storage_options",
-               "category_order")
+               "category_order", "further_price")
     #: What is learned depends on these: the model file reports them, the store keeps them.
     _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options", "penalty", "penalty_scale",
-                     "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol")
+                     "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol", "further_price")
     #: A store also keeps these, to resume with the same problem and budget.
     _STORED_PARAMS = _SAVED_PARAMS + ("cardinalities", "memory_limit")
     # Every parameter check, in the order they run (``validation.validate_params``); a check
@@ -203,6 +211,7 @@ class FSLL(queries.QueryMethods):
         "refine": lambda v, p: resolve_refine(v, p["epsilon"]),
         "penalty": lambda v, p: C.resolve_penalty(v, p["epsilon"]),
         "penalty_scale": lambda v, p: C.resolve_penalty_scale(v, p["epsilon"]),
+        "further_price": lambda v, p: C.resolve_further_price(v, C.resolve_penalty(p["penalty"], p["epsilon"])),
         "missing": lambda v, p: V.check_missing(v),
         "hidden": lambda v, p: V.check_hidden(v),
         "n_restarts": lambda v, p: V.check_n_restarts(v),

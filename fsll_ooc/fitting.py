@@ -155,7 +155,8 @@ def fit(est, X, backend, feature_names=None, categories=None, sub_class=None) ->
     uniq, counts = np.unique(flat, return_counts=True)
     size = math.prod(cards)
     state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size),
-                     penalty_code=C.resolve_penalty(est.penalty, est.epsilon), penalty_scale=choice.scale)
+                     penalty_code=C.resolve_penalty(est.penalty, est.epsilon), penalty_scale=choice.scale,
+                     further_price=choice.price)
     est.penalty_scale_scores_ = choice.scores
     if not backend.persistent:
         engine = make_engine(est, plan, [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape)
@@ -176,14 +177,18 @@ def fit(est, X, backend, feature_names=None, categories=None, sub_class=None) ->
 
 
 def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
-    """The penalty scale of this fit (:func:`fsll_ooc.learn.select.choose_scale` for
-    ``"auto"``): the sub-fits (estimators of ``sub_class``, by default ``est``'s class) run
-    in memory with this estimator's learning parameters."""
+    """The penalty scale and the price of a family's further terms of this fit
+    (:func:`fsll_ooc.learn.select.choose_scale` for ``"auto"``): the sub-fits (estimators of
+    ``sub_class``, by default ``est``'s class) run in memory with this estimator's learning
+    parameters."""
     from .learn.select import ScaleChoice, choose_scale
 
     want = C.resolve_penalty_scale(est.penalty_scale, est.epsilon)
-    if want != "auto":
-        return ScaleChoice(want)
+    price = C.resolve_further_price(est.further_price, C.resolve_penalty(est.penalty, est.epsilon))
+    if want != "auto" and price != "auto":
+        return ScaleChoice(want, price=price)
+    scales = C.PENALTY_SCALES if want == "auto" else (want,)
+    prices = C.FURTHER_PRICES if price == "auto" else (price,)
     try:  # the sub-fits hold the whole tables in memory, within the fit's memory limit
         p = chunk_plan(cards, memory_limit=est.memory_limit if est.memory_limit is not None else total_memory(),
                        disk_free=None, workers=1, out_of_core=None)
@@ -191,27 +196,68 @@ def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
     except PlanError:
         fits = False
     if not fits:
-        return ScaleChoice(C.PENALTY_SCALES[0], reason="the tables do not fit in memory")
+        return ScaleChoice(scales[0], reason="the tables do not fit in memory", price=prices[0])
     opts = est.learn_options
     if opts is not None:
         opts = dataclasses.replace(opts, on_finish=None)
     own = {k: getattr(est, k) for k in ("epsilon", "max_iter", "resync_every", "refine", "penalty")}
 
-    def fit_path(train, scales):  # a fit under the first scale, continued under each further one
+    def fit_path(train, settings):  # a fit under the first setting, continued under each further one
+        settings = [s if isinstance(s, tuple) else (float(s), price) for s in settings]
+        scale, first_price = settings[0]
         sub = (sub_class or type(est))(cardinalities=tuple(cards), progress=False, learn_options=opts,
-                                       penalty_scale=scales[0], **own)
+                                       penalty_scale=scale, further_price=first_price, **own)
         sub.fit(train)
         yield (lambda c: log_potential(sub, c) - sub.log_z_), start_of(sub._state)
         state, specs = sub._state, sub._engine.ctx.specs
-        for s in scales[1:]:
-            state.set_penalty_scale(s)
+        kept = {settings[0]: _snapshot(state)}
+        for i, (scale, price_i) in enumerate(settings[1:], 1):
+            engine = make_engine(sub, sub.plan_, specs, state.n_samples, penalty_scale=scale)
+            parent = _parent(settings, i)
+            if parent != settings[i - 1]:  # another branch: back to the model of its parent
+                _restore(engine, state, kept[parent])
+            state.set_penalty_scale(scale)
+            state.set_further_price(price_i)
             state.converged = False
-            engine = make_engine(sub, sub.plan_, specs, state.n_samples, penalty_scale=s)
             learn(engine, state, options(sub), fresh=False)
             set_fitted(sub, state, plan=sub.plan_, engine=engine)
+            if any(_parent(settings, j) == settings[i] for j in range(i + 2, len(settings))):
+                kept[settings[i]] = _snapshot(state)
             yield (lambda c: log_potential(sub, c) - sub.log_z_), start_of(state)
 
-    return choose_scale(fit_path, codes)
+    if price == "auto":
+        return choose_scale(fit_path, codes, scales, C.FURTHER_PRICES)
+    choice = choose_scale(fit_path, codes)  # the scales under one price (the default: the full price)
+    choice.price = price
+    return choice
+
+
+def _parent(settings, i: int):
+    """The setting whose model the ``i``-th of ``settings`` ((scale, price) pairs, the scales
+    of each price in turn) continues: the one before it at the same price; a price's first
+    setting continues the first price's fit at the same scale."""
+    scale, price = settings[i]
+    if settings[i - 1][1] == price:
+        return settings[i - 1]
+    return next(s for s in settings if s[0] == scale and s[1] == settings[0][1])
+
+
+def _snapshot(state: FitState) -> tuple:
+    """What :func:`_restore` needs to put ``state``'s model back."""
+    return dict(state.theta), dict(state.dbar), state.log_z, list(state.history), state.n_iter
+
+
+def _restore(engine: Engine, state: FitState, snap: tuple) -> None:
+    """Put the model of :func:`_snapshot` back into ``state`` and ``engine``'s duals (as
+    :func:`warm_start` does)."""
+    theta, dbar, log_z, history, n_iter = snap
+    state.theta, state.dbar, state.history, state.n_iter = dict(theta), dict(dbar), list(history), n_iter
+    if theta:
+        support = np.fromiter(theta.keys(), np.int64, len(theta))
+        state.log_z = engine.resync(support, np.fromiter(theta.values(), np.float64, len(theta)), float(log_z))
+    else:
+        engine.init_duals()
+        state.log_z = log_z
 
 
 def encoded(est, X, feature_names=None, categories=None, mask=None):
@@ -350,7 +396,8 @@ def resume_in_store(m, fs: FitStore, stored: StoredFit, restart: bool) -> None:
     if fresh:
         state = FitState(cards, N, C.target_entropy(counts, N, math.prod(cards)), log_z=math.log(math.prod(cards)),
                          penalty_code=C.resolve_penalty(m.penalty, m.epsilon),
-                         penalty_scale=state.penalty_scale)  # the scale chosen when the fit began
+                         penalty_scale=state.penalty_scale,  # the scale chosen when the fit began
+                         further_price=state.further_price)  # and the price
         fs.restart(state)
     fit_in_store(m, fs, plan, state, uniq, counts, fresh=fresh, names=stored.feature_names,
                  categories=stored.categories, start=fs.extra(WARM_START) if fresh else None)
@@ -428,6 +475,7 @@ def set_fitted(est, state: FitState, *, plan=None, engine=None, cost=None, kl_da
     est.log_z_ = state.log_z
     est.n_bases_ = len(state.theta)
     est.penalty_scale_ = state.penalty_scale
+    est.further_price_ = state.further_price
     est.n_iter_ = state.n_iter
     est.cost_ = state.cost() if cost is None and engine is not None else cost
     est.kl_data_ = kl_data

@@ -761,6 +761,7 @@ def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], 
     from .planner import PlanError, plan as make_plan
     from .storage.fit_store import TABLE_NAMES
 
+    em_further_price(est)  # (refused before any sub-fit)
     want = C.resolve_penalty_scale(est.penalty_scale, est.epsilon)
     auto = any(isinstance(k, str) for k in hidden)
     if want != "auto" and not auto:
@@ -791,14 +792,15 @@ def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], 
     opts = dataclasses.replace(fitting.options(est), on_finish=None)
     tol = est.em_tol if est.em_tol is not None else resolve_epsilon(est.epsilon, Nt)
     code = C.resolve_penalty(est.penalty, est.epsilon)
+    price = em_further_price(est)
 
     def run(engine, state, fresh):
         learn(engine, state, opts, fresh=fresh, progress=None, callback=None)
 
     def make(state=None, fresh=True, scale=scales[0]):
         specs = [storage.create_table("numpy", None, nm, cards, plan.layout.chunk_shape) for nm in TABLE_NAMES]
-        return MStep(fitting.make_engine(est, plan, specs, Nt, penalty_scale=scale), _fit_state(cards, Nt, code, scale),
-                     run)
+        return MStep(fitting.make_engine(est, plan, specs, Nt, penalty_scale=scale),
+                     _fit_state(cards, Nt, code, scale, price), run)
 
     def held_out(learner) -> float:
         return float(row_logliks(learner, rows_h, cards) @ hc) / float(hc.sum())
@@ -934,12 +936,22 @@ def latent_states(rows_t, counts_t, rows_h, counts_h, obs_cards: Sequence[int], 
             {k: float(w @ v[0]) for k, v in tried.items()}, tried[chosen][1])
 
 
-def _fit_state(cards, N: int, code: str, scale: float):
+def _fit_state(cards, N: int, code: str, scale: float, price: str = "full"):
     """A new EM fit state (the M-step's): ``log Z`` of the uniform model, no target entropy yet."""
     from .learn import FitState
 
     return FitState(tuple(cards), int(N), 0.0, log_z=math.log(math.prod(cards)), penalty_code=code,
-                    penalty_scale=scale)
+                    penalty_scale=scale, further_price=price)
+
+
+def em_further_price(est) -> str:
+    """The price of a family's further terms of an EM fit (``further_price``: ``"full"`` or
+    ``"aic"``; the held-out choice ``"auto"`` is not made for EM and is refused)."""
+    price = C.resolve_further_price(est.further_price, C.resolve_penalty(est.penalty, est.epsilon))
+    if price == "auto":
+        raise ValueError("further_price='auto' is not available with missing='em' or hidden variables; "
+                         "give 'full' (the default) or 'aic'")
+    return price
 
 
 class StoreKeeper:
@@ -1231,7 +1243,7 @@ def fit(est, X, backend, feature_names=None, categories=None) -> bool:
 def _new_state(est, cards, N: int, scale: float):
     """A new fit state under ``est``'s code of the terms (``penalty``: the family code by
     default) and the penalty scale ``scale`` (:func:`choose`)."""
-    return _fit_state(cards, N, C.resolve_penalty(est.penalty, est.epsilon), scale)
+    return _fit_state(cards, N, C.resolve_penalty(est.penalty, est.epsilon), scale, em_further_price(est))
 
 
 def _run_restarts(est, make, rows, counts, cards, n_hidden: int, seeds, keeper=None, resume=None,

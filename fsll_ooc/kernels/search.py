@@ -181,22 +181,23 @@ def _update(x, i, delta, shape, strides, walsh, all_walsh, part, tmp):
 
 
 @njit(inline="always", error_model="numpy")
-def _price(fam_m_total, r0, n_samples, name, scale, m):
-    """:meth:`fsll_ooc.cost.TermCode.add` of the family code (``m`` members now)."""
+def _price(fam_m_total, r0, r1, n_samples, name, scale, m):
+    """:meth:`fsll_ooc.cost.TermCode.add` of the family code (``m`` members now; ``r1``: a further
+    member's price per parameter, ``r0`` a first one's)."""
     if m >= fam_m_total:
         return np.inf
-    x = r0 + (math.log(fam_m_total - m) - math.log(m + 1)) / n_samples + (name if m == 0 else 0.0)
+    x = (r0 if m == 0 else r1) + (math.log(fam_m_total - m) - math.log(m + 1)) / n_samples + (name if m == 0 else 0.0)
     return x if scale == 1.0 else scale * x
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _reprice(r, member, f, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, n_samples, scale):
+def _reprice(r, member, f, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, r1, n_samples, scale):
     m = fam_cnt[f]
     M = fam_total[f]
     if M <= 1:
         return
-    add_m = _price(M, r0, n_samples, fam_name[f], scale, m)
-    add_less = _price(M, r0, n_samples, fam_name[f], scale, m - 1) if m else np.inf
+    add_m = _price(M, r0, r1, n_samples, fam_name[f], scale, m)
+    add_less = _price(M, r0, r1, n_samples, fam_name[f], scale, m - 1) if m else np.inf
     for q in range(fam_ptr[f], fam_ptr[f + 1]):
         c = fam_cells[q]
         r[c] = add_less if member[c] else add_m
@@ -467,7 +468,7 @@ def _geometry(shape, walsh, n):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
-               family, fam, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, n_samples, scale,
+               family, fam, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, r1, n_samples, scale,
                out_i, out_move, out_old, out_new, out_t, out_delta, out_logden, ra, ctl, iprm, fprm, pbest,
                ppos, n_threads):
     """The greedy search on a sub-table (flat, C order over ``shape``), in place.
@@ -481,7 +482,8 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     ``family``: price under the family code, the families with members first, then every
     family whose count changes (``fam``: each cell's family, ``fam_cnt``
     its members now, ``fam_total`` its possible members, ``fam_name`` the code length that
-    names it, ``fam_ptr``/``fam_cells`` its cells); ``r0``, ``n_samples``, ``scale`` of the code.
+    names it, ``fam_ptr``/``fam_cells`` its cells); ``r0``, ``r1`` (a further member's price per
+    parameter), ``n_samples``, ``scale`` of the code.
     Writes step ``s``'s cell, move (0 append, 1 adjust, 2 remove), old and new value, dual
     before it, predicted change and ``ln`` of its normaliser to the ``out_*`` arrays;
     returns the number of steps.
@@ -511,7 +513,7 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     if family:  # the families with members: their marginal prices
         for f in range(fam_cnt.shape[0]):
             if fam_cnt[f]:
-                _reprice(r, member, f, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, n_samples, scale)
+                _reprice(r, member, f, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, r1, n_samples, scale)
     mlist = np.empty(n, np.int64)
     nm = 0
     for j in range(n):
@@ -569,7 +571,7 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
         if family and move != ADJUST:
             f = fam[i]
             fam_cnt[f] += 1 if move == APPEND else -1
-            _reprice(r, member, f, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, n_samples, scale)
+            _reprice(r, member, f, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, r1, n_samples, scale)
             for q in range(fam_ptr[f], fam_ptr[f + 1]):
                 c = fam_cells[q]
                 ra[c] = np.inf if member[c] else r[c]
@@ -693,7 +695,7 @@ def _examples():
     """Arguments of the types a search passes (one specialisation of each kernel)."""
     f, i, b = np.zeros(2), np.zeros(2, np.int64), np.zeros(2, np.bool_)
     f2, i2 = np.zeros((2, 2)), np.zeros((2, 3), np.int64)
-    search = (f, f, f, b, f, i, b, 0.0, np.int64(1), True, i, i, i, f, i, i, 0.0, 0.0, 0.0, i, i, f, f, f, f, f,
+    search = (f, f, f, b, f, i, b, 0.0, np.int64(1), True, i, i, i, f, i, i, 0.0, 0.0, 0.0, 0.0, i, i, f, f, f, f, f,
               f, i, i, f, f2, i2, np.int64(1))
     return [(search_sub, search), (replay_sub, (f, i, b, i, f, f)), (sub_helper, _helper_example())]
 

@@ -339,7 +339,7 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
     out_old, out_new, out_t, out_delta, out_logden = (np.empty(n) for _ in range(5))
     walsh = np.array([basis.is_walsh(k) for k in shape], bool)
     ft = _NO_FAMILY if fam is None else fam
-    r0, n_samples, scale = (0.0, 1.0, 1.0) if fam is None else (code.r0, code.N, code.scale)
+    r0, r1, n_samples, scale = (0.0, 0.0, 1.0, 1.0) if fam is None else (code.r0, code.r1, code.N, code.scale)
     # a large sub-table on Walsh-Hadamard axes: every step shared with the kernels' helper threads
     threads = _kernels_search.search_threads(flats.size, bool(walsh.all()))
     shared = _kernels_search.shared_arrays(threads)
@@ -350,7 +350,7 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
             _threadpool.fire(threads, _kernels_search.sub_helper, sub, dflat, ra, member, th, r,
                              np.int64(min(flats.size, _kernels_search.RUN)), *shared)
         steps = _kernels_search.search_sub(sub, dflat, r, member, th, np.array(shape, np.int64), walsh,
-                                           float(epsilon), n, fam is not None, *ft, r0, n_samples, scale, out_i,
+                                           float(epsilon), n, fam is not None, *ft, r0, r1, n_samples, scale, out_i,
                                            out_move, out_old, out_new, out_t, out_delta, out_logden, ra, *shared,
                                            np.int64(threads))
     finally:

@@ -12,6 +12,12 @@ it has), and keeps the scale whose model gives the held-out rows the higher
 log-likelihood (ties to the full code).  The final fit on every row under that scale
 starts from that scale's model (its terms and parameters) and continues the same search
 to convergence on all rows (``docs/design.md``, "Choosing the penalty scale").
+
+With ``further_price="auto"`` the same held-out rows also choose the price of a family's
+further terms (:class:`fsll_ooc.cost.TermCode`): after the scales under the full price,
+the fit under the first scale is continued under the cheaper price, at each scale in
+turn, and the best of every (scale, price) pair is kept (ties to the earlier one: the
+full code at scale 1 first).
 """
 from __future__ import annotations
 
@@ -44,6 +50,8 @@ class ScaleChoice:
     #: the chosen scale's model on the training rows, where the final fit starts
     #: (``{"theta": [[flat, value], ...], "log_z": float}``; None if no choice was made)
     start: dict | None = None
+    #: the chosen price of a family's further terms (:data:`fsll_ooc.cost.FURTHER_PRICES`)
+    price: str = "full"
 
 
 def holdout_split(n_rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -54,7 +62,7 @@ def holdout_split(n_rows: int) -> tuple[np.ndarray, np.ndarray]:
     return train, held
 
 
-def choose_scale(fit_path, codes: np.ndarray, scales=C.PENALTY_SCALES) -> ScaleChoice:
+def choose_scale(fit_path, codes: np.ndarray, scales=C.PENALTY_SCALES, prices=None) -> ScaleChoice:
     """The scale of ``scales`` whose fit on the training part scores the held-out rows best.
 
     ``fit_path(train_codes, scales)`` fits the learner on those rows under each penalty
@@ -63,20 +71,29 @@ def choose_scale(fit_path, codes: np.ndarray, scales=C.PENALTY_SCALES) -> ScaleC
     :attr:`ScaleChoice.start` of the chosen scale).  The first scale wins ties (the full
     MDL code comes first).  With fewer than :data:`MIN_ROWS` rows the first scale is
     returned unscored.
+
+    ``prices`` (several of :data:`fsll_ooc.cost.FURTHER_PRICES`, ``further_price="auto"``):
+    ``fit_path`` gets ``(scale, price)`` pairs instead, every scale of the first price, then
+    of the next; the best pair wins (ties to the earlier), :attr:`ScaleChoice.scores` is
+    keyed by the pairs and :attr:`ScaleChoice.price` is the chosen price.
     """
     scales = tuple(float(s) for s in scales)
+    settings = scales if prices is None else tuple((s, p) for p in prices for s in scales)
+    price = "full" if prices is None else prices[0]
     n = int(codes.shape[0])
     if n < MIN_ROWS:
-        return ScaleChoice(scales[0], reason=f"only {n} rows (fewer than {MIN_ROWS})")
+        return ScaleChoice(scales[0], reason=f"only {n} rows (fewer than {MIN_ROWS})", price=price)
     train, held = holdout_split(n)
     scores, models = {}, {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the sub-fits' small-sample warnings
-        for s, (log_prob, model) in zip(scales, fit_path(codes[train], scales)):
-            scores[s] = float(np.mean(log_prob(codes[held])))
-            models[s] = model
-    best = scales[0]
-    for s in scales[1:]:
-        if scores[s] > scores[best]:
-            best = s
-    return ScaleChoice(best, scores, start=models[best])
+        for key, (log_prob, model) in zip(settings, fit_path(codes[train], settings)):
+            scores[key] = float(np.mean(log_prob(codes[held])))
+            models[key] = model
+    best = settings[0]
+    for key in settings[1:]:
+        if scores[key] > scores[best]:
+            best = key
+    if prices is None:
+        return ScaleChoice(best, scores, start=models[best])
+    return ScaleChoice(best[0], scores, start=models[best], price=best[1])

@@ -26,6 +26,7 @@ class FitState:
     history: list[dict] = field(default_factory=list)
     penalty_code: str = "paper"  # the code of the support: "paper" (Eq. 9) or "family" (cost.TermCode)
     penalty_scale: float = 1.0  # multiplies the code length (1.0: the code as it is)
+    further_price: str = "full"  # the family code's price of a family's further terms (cost.TermCode)
 
     def digits(self, flat: int) -> tuple[int, ...]:
         """The multi-index (C order) of flat index ``flat`` (memoised: the learner asks for the
@@ -86,6 +87,11 @@ class FitState:
         for key in ("_r_cache", "_r_weights", "_term_code"):
             self.__dict__.pop(key, None)
 
+    def set_further_price(self, price: str) -> None:
+        """Price a family's further terms by ``price`` from now on (:class:`fsll_ooc.cost.TermCode`)."""
+        self.further_price = C.resolve_further_price(price, self.penalty_code)
+        self.__dict__.pop("_term_code", None)
+
     def targets_changed(self) -> None:
         """The target table was recomputed (EM's M-step): targets memoised from it go (the
         family candidates' ``dbar`` of :func:`fsll_ooc.learn.corrective.family_move`)."""
@@ -94,9 +100,10 @@ class FitState:
     def term_code(self) -> C.TermCode:
         """The support's code (:class:`fsll_ooc.cost.TermCode` of :attr:`penalty_code`)."""
         code = self.__dict__.get("_term_code")
-        if code is None or code.kind != self.penalty_code or code.scale != self.penalty_scale:
+        if (code is None or code.kind != self.penalty_code or code.scale != self.penalty_scale
+                or code.further != self.further_price):
             code = self.__dict__["_term_code"] = C.TermCode(self.cards, self.n_samples, self.penalty_code,
-                                                            self.penalty_scale)
+                                                            self.penalty_scale, self.further_price)
         return code
 
     def family(self, flat: int) -> tuple[int, ...]:
@@ -155,7 +162,7 @@ class FitState:
         """The support's code length (the cost's penalty part).  Memoised on the support (its
         terms in order), the code and the scale: the learner asks for it at every cost
         evaluation, mostly of the same support, and the same sum gives the same bits."""
-        key = (tuple(self.theta), self.penalty_code, self.penalty_scale)
+        key = (tuple(self.theta), self.penalty_code, self.penalty_scale, self.further_price)
         memo = self.__dict__.get("_total_penalty")
         if memo is not None and memo[0] == key:
             return memo[1]
@@ -193,6 +200,7 @@ class FitState:
             "dbar": [[int(y), float(v)] for y, v in self.dbar.items()],
             "log_z": self.log_z, "n_iter": self.n_iter, "converged": self.converged, "history": self.history,
             "penalty_code": self.penalty_code, "penalty_scale": self.penalty_scale,
+            **({} if self.further_price == "full" else {"further_price": self.further_price}),
         }
 
     @classmethod
@@ -202,4 +210,5 @@ class FitState:
                    {int(y): float(v) for y, v in obj["theta"]}, {int(y): float(v) for y, v in obj["dbar"]},
                    float(obj["log_z"]), int(obj["n_iter"]), bool(obj["converged"]), list(obj["history"]),
                    C.resolve_penalty(obj.get("penalty_code", "paper"), None),
-                   C.checked_penalty_scale(obj.get("penalty_scale", 1.0)))
+                   C.checked_penalty_scale(obj.get("penalty_scale", 1.0)),
+                   C.checked_further_price(obj.get("further_price", "full")))
