@@ -295,9 +295,10 @@ def _solve_inner(H: np.ndarray, g: np.ndarray) -> np.ndarray:
     scale = float(np.max(np.abs(np.diag(H)))) or 1.0
     eye = np.eye(len(H))
     for ridge in (1e-12, 1e-9, 1e-6):
+        A = H + ridge * scale * eye
         try:
-            np.linalg.cholesky(H + ridge * scale * eye)  # positive definite?
-            x = np.linalg.solve(H + ridge * scale * eye, g)
+            np.linalg.cholesky(A)  # positive definite?
+            x = np.linalg.solve(A, g)
             if np.all(np.isfinite(x)):
                 return x
         except np.linalg.LinAlgError:
