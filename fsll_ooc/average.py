@@ -58,7 +58,7 @@ class FSLLAverage:
     n_jobs : None or int
         Members fitted at once: this process fits members and ``n_jobs - 1`` worker
         processes fit others (each takes the next member when it has finished one).
-        ``None`` (default): the cores available (:func:`available_cores`, at most
+        ``None`` (default): the idle cores (:func:`available_cores`, at most
         ``K``) on a table of at least :data:`PARALLEL_CELLS` cells in core, else 1 (a
         smaller table's member takes less than a worker's start).  The members are the
         same whatever ``n_jobs``, bit for bit: each is its own fit of its own rows.  Each
@@ -126,7 +126,7 @@ class FSLLAverage:
         return int(k)
 
     def _resolved_jobs(self, n_members: int, cards) -> int:
-        """Members fitted at once: ``n_jobs``, or for ``None`` the cores available
+        """Members fitted at once: ``n_jobs``, or for ``None`` the idle cores
         (:func:`available_cores`, at most ``n_members``) in core on a table of at least
         :data:`PARALLEL_CELLS` cells, else 1."""
         if self.n_jobs is not None:
@@ -388,12 +388,24 @@ SEND_BYTES = 32 * 2**20
 
 
 def available_cores() -> int:
-    """Cores this process may use: those of its CPU affinity, at most the kernels' thread
-    count (:func:`fsll_ooc.kernels.threadpool.num_threads`, i.e. ``NUMBA_NUM_THREADS``).
+    """Idle cores: those of this process's CPU affinity, at most the kernels' thread count
+    (:func:`fsll_ooc.kernels.threadpool.num_threads`, i.e. ``NUMBA_NUM_THREADS``), less
+    the cores other programs keep busy: the whole part of the machine's 1-minute load
+    average beyond one core (this process's own work counts in the load; where the load
+    is unknown, none), at least 1.
 
     >>> available_cores() >= 1
     True
     """
+    try:
+        busy = max(0, int(os.getloadavg()[0] - 1.0))
+    except (AttributeError, OSError):  # pragma: no cover - no load average on this platform
+        busy = 0
+    return max(1, _cores() - busy)
+
+
+def _cores() -> int:
+    """Cores of this process (its affinity, at most the kernels' thread count), busy or not."""
     from .kernels.threadpool import num_threads
 
     try:
@@ -564,7 +576,7 @@ def _fit_in_processes(job: _Job, subsets, jobs: int) -> list:
 
     K, n = len(subsets), int(job.codes.shape[0])
     jobs = min(int(jobs), K)
-    per = max(1, available_cores() // jobs)  # kernel threads of each process: no core oversubscribed
+    per = max(1, _cores() // jobs)  # kernel threads of each process: no core oversubscribed
     small = _small_codes(np.ascontiguousarray(job.codes))
     todo = list(range(K))
     lock = threading.Lock()

@@ -162,3 +162,19 @@ def test_a_workers_warnings_are_given_here(spy):
         FSLLAverage(n_members=4, n_jobs=2, progress=False).fit(X)
     assert len(spy) == 1
     assert sum("fitting on only 8 samples" in str(w.message) for w in caught) == 4
+
+
+def test_available_cores_are_the_idle_ones(monkeypatch):
+    monkeypatch.setattr(average, "_cores", lambda: 4)
+    monkeypatch.setattr(average.os, "getloadavg", lambda: (1.7, 0.0, 0.0))
+    assert average.available_cores() == 4  # this process's own core
+    monkeypatch.setattr(average.os, "getloadavg", lambda: (2.7, 0.0, 0.0))
+    assert average.available_cores() == 3  # and one core's worth of other programs' work
+    monkeypatch.setattr(average.os, "getloadavg", lambda: (9.0, 0.0, 0.0))
+    assert average.available_cores() == 1
+
+    def unknown():
+        raise OSError
+
+    monkeypatch.setattr(average.os, "getloadavg", unknown)
+    assert average.available_cores() == 4
