@@ -62,7 +62,7 @@ class FSLLAverage:
         ``K``) on a table of at least :data:`PARALLEL_CELLS` cells in core, else 1 (a
         smaller table's member takes less than a worker's start).  The members are the
         same whatever ``n_jobs``, bit for bit: each is its own fit of its own rows.  Each
-        process's kernels use ``cores // n_jobs`` threads.  Out of core (``store``), or with
+        process's kernels use ``cores // n_jobs`` threads meanwhile.  Out of core (``store``), or with
         parameters no other process can receive (e.g. a ``dask.distributed`` client),
         ``n_jobs > 1`` fits members in threads of this process instead (which gains little:
         between table passes the learner holds the interpreter lock).  A worker's error is
@@ -616,7 +616,7 @@ def _fit_in_processes(job: _Job, subsets, jobs: int) -> list:
                 with lock:
                     failed.append(("error", -1, e, ""))
 
-        before = threadpool._chosen["n"]
+        before = threadpool.num_threads()
         try:
             for _ in range(jobs - 1):
                 try:
@@ -634,7 +634,7 @@ def _fit_in_processes(job: _Job, subsets, jobs: int) -> list:
             for t in feeders:
                 t.join()
         finally:
-            threadpool._chosen["n"] = before
+            threadpool.set_num_threads(before)  # (the count it had: the same threads from now on)
             ok = not failed and all(m is not None for m in members)
             for w in workers:
                 w.close(wait=ok)

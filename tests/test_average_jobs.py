@@ -48,11 +48,11 @@ def spy(monkeypatch):
 
 
 def test_members_in_worker_processes_are_the_serial_members(codes, serial, spy):
-    before = threadpool._chosen["n"]
+    before = threadpool.num_threads()
     par = FSLLAverage(n_members=3, random_state=5, n_jobs=2, progress=False).fit(codes)
+    assert threadpool.num_threads() == before  # this process's kernel threads as they were
     assert len(spy) == 1  # this process and one worker
     assert [p.returncode for p in spy] == [0]  # asked to end, and ended
-    assert threadpool._chosen["n"] == before  # this process's kernel threads as they were
     _same(par, serial)
     np.testing.assert_array_equal(par.probabilities(), serial.probabilities())
     three = FSLLAverage(n_members=3, random_state=5, n_jobs=8, progress=False).fit(codes)  # at most K - 1 workers
