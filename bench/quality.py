@@ -107,7 +107,7 @@ def label(name, n):
     return name if n is None else f"{name} N=1e{int(round(np.log10(n)))}"
 
 
-def make_fsll(cards, penalty=None, penalty_scale=None, **options):
+def make_fsll(cards, penalty=None, penalty_scale=None, further_price=None, **options):
     """``FSLL`` with learner options (any :class:`LearnOptions` field, e.g. ``joint=False``)
     and the code of the terms (``penalty``, ``penalty_scale``: ``FSLL`` parameters).
 
@@ -116,7 +116,7 @@ def make_fsll(cards, penalty=None, penalty_scale=None, **options):
     o = LearnOptions(**options)
     own = {k: getattr(o, k) for k in ("epsilon", "max_iter", "resync_every", "refine")}
     return FSLL(cardinalities=cards, progress=False, learn_options=o, penalty=penalty, penalty_scale=penalty_scale,
-                **own)
+                further_price=further_price, **own)
 
 
 def fit_fl(X, p_true, repeats=2, **options):
@@ -136,7 +136,7 @@ def fit_fl(X, p_true, repeats=2, **options):
     moves = collections.Counter(h["move"] for h in m.history_)
     return {"kl_true": datasets.kl_divergence(p_true, p), "n_params": int(m.n_bases_), "time": best,
             "n_iter": int(m.n_iter_), "cost": float(m.cost_), "moves": dict(moves), "model": m,
-            "scale": float(m.penalty_scale_)}
+            "scale": float(m.penalty_scale_), "price": m.further_price_}
 
 
 class CostLeft:
@@ -485,75 +485,49 @@ def study_peers_why(seeds, nets=EXAMPLE_NETS, sizes=SIZES):
     return lines
 
 
-class FurtherMembersAtAIC:
-    """An experiment, not a library option: while active, the family code prices every
-    further member of a family already in the support (its second, third, ... term) at
-    ``1 / N`` (AIC's price of a parameter) instead of ``ln N / (2N)``, times the penalty scale;
-    a family's first member keeps its full price (the scan's), so the learner's search is
-    unchanged apart from the prices.  ``cost.TermCode`` is patched in this process only; the
-    batched search (tables of ``learn.batch.AUTO_MIN_CELLS`` cells and more) re-prices
-    families in compiled code that does not see the patch, so it is refused there."""
-
-    def __init__(self, cells: int):
-        from fsll_ooc.learn import batch
-
-        if cells >= batch.AUTO_MIN_CELLS:
-            raise ValueError(f"{cells} cells: the batched search would price families without the patch")
-
-    def __enter__(self):
-        import math
-
-        from fsll_ooc import cost
-
-        self.saved = cost.TermCode._add, cost.TermCode.total
-        add, total = self.saved
-
-        def _add(code, axes, m):
-            if code.kind == "paper" or m == 0:
-                return add(code, axes, m)
-            M = code.members(axes)
-            return math.inf if m >= M else code._scaled((1.0 + math.log(M - m) - math.log(m + 1)) / code.N)
-
-        def _total(code, axes, m):
-            if code.kind == "paper" or m <= 1:
-                return total(code, axes, m)
-            M = code.members(axes)
-            log_comb = math.lgamma(M + 1.0) - math.lgamma(m + 1.0) - math.lgamma(M - m + 1.0)
-            return code._scaled(code.r0 + (m - 1 + log_comb) / code.N + float(sum(code.name_w[i] for i in axes)))
-
-        cost.TermCode._add, cost.TermCode.total = _add, _total
-        return self
-
-    def __exit__(self, *exc):
-        from fsll_ooc import cost
-
-        cost.TermCode._add, cost.TermCode.total = self.saved
-        return False
+FURTHER_PRICES = ("full", "aic", "auto")
 
 
-def study_further_price(seeds, nets=EXAMPLE_NETS, sizes=SIZES, synthetic_sizes=(1_000, 10_000)):
-    """KL(p*||p) of the default against the same fit with a family's further members priced
-    at ``1 / N`` (:class:`FurtherMembersAtAIC`), on pgmpy's example networks and on the
-    mixed-cardinality sets (seeds 0 1 2 there, as in the main table)."""
-    lines = ["| data | N | seeds | FSLL(): KL / #terms | further members at 1/N: KL / #terms | per seed, default -> 1/N |",
-             "|---|---|---|---|---|---|"]
+def study_further_price(seeds, nets=EXAMPLE_NETS, sizes=SIZES, synthetic_sizes=(1_000, 10_000), with_synthetic=True):
+    """KL(p*||p) and seconds of the default (``further_price`` "full") against ``"aic"`` and
+    ``"auto"``, fitted one after the other on the same rows (interleaved), with the best pyAgrum
+    learner on the same rows: pgmpy's example networks (``seeds``) and the mixed-cardinality
+    sets (seeds 0 1 2, as in the main table)."""
+    cols = " | ".join(f"{k}: KL / #terms / s" for k in FURTHER_PRICES)
+    lines = [f"| data | N | seeds | {cols} | auto chose (scale/price) | best pyAgrum | full / best | aic / best "
+             f"| auto / best |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    raw = []
     tables = {net: example_network(net) for net in nets}
     cases = [(net, n, list(seeds), (lambda s, p=tables[net], n=n: (example_rows(p, n, s), p)))
              for net in nets for n in sizes]
-    cases += [(name, n, [0, 1, 2], (lambda s, name=name, n=n: synthetic(name, n, s)))
-              for name in ("BN-mix", "Potts-mix") for n in synthetic_sizes]
+    if with_synthetic:
+        cases += [(name, n, [0, 1, 2], (lambda s, name=name, n=n: synthetic(name, n, s)))
+                  for name in ("BN-mix", "Potts-mix") for n in synthetic_sizes]
+    warm_up()
     for name, n, case_seeds, draw in cases:
         acc = collections.defaultdict(list)
         for s in case_seeds:
             X, p = draw(s)
-            acc["default"].append(fit_fl(X, p, repeats=1))
-            with FurtherMembersAtAIC(p.size):
-                acc["aic"].append(fit_fl(X, p, repeats=1))
-        cell = lambda t: f"{fmt(mean([r['kl_true'] for r in acc[t]]))} / {mean([r['n_params'] for r in acc[t]]):.0f}"  # noqa: E731
-        per = ", ".join(f"{fmt(a['kl_true'])} -> {fmt(b['kl_true'])}" for a, b in zip(acc["default"], acc["aic"]))
-        lines.append(f"| {name} | {n:,} | {' '.join(map(str, case_seeds))} | {cell('default')} | {cell('aic')} | {per} |")
+            for price in FURTHER_PRICES:
+                acc[price].append(fit_fl(X, p, repeats=1, further_price=None if price == "full" else price))
+            for peer, (search, score) in AGRUM.items():
+                q, _, sec = fit_agrum(X, p.shape, search, score)
+                acc[peer].append({"kl_true": datasets.kl_divergence(p, q), "time": sec})
+        m = {k: mean([r["kl_true"] for r in v]) for k, v in acc.items()}
+        best = min(AGRUM, key=lambda k: m[k])
+        cell = lambda t: (f"{fmt(m[t])} / {mean([r['n_params'] for r in acc[t]]):.0f} "  # noqa: E731
+                          f"/ {mean([r['time'] for r in acc[t]]):.2f}")
+        chose = " ".join(f"{r['scale']:g}/{r['price']}" for r in acc["auto"])
+        lines.append(f"| {name} | {n:,} | {' '.join(map(str, case_seeds))} | "
+                     + " | ".join(cell(k) for k in FURTHER_PRICES)
+                     + f" | {chose} | {best} {fmt(m[best])} | "
+                     + " | ".join(f"{m[k] / m[best]:.2f}" for k in FURTHER_PRICES) + " |")
+        raw.append({"data": name, "N": n, "seeds": case_seeds, "load": os.getloadavg()[0],
+                    "results": {k: [{kk: vv for kk, vv in r.items() if kk in ("kl_true", "n_params", "time", "scale",
+                                                                                "price")} for r in v]
+                                for k, v in acc.items()}})
         print(lines[-1], flush=True)
-    return lines
+    return lines, raw
 
 
 def study_pm1(seeds):
@@ -841,12 +815,17 @@ def main(argv=None):
                     help="with --peers-only: instead of the peers, the default's model against the true "
                          "network's span and fixed penalty scales (search or cost?)")
     ap.add_argument("--further-price", action="store_true",
-                    help="with --peers-only: instead of the peers, the default against the same fit with a "
-                         "family's further members priced at 1/N (an experiment in this process, not an option)")
+                    help="with --peers-only: instead of the peers, the default against further_price='aic' and "
+                         "'auto' and the best pyAgrum learner (with --no-synthetic: pgmpy's networks only)")
+    ap.add_argument("--no-synthetic", action="store_true",
+                    help="with --further-price: leave out BN-mix and Potts-mix")
+    ap.add_argument("--synthetic-sizes", nargs="+", type=int, default=[1_000, 10_000],
+                    help="with --further-price: the sizes of BN-mix and Potts-mix")
     args = ap.parse_args(argv)
     if args.peers_only:
         if args.further_price:
-            lines, raw = study_further_price(args.seeds, args.nets, args.sizes), None
+            lines, raw = study_further_price(args.seeds, args.nets, args.sizes, tuple(args.synthetic_sizes),
+                                             not args.no_synthetic)
         elif args.why:
             lines, raw = study_peers_why(args.seeds, args.nets, args.sizes), None
         else:
@@ -856,7 +835,8 @@ def main(argv=None):
                 json.dump(raw, fh, default=float)
         subset = "" if (args.nets, args.sizes) == (list(EXAMPLE_NETS), list(SIZES)) else \
             f" --nets {' '.join(args.nets)} --sizes {' '.join(map(str, args.sizes))}"
-        flag = " --further-price" if args.further_price else " --why" if args.why else ""
+        flag = (" --further-price" + (" --no-synthetic" if args.no_synthetic else "")) if args.further_price \
+            else " --why" if args.why else ""
         print(f"\n`python bench/quality.py --studies peers --peers-only{flag}{subset} "
               f"--seeds {' '.join(map(str, args.seeds))}`, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
               f"{machine_line()}, load at the end {os.getloadavg()[0]:.1f}:\n")
