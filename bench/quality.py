@@ -28,7 +28,9 @@ N = 1e3, 1e4, 1e5: the default and ``FSLLAverage`` against pyAgrum's greedy hill
 tabu search with the AIC, BIC and BDeu scores and MIIC, parameters with a Laplace prior;
 ``python bench/quality.py --studies peers --peers-only [--nets asia --sizes 1000]``; with
 ``--why``: the default's model against the true network's span fitted by maximum
-likelihood, the search continued from it, and fixed penalty scales), ``pm1`` (slow coordinate convergence of the +-1 basis:
+likelihood, the search continued from it, and fixed penalty scales; with ``--further-price``:
+the default against ``further_price="aic"`` and ``"auto"`` and the best pyAgrum learner, also on
+BN-mix and Potts-mix, ``--configs`` to choose, ``-folds`` for the held-out choice on every fold), ``pm1 (slow coordinate convergence of the +-1 basis:
 Potts with q = 3 against q = 4 (Walsh-Hadamard) on the same grid), ``auto`` (the
 constant ``c`` of ``epsilon = c / N``) and ``schedule`` (when to run the corrective
 step, and the joint selection on/off).
@@ -486,16 +488,36 @@ def study_peers_why(seeds, nets=EXAMPLE_NETS, sizes=SIZES):
 
 
 FURTHER_PRICES = ("full", "aic", "auto")
+#: Rows below which a ``-folds`` configuration holds out every fold in turn (``select.FOLDS_BELOW``).
+FOLDS_BELOW = 5_000
 
 
-def study_further_price(seeds, nets=EXAMPLE_NETS, sizes=SIZES, synthetic_sizes=(1_000, 10_000), with_synthetic=True):
+def _fit_config(X, p, config):
+    """``fit_fl`` of a configuration of :func:`study_further_price`: a ``further_price`` value,
+    ``-folds`` appended for the held-out choice on every fold below :data:`FOLDS_BELOW` rows."""
+    from fsll_ooc.learn import select
+
+    price, _, folds = config.partition("-")
+    saved = select.FOLDS_BELOW
+    select.FOLDS_BELOW = FOLDS_BELOW if folds else saved
+    try:
+        return fit_fl(X, p, repeats=1, further_price=None if price == "full" else price)
+    finally:
+        select.FOLDS_BELOW = saved
+
+
+def study_further_price(seeds, nets=EXAMPLE_NETS, sizes=SIZES, synthetic_sizes=(1_000, 10_000), with_synthetic=True,
+                        configs=FURTHER_PRICES):
     """KL(p*||p) and seconds of the default (``further_price`` "full") against ``"aic"`` and
-    ``"auto"``, fitted one after the other on the same rows (interleaved), with the best pyAgrum
-    learner on the same rows: pgmpy's example networks (``seeds``) and the mixed-cardinality
-    sets (seeds 0 1 2, as in the main table)."""
+    ``"auto"`` (``configs``; see :func:`_fit_config`), fitted one after the other on the same
+    rows (interleaved), with the best pyAgrum learner on the same rows: pgmpy's example
+    networks (``seeds``) and the mixed-cardinality sets (seeds 0 1 2, as in the main table)."""
+    FURTHER_PRICES = tuple(configs)
     cols = " | ".join(f"{k}: KL / #terms / s" for k in FURTHER_PRICES)
-    lines = [f"| data | N | seeds | {cols} | auto chose (scale/price) | best pyAgrum | full / best | aic / best "
-             f"| auto / best |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    last = FURTHER_PRICES[-1]
+    lines = [f"| data | N | seeds | {cols} | {last} chose (scale/price) | best pyAgrum | "
+             + " | ".join(f"{k} / best" for k in FURTHER_PRICES) + " |",
+             "|---|---|---|" + "---|" * len(FURTHER_PRICES) + "---|---|" + "---|" * len(FURTHER_PRICES)]
     raw = []
     tables = {net: example_network(net) for net in nets}
     cases = [(net, n, list(seeds), (lambda s, p=tables[net], n=n: (example_rows(p, n, s), p)))
@@ -508,8 +530,8 @@ def study_further_price(seeds, nets=EXAMPLE_NETS, sizes=SIZES, synthetic_sizes=(
         acc = collections.defaultdict(list)
         for s in case_seeds:
             X, p = draw(s)
-            for price in FURTHER_PRICES:
-                acc[price].append(fit_fl(X, p, repeats=1, further_price=None if price == "full" else price))
+            for config in FURTHER_PRICES:
+                acc[config].append(_fit_config(X, p, config))
             for peer, (search, score) in AGRUM.items():
                 q, _, sec = fit_agrum(X, p.shape, search, score)
                 acc[peer].append({"kl_true": datasets.kl_divergence(p, q), "time": sec})
@@ -517,7 +539,7 @@ def study_further_price(seeds, nets=EXAMPLE_NETS, sizes=SIZES, synthetic_sizes=(
         best = min(AGRUM, key=lambda k: m[k])
         cell = lambda t: (f"{fmt(m[t])} / {mean([r['n_params'] for r in acc[t]]):.0f} "  # noqa: E731
                           f"/ {mean([r['time'] for r in acc[t]]):.2f}")
-        chose = " ".join(f"{r['scale']:g}/{r['price']}" for r in acc["auto"])
+        chose = " ".join(f"{r['scale']:g}/{r['price']}" for r in acc[last])
         lines.append(f"| {name} | {n:,} | {' '.join(map(str, case_seeds))} | "
                      + " | ".join(cell(k) for k in FURTHER_PRICES)
                      + f" | {chose} | {best} {fmt(m[best])} | "
@@ -821,11 +843,14 @@ def main(argv=None):
                     help="with --further-price: leave out BN-mix and Potts-mix")
     ap.add_argument("--synthetic-sizes", nargs="+", type=int, default=[1_000, 10_000],
                     help="with --further-price: the sizes of BN-mix and Potts-mix")
+    ap.add_argument("--configs", nargs="+", default=list(FURTHER_PRICES),
+                    help="with --further-price: further_price values to fit, each optionally with '-folds' (the "
+                         f"held-out choice on all five folds below {FOLDS_BELOW} rows); the last one's choices are shown")
     args = ap.parse_args(argv)
     if args.peers_only:
         if args.further_price:
             lines, raw = study_further_price(args.seeds, args.nets, args.sizes, tuple(args.synthetic_sizes),
-                                             not args.no_synthetic)
+                                             not args.no_synthetic, args.configs)
         elif args.why:
             lines, raw = study_peers_why(args.seeds, args.nets, args.sizes), None
         else:
@@ -835,7 +860,10 @@ def main(argv=None):
                 json.dump(raw, fh, default=float)
         subset = "" if (args.nets, args.sizes) == (list(EXAMPLE_NETS), list(SIZES)) else \
             f" --nets {' '.join(args.nets)} --sizes {' '.join(map(str, args.sizes))}"
-        flag = (" --further-price" + (" --no-synthetic" if args.no_synthetic else "")) if args.further_price \
+        flag = (" --further-price" + (" --no-synthetic" if args.no_synthetic else "")
+                + ("" if args.configs == list(FURTHER_PRICES) else f" --configs {' '.join(args.configs)}")
+                + ("" if args.synthetic_sizes == [1_000, 10_000] or args.no_synthetic
+                   else f" --synthetic-sizes {' '.join(map(str, args.synthetic_sizes))}")) if args.further_price \
             else " --why" if args.why else ""
         print(f"\n`python bench/quality.py --studies peers --peers-only{flag}{subset} "
               f"--seeds {' '.join(map(str, args.seeds))}`, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "

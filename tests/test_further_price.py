@@ -250,3 +250,24 @@ def test_saved_and_resumed_with_its_price(tmp_path, monkeypatch):
     m = FSLL.resume(tmp_path / "s", progress=False)
     assert m.fit_state_.further_price == "aic"
     assert set(m.theta_) == set(ref.theta_) and m.cost_ == pytest.approx(ref.cost_, abs=1e-10)
+
+
+def test_several_folds_sum_every_rows_score(monkeypatch):
+    """``select.FOLDS_BELOW`` (an experiment's setting): below it every fold is held out in
+    turn, each row scored once; the models of the first fold (today's split) are the starts."""
+    codes = np.arange(500)[:, None]
+    seen = []
+
+    def fit_path(train_codes, scales):
+        seen.append(len(train_codes))
+        for s in scales:
+            yield (lambda c, s=s: -s * c[:, 0].astype(float)), {"model of": s, "fold": len(seen)}
+
+    one = select.choose_scale(fit_path, codes)
+    assert seen == [400] and one.scores[1.0] == pytest.approx(-np.mean(codes[select.holdout_split(500)[1], 0]))
+    monkeypatch.setattr(select, "FOLDS_BELOW", 1000)
+    seen.clear()
+    five = select.choose_scale(fit_path, codes)
+    assert seen == [400] * select.HOLDOUT
+    assert five.scores == pytest.approx({1.0: -np.mean(codes[:, 0]), 0.5: -0.5 * np.mean(codes[:, 0])})
+    assert five.scale == 0.5 and five.start == {"model of": 0.5, "fold": 1}

@@ -36,6 +36,10 @@ HOLDOUT = 5
 MIN_ROWS = 100
 #: Seed of the shuffle that picks the held-out rows (a fit is repeatable).
 SEED = 0
+#: With fewer rows than this, every one of the :data:`HOLDOUT` folds is held out in turn
+#: (cross-validation: each row scored once, the scores summed; the models of the first fold
+#: are the starts); 0: one fold at any size.  An experiment's setting (not an option).
+FOLDS_BELOW = 0
 
 
 @dataclass
@@ -54,10 +58,11 @@ class ScaleChoice:
     price: str = "full"
 
 
-def holdout_split(n_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(train, held_out)`` row indices: a seeded shuffle, every :data:`HOLDOUT`-th row held out."""
+def holdout_split(n_rows: int, fold: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, held_out)`` row indices: a seeded shuffle, every :data:`HOLDOUT`-th row held out
+    (from position ``fold`` of the shuffle)."""
     order = np.random.default_rng(SEED).permutation(n_rows)
-    held = np.sort(order[::HOLDOUT])
+    held = np.sort(order[fold::HOLDOUT])
     train = np.sort(np.setdiff1d(order, held, assume_unique=True))
     return train, held
 
@@ -83,13 +88,19 @@ def choose_scale(fit_path, codes: np.ndarray, scales=C.PENALTY_SCALES, prices=No
     n = int(codes.shape[0])
     if n < MIN_ROWS:
         return ScaleChoice(scales[0], reason=f"only {n} rows (fewer than {MIN_ROWS})", price=price)
-    train, held = holdout_split(n)
     scores, models = {}, {}
+    folds = HOLDOUT if n < FOLDS_BELOW else 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the sub-fits' small-sample warnings
-        for key, (log_prob, model) in zip(settings, fit_path(codes[train], settings)):
-            scores[key] = float(np.mean(log_prob(codes[held])))
-            models[key] = model
+        for fold in range(folds):
+            train, held = holdout_split(n, fold)
+            for key, (log_prob, model) in zip(settings, fit_path(codes[train], settings)):
+                if folds == 1:
+                    scores[key] = float(np.mean(log_prob(codes[held])))
+                else:
+                    scores[key] = scores.get(key, 0.0) + float(np.sum(log_prob(codes[held]))) / n
+                if fold == 0:
+                    models[key] = model
     best = settings[0]
     for key in settings[1:]:
         if scores[key] > scores[best]:
