@@ -23,6 +23,7 @@ lists every member's terms with the member they belong to.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -60,7 +61,9 @@ class FSLLAverage:
         processes fit others (each takes the next member when it has finished one).
         ``None`` (default): the idle cores (:func:`available_cores`, at most
         ``K``) on a table of at least :data:`PARALLEL_CELLS` cells in core, else 1 (a
-        smaller table's member takes less than a worker's start).  The members are the
+        smaller table's member takes less than a worker's start); and then only if the
+        first member, fitted here, took at least :data:`MIN_MEMBER_SECONDS` (else the
+        others are fitted here too).  The members are the
         same whatever ``n_jobs``, bit for bit: each is its own fit of its own rows.  Each
         process's kernels use ``cores // n_jobs`` threads meanwhile.  Out of core (``store``), or with
         parameters no other process can receive (e.g. a ``dask.distributed`` client),
@@ -182,7 +185,16 @@ class FSLLAverage:
         job = _Job(codes, tuple(cards), names, cats, keep, dict(self.params, cardinalities=tuple(cards)))
         jobs = self._resolved_jobs(K, cards)
         sendable = jobs > 1 and store is None and _can_send(job)
-        if jobs > 1 and sendable:
+        if jobs > 1 and sendable and self.n_jobs is None:
+            # The first member here, timed: workers only when a member takes longer than
+            # starting one (the members are the same either way).
+            t0 = time.perf_counter()
+            members = [job.member(0, subsets[0])]
+            if time.perf_counter() - t0 < MIN_MEMBER_SECONDS:
+                members += [job.member(k, subsets[k]) for k in range(1, K)]
+            else:
+                members += _fit_in_processes(job, subsets, jobs, first=1)
+        elif jobs > 1 and sendable:
             members = _fit_in_processes(job, subsets, jobs)
         elif jobs > 1 and self.n_jobs is not None:  # out of core, or parameters no other process can receive
             with threads.pool(min(jobs, K), "fsll-average") as ex:
@@ -382,6 +394,11 @@ def _model_file(m: FSLL) -> "model_file.ModelFile":
 #: processes: a smaller table's fit takes well under the second a worker process needs
 #: to start (imports and numba's cached kernels), so its members are fitted here.
 PARALLEL_CELLS = 2**14
+#: With ``n_jobs=None`` the first member is fitted here and timed; the others go to worker
+#: processes only if it took at least this many seconds: a worker needs about 1.3 s of a
+#: core to start. On two idle cores members of 0.3 s gained nothing from a worker, members
+#: of 0.7 s and 1.5 s made the average 1.3-1.5x faster (``docs/benchmarks_quality.md``).
+MIN_MEMBER_SECONDS = 0.5
 #: Codes up to this many bytes go to a worker process with its first message; larger
 #: ones are written once to a temporary file that every worker maps (read-only).
 SEND_BYTES = 32 * 2**20
@@ -563,10 +580,11 @@ class _Worker:
                 pass
 
 
-def _fit_in_processes(job: _Job, subsets, jobs: int) -> list:
-    """The members of ``subsets``, fitted by this process and ``jobs - 1`` worker processes
-    at once, each taking the next member as it finishes one; the same members, bit for
-    bit, as one after the other (each is its own fit of its own rows)."""
+def _fit_in_processes(job: _Job, subsets, jobs: int, first: int = 0) -> list:
+    """Members ``first, first + 1, ...`` of ``subsets``, fitted by this process and
+    ``jobs - 1`` worker processes at once, each taking the next member as it finishes one;
+    the same members, bit for bit, as one after the other (each is its own fit of its own
+    rows)."""
     import pickle
     import tempfile
     import threading
@@ -575,10 +593,10 @@ def _fit_in_processes(job: _Job, subsets, jobs: int) -> list:
     from .kernels import threadpool
 
     K, n = len(subsets), int(job.codes.shape[0])
-    jobs = min(int(jobs), K)
+    jobs = min(int(jobs), K - first)
     per = max(1, _cores() // jobs)  # kernel threads of each process: no core oversubscribed
     small = _small_codes(np.ascontiguousarray(job.codes))
-    todo = list(range(K))
+    todo = list(range(first, K))
     lock = threading.Lock()
     members: list = [None] * K
     failed: list = []
@@ -635,7 +653,7 @@ def _fit_in_processes(job: _Job, subsets, jobs: int) -> list:
                 t.join()
         finally:
             threadpool.set_num_threads(before)  # (the count it had: the same threads from now on)
-            ok = not failed and all(m is not None for m in members)
+            ok = not failed and all(m is not None for m in members[first:])
             for w in workers:
                 w.close(wait=ok)
             for t in feeders:
@@ -646,7 +664,7 @@ def _fit_in_processes(job: _Job, subsets, jobs: int) -> list:
             raise error from _RemoteError(f"member {k}, in a worker process:\n{trace}")
         raise error
     out = []
-    for m in members:
+    for m in members[first:]:
         if isinstance(m, tuple):  # a worker's answer: the member and the warnings its fit gave
             _, k, m, caught = m
             for message, category in caught:

@@ -87,6 +87,27 @@ def test_n_jobs_none_uses_the_cores_on_large_tables_only(codes, monkeypatch):
     assert avg._resolved_jobs(4, (3, 4, 5) * 4) == 1
 
 
+def test_n_jobs_none_starts_workers_only_when_a_member_is_slow(codes, serial, spy, monkeypatch):
+    """With ``n_jobs=None`` the first member is fitted here and timed; the others go to
+    worker processes only if it took at least ``MIN_MEMBER_SECONDS``: the same members."""
+    monkeypatch.setattr(average, "available_cores", lambda: 2)
+    monkeypatch.setattr(average, "PARALLEL_CELLS", 1)
+    monkeypatch.setattr(average, "MIN_MEMBER_SECONDS", float("inf"))
+    here = FSLLAverage(n_members=3, random_state=5, progress=False).fit(codes)
+    assert spy == []  # no worker started
+    _same(here, serial)
+    monkeypatch.setattr(average, "MIN_MEMBER_SECONDS", 0.0)
+    before = threadpool.num_threads()
+    there = FSLLAverage(n_members=3, random_state=5, progress=False).fit(codes)
+    assert len(spy) == 1 and [p.returncode for p in spy] == [0]  # one worker for members 1 and 2
+    assert threadpool.num_threads() == before
+    _same(there, serial)
+    np.testing.assert_array_equal(there.probabilities(), serial.probabilities())
+    two = FSLLAverage(n_members=2, random_state=5, progress=False).fit(codes)  # one member left: fitted here
+    assert len(spy) == 1
+    _same(two, FSLLAverage(n_members=2, random_state=5, n_jobs=1, progress=False).fit(codes))
+
+
 def test_parameters_no_process_can_receive_use_threads(codes, serial, spy):
     from fsll_ooc.learn import LearnOptions
 
