@@ -21,6 +21,22 @@ from numba import njit
 __all__ = ["expand", "pair_sums", "pair_sums_at", "warmup"]
 
 
+@njit(inline="always")
+def _cell(base, k, nt, t_a, t_b, t_stride):
+    """The ``k``-th product cell of a pair: ``base`` plus, on each of its ``nt`` axes where
+    both digits are non-zero and differ, nothing, ``a`` or ``b`` (``k``'s base-3 digits)."""
+    f = base
+    rest = k
+    for q in range(nt):
+        ch = rest % 3
+        rest //= 3
+        if ch == 1:
+            f += t_a[q] * t_stride[q]
+        elif ch == 2:
+            f += t_b[q] * t_stride[q]
+    return f
+
+
 @njit(cache=True, nogil=True)
 def expand(dig_a, dig_b, ia, ib, strides, walsh):
     """``(pair, flat, coef)`` of the pairs ``(dig_a[ia[j]], dig_b[ib[j]])`` (digit rows)."""
@@ -69,17 +85,8 @@ def expand(dig_a, dig_b, ia, ib, strides, walsh):
                 nt += 1
                 sign = -sign
         for k in range(counts[j]):
-            f = base
-            rest = k
-            for q in range(nt):
-                ch = rest % 3
-                rest //= 3
-                if ch == 1:
-                    f += t_a[q] * t_stride[q]
-                elif ch == 2:
-                    f += t_b[q] * t_stride[q]
             pair[pos] = j
-            flat[pos] = f
+            flat[pos] = _cell(base, k, nt, t_a, t_b, t_stride)
             coef[pos] = sign
             pos += 1
     return pair, flat, coef
@@ -149,16 +156,7 @@ def pair_sums_at(dig_a, dig_b, ia, ib, strides, walsh, table):
                 sign = -sign
         acc = 0.0
         for k in range(n):
-            f = base
-            rest = k
-            for q in range(nt):
-                ch = rest % 3
-                rest //= 3
-                if ch == 1:
-                    f += t_a[q] * t_stride[q]
-                elif ch == 2:
-                    f += t_b[q] * t_stride[q]
-            acc += sign * table[f]
+            acc += sign * table[_cell(base, k, nt, t_a, t_b, t_stride)]
         out[j] = acc
     return out
 
