@@ -23,11 +23,16 @@ iterations and terms) when a corrective phase's last Newton round became the dua
 re-derivation and the joint selection began to read its product cells as they are.
 Takes 1-2 minutes on an idle 2-core machine.
 """
+import argparse
 import json
-import sys
 import tempfile
 
 from fsll_ooc import FSLL, datasets
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                             epilog="Prints the fingerprint as JSON; with OUT also writes it there.")
+ap.add_argument("out", nargs="?", metavar="OUT", help="file to write the fingerprint to (replaced)")
+args = ap.parse_args()
 
 out = {}
 for name in datasets.PAPER_DATASETS:
@@ -42,7 +47,7 @@ for backend in ("memmap", "zarr"):
                  layout=(3, 10), max_iter=40).fit(X)
         out[f"ooc/{backend}"] = [repr(m.cost_), m.n_iter_, m.n_bases_, repr(m.log_z_)]
 text = json.dumps(out, indent=1)
-if len(sys.argv) > 1:
-    with open(sys.argv[1], "w") as fh:
+if args.out:
+    with open(args.out, "w") as fh:
         fh.write(text)
 print(text)
