@@ -761,7 +761,7 @@ def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], 
     from .planner import PlanError, plan as make_plan
     from .storage.fit_store import TABLE_NAMES
 
-    em_further_price(est)  # (refused before any sub-fit)
+    price = em_further_price(est)  # ("auto" refused before any sub-fit)
     want = C.resolve_penalty_scale(est.penalty_scale, est.epsilon)
     auto = any(isinstance(k, str) for k in hidden)
     if want != "auto" and not auto:
@@ -792,7 +792,6 @@ def choose(est, rows: np.ndarray, counts: np.ndarray, obs_cards: Sequence[int], 
     opts = dataclasses.replace(fitting.options(est), on_finish=None)
     tol = est.em_tol if est.em_tol is not None else resolve_epsilon(est.epsilon, Nt)
     code = C.resolve_penalty(est.penalty, est.epsilon)
-    price = em_further_price(est)
 
     def run(engine, state, fresh):
         learn(engine, state, opts, fresh=fresh, progress=None, callback=None)
