@@ -70,3 +70,23 @@ def test_table_array_is_the_dual_table_in_core_only(tmp_path):
     np.testing.assert_array_equal(t, m.engine_.gather(flat))
     m = FSLL(cardinalities=cards, store=tmp_path / "s", layout=(1, 2), progress=False).fit(X)
     assert corrective._table_array(m.engine_) is None
+
+
+@pytest.mark.parametrize("cards,max_nonzero", [((2, 3, 4, 5), 4), ((3, 3, 3), 3), ((5, 2, 6, 3, 8), 3),
+                                               ((2, 2, 2), 3), ((2, 4, 8, 2), 4), ((7,), 1)])
+def test_pair_sums_grid_equals_pair_sums_at(cards, max_nonzero):
+    """The candidate x support matrix in one call: every pair's sum, bit for bit, also where every
+    axis is Walsh-Hadamard (one product cell per pair, read by the XOR of the flat indices)."""
+    rng = np.random.default_rng(3 * len(cards) + max_nonzero)
+    table = rng.standard_normal(math.prod(cards))
+    table[rng.integers(0, len(table), 3)] = -0.0  # (a pair's sum starts from 0.0: -0.0 comes out as 0.0)
+    a = _digit_rows(cards, 23, rng, max_nonzero)
+    b = _digit_rows(cards, 17, rng, max_nonzero)
+    ia, ib = np.repeat(np.arange(len(a)), len(b)), np.tile(np.arange(len(b)), len(a))
+    want = corrective._pair_sums_at(cards, table, a, b, ia, ib).reshape(len(a), len(b))
+    got = corrective._pair_sums_grid(cards, table, a, b)
+    assert got.shape == (len(a), len(b))
+    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+    assert corrective._pair_sums_grid(cards, table, a[:0], b).shape == (0, len(b))
+    assert corrective._pair_sums_grid(cards, table, a, b[:0]).shape == (len(a), 0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["expand", "pair_sums", "pair_sums_at", "warmup"]
+__all__ = ["expand", "pair_sums", "moment_matrix", "pair_sums_at", "pair_sums_grid", "warmup"]
 
 
 @njit(inline="always")
@@ -103,13 +103,21 @@ def pair_sums(pair, coef, cells, n_pairs):
 
 
 @njit(cache=True, nogil=True)
-def pair_sums_at(dig_a, dig_b, ia, ib, strides, walsh, table):
-    """``pair_sums(pair, coef, table[flat], P)`` of ``(pair, flat, coef) = expand(dig_a, dig_b, ia,
-    ib, strides, walsh)``, without writing the expansion out: each pair's terms are read off
-    ``table`` (the whole table, flat C order) and added in :func:`expand`'s order, from
-    ``0.0``, so the sums have the same bits.  A pair costs the non-zero digits of its ``a``
-    (the flat indices of both rows are summed first, then corrected on the shared axes)."""
-    P = ia.shape[0]
+def moment_matrix(pair, coef, cells, I, J, m):
+    """The symmetric ``(m, m)`` matrix with ``s = pair_sums(pair, coef, cells, len(I))`` at ``(I[p],
+    J[p])`` and ``(J[p], I[p])`` (zero elsewhere): the same sums, in one call."""
+    s = pair_sums(pair, coef, cells, I.shape[0])
+    M = np.zeros((m, m))
+    for p in range(I.shape[0]):
+        M[I[p], J[p]] = s[p]
+        M[J[p], I[p]] = s[p]
+    return M
+
+
+@njit(inline="always")
+def _row_sums(dig_a, dig_b, strides):
+    """Per row of ``dig_a``: its flat index, its non-zero axes (in axis order) and how many;
+    per row of ``dig_b``: its flat index."""
     nax = strides.shape[0]
     na = dig_a.shape[0]
     nb = dig_b.shape[0]
@@ -127,37 +135,85 @@ def pair_sums_at(dig_a, dig_b, ia, ib, strides, walsh, table):
     for r in range(nb):
         for ax in range(nax):
             fb[r] += dig_b[r, ax] * strides[ax]
+    return fa, nz, nnz, fb
+
+
+@njit(inline="always")
+def _pair_sum(ra, rb, dig_a, dig_b, strides, walsh, table, fa, nz, nnz, fb, t_stride, t_a, t_b):
+    """The sum of pair ``(dig_a[ra], dig_b[rb])``'s product cells read off ``table``, in
+    :func:`expand`'s order, from ``0.0``."""
+    base = fa[ra] + fb[rb]
+    nt = 0
+    sign = 1.0
+    n = 1
+    for q in range(nnz[ra]):  # (in axis order)
+        ax = nz[ra, q]
+        b = dig_b[rb, ax]
+        if b == 0:
+            continue
+        a = dig_a[ra, ax]
+        base -= (a + b) * strides[ax]
+        if walsh[ax]:
+            base += (a ^ b) * strides[ax]
+        elif a != b:
+            t_stride[nt] = strides[ax]
+            t_a[nt] = a
+            t_b[nt] = b
+            nt += 1
+            n *= 3
+            sign = -sign
+    acc = 0.0
+    for k in range(n):
+        acc += sign * table[_cell(base, k, nt, t_a, t_b, t_stride)]
+    return acc
+
+
+@njit(cache=True, nogil=True)
+def pair_sums_at(dig_a, dig_b, ia, ib, strides, walsh, table):
+    """``pair_sums(pair, coef, table[flat], P)`` of ``(pair, flat, coef) = expand(dig_a, dig_b, ia,
+    ib, strides, walsh)``, without writing the expansion out: each pair's terms are read off
+    ``table`` (the whole table, flat C order) and added in :func:`expand`'s order, from
+    ``0.0``, so the sums have the same bits.  A pair costs the non-zero digits of its ``a``
+    (the flat indices of both rows are summed first, then corrected on the shared axes)."""
+    P = ia.shape[0]
+    nax = strides.shape[0]
+    fa, nz, nnz, fb = _row_sums(dig_a, dig_b, strides)
     out = np.empty(P)
     t_stride = np.empty(nax, np.int64)
     t_a = np.empty(nax, np.int64)
     t_b = np.empty(nax, np.int64)
     for j in range(P):
-        ra = ia[j]
-        rb = ib[j]
-        base = fa[ra] + fb[rb]
-        nt = 0
-        sign = 1.0
-        n = 1
-        for q in range(nnz[ra]):  # (in axis order)
-            ax = nz[ra, q]
-            b = dig_b[rb, ax]
-            if b == 0:
-                continue
-            a = dig_a[ra, ax]
-            base -= (a + b) * strides[ax]
-            if walsh[ax]:
-                base += (a ^ b) * strides[ax]
-            elif a != b:
-                t_stride[nt] = strides[ax]
-                t_a[nt] = a
-                t_b[nt] = b
-                nt += 1
-                n *= 3
-                sign = -sign
-        acc = 0.0
-        for k in range(n):
-            acc += sign * table[_cell(base, k, nt, t_a, t_b, t_stride)]
-        out[j] = acc
+        out[j] = _pair_sum(ia[j], ib[j], dig_a, dig_b, strides, walsh, table, fa, nz, nnz, fb, t_stride, t_a, t_b)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def pair_sums_grid(dig_a, dig_b, strides, walsh, table):
+    """:func:`pair_sums_at` of every pair ``(i, j)`` of a row ``i`` of ``dig_a`` and a row ``j`` of
+    ``dig_b``, as a ``(len(dig_a), len(dig_b))`` matrix (the same sums, bit for bit; no pair
+    lists).  When every axis is Walsh-Hadamard a pair's one product cell is the XOR of the two
+    flat indices (each digit owns its own bits): read straight off the table."""
+    na = dig_a.shape[0]
+    nb = dig_b.shape[0]
+    nax = strides.shape[0]
+    fa, nz, nnz, fb = _row_sums(dig_a, dig_b, strides)
+    out = np.empty((na, nb))
+    all_walsh = True
+    for ax in range(nax):
+        if not walsh[ax]:
+            all_walsh = False
+    if all_walsh:
+        for i in range(na):
+            f = fa[i]
+            for j in range(nb):
+                out[i, j] = 0.0 + 1.0 * table[f ^ fb[j]]
+        return out
+    t_stride = np.empty(nax, np.int64)
+    t_a = np.empty(nax, np.int64)
+    t_b = np.empty(nax, np.int64)
+    for i in range(na):
+        for j in range(nb):
+            out[i, j] = _pair_sum(i, j, dig_a, dig_b, strides, walsh, table, fa, nz, nnz, fb, t_stride, t_a, t_b)
     return out
 
 
@@ -167,4 +223,6 @@ def warmup() -> None:
     i = np.zeros(1, np.int64)
     p, f, c = expand(d, d, i, i, np.ones(2, np.int64), np.zeros(2, np.bool_))
     pair_sums(p, c, c, 1)
+    moment_matrix(p, c, c, i, i, 1)
     pair_sums_at(d, d, i, i, np.ones(2, np.int64), np.zeros(2, np.bool_), np.zeros(4))
+    pair_sums_grid(d, d, np.ones(2, np.int64), np.zeros(2, np.bool_), np.zeros(4))

@@ -205,14 +205,19 @@ def _pair_sums_at(cards, table: np.ndarray, dig_a: np.ndarray, dig_b: np.ndarray
                                         table)
 
 
+def _pair_sums_grid(cards, table: np.ndarray, dig_a: np.ndarray, dig_b: np.ndarray) -> np.ndarray:
+    """:func:`_pair_sums_at` of every pair of a row of ``dig_a`` and a row of ``dig_b``, as a
+    ``(len(dig_a), len(dig_b))`` matrix (the same sums, bit for bit)."""
+    cards = tuple(int(k) for k in cards)
+    walsh = np.array([basis.is_walsh(k) for k in cards], bool)
+    return kernel_products.pair_sums_grid(np.ascontiguousarray(dig_a, np.int64), np.ascontiguousarray(dig_b, np.int64),
+                                          _strides(cards), walsh, table)
+
+
 def moment_matrix(prod: Products, cells: np.ndarray) -> np.ndarray:
     """``M[i, j] = <Phi_i Phi_j>_p`` of the support from ``cells[k] = thetabar[prod.flat[k]]``."""
-    m = len(prod.support)
-    s = kernel_products.pair_sums(prod.pair, prod.coef, np.asarray(cells, np.float64), len(prod.I))
-    M = np.zeros((m, m))
-    M[prod.I, prod.J] = s
-    M[prod.J, prod.I] = s
-    return M
+    return kernel_products.moment_matrix(prod.pair, prod.coef, np.asarray(cells, np.float64), prod.I, prod.J,
+                                         len(prod.support))
 
 
 def _cross_moments(cards, rows: np.ndarray, cols: np.ndarray):
@@ -292,10 +297,16 @@ def _solve(H: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 
 def _solve_inner(H: np.ndarray, g: np.ndarray) -> np.ndarray:
-    scale = float(np.max(np.abs(np.diag(H)))) or 1.0
-    eye = np.eye(len(H))
+    diag = np.diag(H)
+    scale = float(np.max(np.abs(diag))) or 1.0
     for ridge in (1e-12, 1e-9, 1e-6):
-        A = H + ridge * scale * eye
+        # ``H + ridge * scale * I``: every entry plus 0.0 off the diagonal, plus ``ridge * scale`` on it
+        c = ridge * scale
+        if math.isfinite(c):
+            A = H + 0.0
+            A[np.diag_indices(len(H))] = diag + c
+        else:
+            A = H + c * np.eye(len(H))
         try:
             np.linalg.cholesky(A)  # positive definite?
             x = np.linalg.solve(A, g)
@@ -392,8 +403,8 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
     support = np.fromiter(state.theta.keys(), dtype=np.int64, count=m)
     prod = products if products is not None else Products(state.cards)
     prod.update(support)
-    theta = np.array([state.theta[int(y)] for y in support])
-    dbar = np.array([state.dbar[int(y)] for y in support])
+    theta = np.fromiter(state.theta.values(), dtype=np.float64, count=m)
+    dbar = np.fromiter(map(state.dbar.__getitem__, state.theta), dtype=np.float64, count=m)
     pen = state.total_penalty()
 
     def cost_of(th, log_z):
@@ -708,15 +719,14 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         fam_c = state._families(flat_c.tolist())
         fam_id = {}
         fam_ix = np.array([fam_id.setdefault(f, len(fam_id)) for f in fam_c], dtype=np.int64)
-        code = state.term_code()  # (no candidate is in the support: one more member of its family)
-        r_c = np.array([code.add(f, counts.get(f, 0)) for f in fam_id])[fam_ix]
+        # (no candidate is in the support: one more member of its family)
+        r_c = np.array(state.add_prices(fam_id, counts))[fam_ix]
     else:
         r_c = np.array([state.penalty(int(y)) for y in flat_c])
     if m:
         H_ss = moment_matrix(prod, cell[:n1]) - np.outer(tb_s, tb_s)
         if table is not None:
-            H_cs = _pair_sums_at(cards, table, dig_c, _digits(cards, support), np.repeat(np.arange(K), m),
-                                 np.tile(np.arange(m), K)).reshape(K, m)
+            H_cs = _pair_sums_grid(cards, table, dig_c, _digits(cards, support))
         else:
             H_cs = kernel_products.pair_sums(cs_pair, cs_coef, cell[n1:n1 + n2], K * m).reshape(K, m)
         H_cs -= np.outer(tb_c, tb_s)
@@ -800,11 +810,16 @@ def family_terms(cards, families, limit: int) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
-def _families_within(cards, families, limit: int) -> list:
-    """The families :func:`family_terms` lists, in order."""
+def _families_within(cards, families, limit: int, sizes: dict | None = None) -> list:
+    """The families :func:`family_terms` lists, in order.  ``sizes``: a memo of each family's
+    number of terms (the product of its ``cards - 1``), filled in as they are found."""
     out, total = [], 0
+    less = [k - 1 for k in cards]
+    sizes = {} if sizes is None else sizes
     for axes in families:
-        M = math.prod(cards[i] - 1 for i in axes)
+        M = sizes.get(axes)
+        if M is None:
+            M = sizes[axes] = math.prod(map(less.__getitem__, axes))
         if M <= 1 or total + M > limit:
             continue
         out.append(axes)
@@ -832,7 +847,7 @@ def _family_candidates(engine, state, limit: int):
         state.__dict__["_family_memo"] = memo[:3] + (support,)
         return memo[1]
     parts = memo[2] if memo is not None else {}
-    fams = _families_within(state.cards, named, limit)
+    fams = _families_within(state.cards, named, limit, state.__dict__.setdefault("_family_sizes", {}))
     fresh = [a for a in fams if a not in parts]
     if fresh:
         strides = _strides(state.cards)
@@ -868,7 +883,7 @@ def _family_scores(engine, state, limit: int, counts: dict):
     keep = ~np.fromiter(map(state.theta.__contains__, cand.tolist()), bool, len(cand))
     cand, dd, fam_ix = cand[keep], dd[keep], fam_ix[keep]
     # (none is in the support: each costs one more member of its family)
-    r = np.array([code.add(a, counts.get(a, 0)) for a in fams])[fam_ix]
+    r = np.array(state.add_prices(fams, counts))[fam_ix]
     out = (cand, dd, np.log1p(dd), 1.0 + dd, np.log1p(-dd), 1.0 - dd, r)
     state.__dict__["_family_scores"] = (support, code, found, out)
     return out

@@ -6,6 +6,8 @@ import math
 import operator
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .. import cost as C
 
 __all__ = ["FitState"]
@@ -124,13 +126,32 @@ class FitState:
         return dict(memo[1])
 
     def _families(self, ys) -> list[tuple[int, ...]]:
-        """:meth:`family` of each of ``ys`` (one look-up each once memoised)."""
+        """:meth:`family` of each of ``ys`` (one look-up each once memoised; those not seen yet
+        found together, :meth:`_fill_families`)."""
         cache = self.__dict__.setdefault("_family_cache", {})
         try:
             return list(map(cache.__getitem__, ys))
         except KeyError:  # some not seen yet
+            self._fill_families([y for y in ys if y not in cache])
             get = cache.get
             return [get(y) or self.family(y) for y in ys]
+
+    def _fill_families(self, ys) -> None:
+        """Memoise :meth:`family` of ``ys`` (flat indices) at once: their non-zero digits as a bit
+        mask each, one tuple per distinct mask (the same tuples :meth:`family` makes)."""
+        n = len(self.cards)
+        size = math.prod(self.cards)
+        if len(ys) < 8 or n > 62 or size > 2**62 or not all(0 <= y < size for y in ys):
+            return  # (few, or out of range: :meth:`family` one by one, which raises)
+        flat = np.fromiter(ys, np.int64, len(ys))
+        nonzero = np.stack(np.unravel_index(flat, self.cards), axis=1) != 0
+        masks = nonzero @ (np.int64(1) << np.arange(n, dtype=np.int64))
+        of_mask = {}
+        for mk in np.unique(masks).tolist():
+            of_mask[mk] = tuple(i for i in range(n) if mk >> i & 1)
+        cache = self.__dict__.setdefault("_family_cache", {})
+        for y, mk in zip(ys, masks.tolist()):
+            cache[y] = of_mask[mk]
 
     def _count_families(self, ys) -> dict[tuple[int, ...], int]:
         """Members of each family among ``ys``, the families in the order of their first member."""
@@ -144,6 +165,20 @@ class FitState:
         theta, out = self.theta, []
         for y, a in zip(flats, self._families(flats)):
             key = (a, counts.get(a, 0) - (y in theta))
+            v = memo.get(key)
+            if v is None:
+                v = memo[key] = code.add(*key)
+            out.append(v)
+        return out
+
+    def add_prices(self, families, counts: dict) -> list[float]:
+        """The code length of one more member of each of ``families`` (variable sets) that has
+        ``counts.get(a, 0)`` members now: ``term_code().add``, memoised by (family, members)."""
+        code = self.term_code()
+        memo = self._code_memo(code, "add")
+        out = []
+        for a in families:
+            key = (a, counts.get(a, 0))
             v = memo.get(key)
             if v is None:
                 v = memo[key] = code.add(*key)
