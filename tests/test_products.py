@@ -90,3 +90,66 @@ def test_pair_sums_grid_equals_pair_sums_at(cards, max_nonzero):
     assert np.array_equal(np.signbit(got), np.signbit(want))
     assert corrective._pair_sums_grid(cards, table, a[:0], b).shape == (0, len(b))
     assert corrective._pair_sums_grid(cards, table, a, b[:0]).shape == (len(a), 0)
+
+
+@pytest.mark.parametrize("cards", [(3, 4, 2, 5), (2, 2, 2, 2, 2)])
+def test_products_appends_keep_what_a_full_update_keeps(cards):
+    """Members appended at the end take the short way (nothing re-indexed): the same cache, array
+    for array, as the full re-indexing update, through appends, removals and reorders."""
+    rng = np.random.default_rng(11)
+    size = math.prod(cards)
+    pool = rng.permutation(np.arange(1, size))[:30]
+    steps = [pool[:3], pool[:7], pool[:7], pool[:12], pool[[0, 2, 3, 5, 6, 8, 9, 10, 11]],
+             np.concatenate([pool[[0, 2, 3, 5, 6, 8, 9, 10, 11]], pool[20:25]]), pool[:12][::-1],
+             np.concatenate([pool[:12][::-1], pool[25:30]]), pool[:0], pool[:4]]
+    fast, full = corrective.Products(cards), corrective.Products(cards)
+    for support in steps:
+        support = np.asarray(support, np.int64)
+        fast.update(support)
+        if not np.array_equal(support, full.support):
+            full._update(support)
+        for name in ("support", "pair", "flat", "coef", "I", "J"):
+            a, b = getattr(fast, name), getattr(full, name)
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+        # every pair i <= j of the support, each once
+        got = sorted(zip(np.minimum(fast.I, fast.J).tolist(), np.maximum(fast.I, fast.J).tolist()))
+        m = len(support)
+        assert got == [(i, j) for i in range(m) for j in range(i, m)]
+
+
+def _closure_reference(cards, support, limit):
+    """:func:`corrective.closure_candidates` as it was first written (one variable set at a time
+    by ``meshgrid``): the reference for the faster one."""
+    support = np.asarray(support, np.int64)
+    if len(support) == 0 or limit <= 0:
+        return np.zeros(0, np.int64)
+    strides = corrective._strides(cards)
+    have = set(int(v) for v in support) | {0}
+    seen, out, total = set(), [], 0
+    for row in corrective._digits(cards, support):
+        axes = tuple(int(i) for i in np.nonzero(row)[0])
+        if axes in seen or math.prod(cards[i] for i in axes) > 4 * limit:
+            continue
+        seen.add(axes)
+        grids = np.meshgrid(*[np.arange(cards[i]) for i in axes], indexing="ij")
+        flat = sum(g.reshape(-1) * strides[i] for g, i in zip(grids, axes))
+        flat = np.array([f for f in flat.tolist() if f not in have], dtype=np.int64)
+        have.update(flat.tolist())
+        out.append(flat)
+        total += len(flat)
+        if total >= limit:
+            break
+    return np.concatenate(out)[:limit] if out else np.zeros(0, np.int64)
+
+
+@pytest.mark.parametrize("cards", [(3, 4, 2, 5), (2,) * 17, (3,) * 11, (5, 2, 6, 3, 8)])
+def test_closure_candidates_match_the_reference(cards):
+    rng = np.random.default_rng(len(cards))
+    size = math.prod(cards)
+    for max_nonzero in (1, 2, 3, 4):
+        support = np.unique(np.ravel_multi_index(_digit_rows(cards, 60, rng, max_nonzero).T, cards))
+        support = rng.permutation(support[support != 0])
+        for limit in (0, 1, 7, 64, 512, size):
+            got = corrective.closure_candidates(cards, support, limit)
+            want = _closure_reference(cards, support, limit)
+            assert got.dtype == want.dtype and np.array_equal(got, want), (max_nonzero, limit)

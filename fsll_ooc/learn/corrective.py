@@ -137,6 +137,16 @@ class Products:
         support = np.asarray(support, np.int64)
         if np.array_equal(support, self.support):
             return
+        n_old = len(self.support)
+        if len(support) > n_old and np.array_equal(support[:n_old], self.support) and \
+                not np.isin(support[n_old:], self.support).any():
+            # members appended at the end (the usual change): every cached pair stays where it is
+            self._append(support, np.arange(n_old, len(support), dtype=np.int64))
+        else:
+            self._update(support)
+
+    def _update(self, support: np.ndarray) -> None:
+        """:meth:`update` to any support: the surviving pairs re-indexed, then the new members'."""
         # remap[k]: the new position of old member k, -1 if it left (members are distinct)
         remap = np.full(len(self.support), -1, dtype=np.int64)
         if len(support) and len(self.support):
@@ -153,7 +163,11 @@ class Products:
             self.coef = self.coef[keep_term]
             self.I = remap[self.I[keep_pair]]
             self.J = remap[self.J[keep_pair]]
-        fresh = np.nonzero(~np.isin(support, self.support))[0].astype(np.int64)
+        self._append(support, np.nonzero(~np.isin(support, self.support))[0].astype(np.int64))
+
+    def _append(self, support: np.ndarray, fresh: np.ndarray) -> None:
+        """Expand the pairs of the new members (positions ``fresh`` of ``support``) after the
+        cached ones (re-indexed to ``support`` already); ``support`` becomes the support."""
         if len(fresh):
             m = len(support)
             isnew = np.zeros(m, bool)
@@ -549,15 +563,28 @@ def closure_candidates(cards, support: np.ndarray, limit: int) -> np.ndarray:
     if len(support) == 0 or limit <= 0:
         return np.zeros(0, np.int64)
     strides = _strides(cards)
-    have = set(int(v) for v in support) | {0}  # y = 0 is the constant, never a parameter
+    have = set(support.tolist()) | {0}  # y = 0 is the constant, never a parameter
     seen, out, total = set(), [], 0
-    for row in _digits(cards, support):
-        axes = tuple(int(i) for i in np.nonzero(row)[0])
-        if axes in seen or math.prod(cards[i] for i in axes) > 4 * limit:
+    nonzero = _digits(cards, support) != 0
+    n = len(cards)
+    # each row's variable set as a bit mask (a set seen before is skipped by its mask alone)
+    masks = (nonzero @ (np.int64(1) << np.arange(n, dtype=np.int64))).tolist() if n <= 62 else None
+    for r in range(len(support)):
+        if masks is not None:
+            if masks[r] in seen:
+                continue
+            seen.add(masks[r])
+        axes = tuple(np.nonzero(nonzero[r])[0].tolist())
+        if masks is None:
+            if axes in seen:
+                continue
+            seen.add(axes)
+        if math.prod(cards[i] for i in axes) > 4 * limit:
             continue
-        seen.add(axes)
-        grids = np.meshgrid(*[np.arange(cards[i]) for i in axes], indexing="ij")
-        flat = sum(g.reshape(-1) * strides[i] for g, i in zip(grids, axes))
+        # every digit combination on ``axes`` (the last axis fastest), as flat indices
+        flat = np.zeros(1, np.int64)
+        for i in axes:
+            flat = (flat[:, None] + np.arange(cards[i], dtype=np.int64) * strides[i]).reshape(-1)
         flat = np.array([f for f in flat.tolist() if f not in have], dtype=np.int64)
         have.update(flat.tolist())
         out.append(flat)
