@@ -149,7 +149,35 @@ def test_closure_candidates_match_the_reference(cards):
     for max_nonzero in (1, 2, 3, 4):
         support = np.unique(np.ravel_multi_index(_digit_rows(cards, 60, rng, max_nonzero).T, cards))
         support = rng.permutation(support[support != 0])
-        for limit in (0, 1, 7, 64, 512, size):
+        for limit in (0, 1, 7, 64, 512, min(size, 4096)):
             got = corrective.closure_candidates(cards, support, limit)
             want = _closure_reference(cards, support, limit)
             assert got.dtype == want.dtype and np.array_equal(got, want), (max_nonzero, limit)
+
+
+def test_solve_skips_the_check_of_a_matrix_that_passed_it(monkeypatch):
+    """A joint selection's solve (several right-hand sides) with the matrix the corrective phase's
+    last round checked: no second Cholesky check, the same numbers; any other matrix is checked."""
+    rng = np.random.default_rng(5)
+    B = rng.standard_normal((40, 80))
+    H = B @ B.T / 80
+    g, G = rng.standard_normal(40), rng.standard_normal((40, 7))
+    calls = []
+    real = np.linalg.cholesky
+    monkeypatch.setattr(np.linalg, "cholesky", lambda A: calls.append(1) or real(A))
+    memo = corrective.Products((2, 2))
+    x = corrective._solve(H, g, memo)
+    assert len(calls) == 1 and memo.checked is not None
+    np.testing.assert_array_equal(x, corrective._solve(H, g))
+    X = corrective._solve(H.copy(), G, memo)  # the same bits: not checked again
+    assert len(calls) == 2
+    np.testing.assert_array_equal(X, corrective._solve(H, G))
+    H2 = H.copy()
+    H2[3, 3] += 1e-9
+    corrective._solve(H2, G, memo)  # another matrix: checked
+    assert len(calls) == 4
+    # a matrix that fails the check at the first ridge fails it whatever the memo holds
+    S = np.outer(g, g)  # rank one
+    want = corrective._solve(S, G)
+    memo.checked = S + 0.0
+    np.testing.assert_array_equal(corrective._solve(S, G, memo), want)

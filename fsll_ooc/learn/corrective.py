@@ -132,6 +132,7 @@ class Products:
         self.coef = np.zeros(0)
         self.I = np.zeros(0, np.int64)
         self.J = np.zeros(0, np.int64)
+        self.checked = None  # the last matrix (never written to) that passed :func:`_solve`'s check
 
     def update(self, support: np.ndarray) -> None:
         support = np.asarray(support, np.int64)
@@ -304,13 +305,15 @@ def _one_blas_thread():
                 _BLAS_HELD["limiter"] = None
 
 
-def _solve(H: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """``H^-1 g`` for a symmetric positive (semi)definite ``H``, robustly."""
+def _solve(H: np.ndarray, g: np.ndarray, memo: Products | None = None) -> np.ndarray:
+    """``H^-1 g`` for a symmetric positive (semi)definite ``H``, robustly.  ``memo``: the
+    :class:`Products` of the support, which keeps the last matrix that passed the Cholesky
+    check (a solve for several right-hand sides with that matrix again skips the check)."""
     with _one_blas_thread():
-        return _solve_inner(H, g)
+        return _solve_inner(H, g, memo)
 
 
-def _solve_inner(H: np.ndarray, g: np.ndarray) -> np.ndarray:
+def _solve_inner(H: np.ndarray, g: np.ndarray, memo: Products | None = None) -> np.ndarray:
     diag = np.diag(H)
     scale = float(np.max(np.abs(diag))) or 1.0
     for ridge in (1e-12, 1e-9, 1e-6):
@@ -322,7 +325,13 @@ def _solve_inner(H: np.ndarray, g: np.ndarray) -> np.ndarray:
         else:
             A = H + c * np.eye(len(H))
         try:
-            np.linalg.cholesky(A)  # positive definite?
+            # positive definite?  (a joint selection solves with the matrix of the corrective
+            # phase's last round, checked just before: the same bits pass the same check)
+            passed = memo.checked if memo is not None else None
+            if not (g.ndim == 2 and passed is not None and passed.shape == A.shape and np.array_equal(passed, A)):
+                np.linalg.cholesky(A)
+                if memo is not None:
+                    memo.checked = A
             x = np.linalg.solve(A, g)
             if np.all(np.isfinite(x)):
                 return x
@@ -452,7 +461,7 @@ def refine(engine, state, *, tol: float, max_rounds: int = 8, max_halvings: int 
         H = moment_matrix(prod, cell[:len(prod.flat)])
         H -= np.outer(tb_s, tb_s)
         g = tb_s - dbar
-        step = -_solve(H, g)
+        step = -_solve(H, g, prod)
         dec = 0.5 * float(-(g @ step))
         out.decrement = dec
         if not (dec > tol) or not np.isfinite(dec) or (checked and dec <= leave) or out.rounds >= max_rounds:
@@ -757,7 +766,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         else:
             H_cs = kernel_products.pair_sums(cs_pair, cs_coef, cell[n1:n1 + n2], K * m).reshape(K, m)
         H_cs -= np.outer(tb_c, tb_s)
-        X = _solve(H_ss, np.concatenate([H_cs.T, (tb_s - d_s)[:, None]], axis=1))
+        X = _solve(H_ss, np.concatenate([H_cs.T, (tb_s - d_s)[:, None]], axis=1), prod)
         u = g_c - H_cs @ X[:, K]
         # of ``H_cs H_ss^-1 H_sc`` (K x K) only the diagonal and the picks' columns are read
         HX_diag = np.einsum("kj,jk->k", H_cs, X[:, :K])
