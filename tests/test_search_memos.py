@@ -103,3 +103,21 @@ def test_digits_and_family_counts_memos():
         want[a] = want.get(a, 0) + 1
     got = st._count_families(ys)
     assert got == want and list(got) == list(want) and type(got) is dict
+
+
+def test_support_prices_and_totals_are_the_per_term_ones():
+    """The support's prices (one per family) and code length (its counts memoised) are
+    :meth:`marginal_penalties` and the count from scratch, bit for bit, as the support changes."""
+    m = _fitted()
+    st = m.fit_state_
+    members = list(st.theta)
+    for keep in (members, members[:-1], members[::-1], members[:2], members):
+        saved = dict(st.theta)
+        st.theta = {y: saved.get(y, 0.1) for y in keep}
+        ys = list(st.theta)
+        assert st.penalties(ys) == st.marginal_penalties(ys)
+        code, lengths = st.term_code(), {}
+        want = sum(code.total(*key) for key in st._count_families(ys).items())
+        assert st.total_penalty() == want == st.total_penalty_of(ys)
+        assert st.total_penalty_of(ys[:-1]) == sum(code.total(*k) for k in st._count_families(ys[:-1]).items())
+        assert st.family_counts() == st._count_families(ys)

@@ -72,7 +72,7 @@ class FitState:
             code = self.term_code()
             memo = self.__dict__.get("_support_penalties")
             if memo is None or memo[0] != support or memo[1] is not code:
-                memo = self.__dict__["_support_penalties"] = (support, code, self.marginal_penalties(flats))
+                memo = self.__dict__["_support_penalties"] = (support, code, self._support_prices(support, code))
             return list(memo[2])
         cache = self.__dict__.setdefault("_r_cache", {})
         try:
@@ -119,11 +119,28 @@ class FitState:
     def family_counts(self) -> dict[tuple[int, ...], int]:
         """Members in the support of each family (variable set): a new dict, memoised on the
         support (its terms in order; the learner asks for it several times per iteration)."""
-        key = tuple(self.theta)
+        return dict(self._support_counts(tuple(self.theta)))
+
+    def _support_counts(self, support: tuple) -> dict[tuple[int, ...], int]:
+        """:meth:`_count_families` of ``support`` (the support's terms in order), memoised on it
+        (the dict is the memo's: not to be changed)."""
         memo = self.__dict__.get("_family_counts")
-        if memo is None or memo[0] != key:
-            memo = self.__dict__["_family_counts"] = (key, self._count_families(key))
-        return dict(memo[1])
+        if memo is None or memo[0] != support:
+            memo = self.__dict__["_family_counts"] = (support, self._count_families(support))
+        return memo[1]
+
+    def _support_prices(self, support: tuple, code: C.TermCode) -> list[float]:
+        """:meth:`marginal_penalties` of the support's own terms (each one's family has it among
+        its members): one price per family, each member given its family's."""
+        add = self._code_memo(code, "add")
+        per = {}
+        for a, c in self._support_counts(support).items():
+            key = (a, c - 1)
+            v = add.get(key)
+            if v is None:
+                v = add[key] = code.add(*key)
+            per[a] = v
+        return list(map(per.__getitem__, self._families(support)))
 
     def _families(self, ys) -> list[tuple[int, ...]]:
         """:meth:`family` of each of ``ys`` (one look-up each once memoised; those not seen yet
@@ -212,8 +229,10 @@ class FitState:
             return sum(self.penalties(ys))
         code = self.term_code()
         lengths = self._code_memo(code, "total")
+        ys = tuple(ys)
+        counts = self._support_counts(ys) if ys == tuple(self.theta) else self._count_families(ys)
         out = []
-        for key in self._count_families(ys).items():
+        for key in counts.items():
             v = lengths.get(key)
             if v is None:
                 v = lengths[key] = code.total(*key)
