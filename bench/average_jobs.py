@@ -3,8 +3,9 @@
 
 For each case: one ``FSLL()`` fit, then, ``--reps`` times in turn, ``FSLLAverage(n_jobs=1)``,
 ``FSLLAverage()`` (``n_jobs=None``: workers only when the first member took at least
-``average.MIN_MEMBER_SECONDS``) and ``FSLLAverage()`` with that threshold at 0 (workers
-always, where the cores are idle), with wall-clock and this process's CPU seconds.  The
+``average.MIN_MEMBER_SECONDS``), ``FSLLAverage()`` with that threshold at 0 (workers
+always, where the cores are idle) and ``FSLLAverage(n_jobs=2)`` (one worker whatever the
+load), with wall-clock and this process's CPU seconds.  The
 members are the same in every variant (tests); only the time differs.  Run it on an idle
 machine: ``n_jobs=None`` counts the cores the 1-minute load leaves idle, which includes
 the workers of the variant before it.
@@ -52,7 +53,7 @@ def main(argv=None) -> None:
         print(f"| {case} | one FSLL() fit | 0 | {time.perf_counter() - t:.2f} | | {os.getloadavg()[0]:.2f} |", flush=True)
         for rep in range(a.reps):
             for name, nj, threshold in (("n_jobs=1", 1, default), ("n_jobs=None", None, default),
-                                        ("n_jobs=None, workers always", None, 0.0)):
+                                        ("n_jobs=None, workers always", None, 0.0), ("n_jobs=2", 2, default)):
                 average.MIN_MEMBER_SECONDS = threshold
                 c0, t = os.times(), time.perf_counter()
                 FSLLAverage(n_jobs=nj, progress=False).fit(X)

@@ -347,8 +347,8 @@ print(json.dumps({"wall": wall, "cpu": cpu, "cpu_children": kids, "K": len(membe
 PAR_VARIANTS = (("FSLL()", 1, "fit", {}),
                 ("old FSLLAverage()", 0, "avg", {}),
                 ("new FSLLAverage()", 1, "avg", {}),
-                ("new FSLLAverage(n_jobs=2)", 1, "avg", {"n_jobs": 2}),
-                ("new FSLLAverage(n_members=4, n_jobs=2)", 1, "avg", {"n_members": 4, "n_jobs": 2}))
+                ("old FSLLAverage(n_jobs=2)", 0, "avg", {"n_jobs": 2}),
+                ("new FSLLAverage(n_jobs=2)", 1, "avg", {"n_jobs": 2}))
 
 
 def parallel(cases, reps: int, roots, raw) -> None:

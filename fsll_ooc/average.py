@@ -59,11 +59,14 @@ class FSLLAverage:
     n_jobs : None or int
         Members fitted at once: this process fits members and ``n_jobs - 1`` worker
         processes fit others (each takes the next member when it has finished one).
-        ``None`` (default): the idle cores (:func:`available_cores`, at most
+        The workers start first and take members once started (imports done): this
+        process fits members meanwhile, and a worker that has none when no member is left
+        is ended.  ``None`` (default): the idle cores (:func:`available_cores`, at most
         ``K``) on a table of at least :data:`PARALLEL_CELLS` cells in core, else 1 (a
-        smaller table's member takes less than a worker's start); and then only if the
-        first member, fitted here, took at least :data:`MIN_MEMBER_SECONDS` (else the
-        others are fitted here too).  The members are the
+        smaller table's member takes less than a worker's start); the first member is
+        fitted here, timed, while the workers start, and if it took less than
+        :data:`MIN_MEMBER_SECONDS` the workers are ended and the others are fitted here
+        too.  The members are the
         same whatever ``n_jobs``, bit for bit: each is its own fit of its own rows.  Each
         process's kernels use ``cores // n_jobs`` threads meanwhile.  Out of core (``store``), or with
         parameters no other process can receive (e.g. a ``dask.distributed`` client),
@@ -185,17 +188,11 @@ class FSLLAverage:
         job = _Job(codes, tuple(cards), names, cats, keep, dict(self.params, cardinalities=tuple(cards)))
         jobs = self._resolved_jobs(K, cards)
         sendable = jobs > 1 and store is None and _can_send(job)
-        if jobs > 1 and sendable and self.n_jobs is None:
-            # The first member here, timed: workers only when a member takes longer than
-            # starting one (the members are the same either way).
-            t0 = time.perf_counter()
-            members = [job.member(0, subsets[0])]
-            if time.perf_counter() - t0 < MIN_MEMBER_SECONDS:
-                members += [job.member(k, subsets[k]) for k in range(1, K)]
-            else:
-                members += _fit_in_processes(job, subsets, jobs, first=1)
-        elif jobs > 1 and sendable:
-            members = _fit_in_processes(job, subsets, jobs)
+        if jobs > 1 and sendable:
+            # n_jobs=None: the first member here, timed, while the workers start; they fit
+            # members only if it took at least MIN_MEMBER_SECONDS (the members are the same
+            # either way).
+            members = _fit_in_processes(job, subsets, jobs, gate=MIN_MEMBER_SECONDS if self.n_jobs is None else None)
         elif jobs > 1 and self.n_jobs is not None:  # out of core, or parameters no other process can receive
             with threads.pool(min(jobs, K), "fsll-average") as ex:
                 members = list(ex.map(lambda k: job.member(k, subsets[k]), range(K)))
@@ -394,9 +391,9 @@ def _model_file(m: FSLL) -> "model_file.ModelFile":
 #: processes: a smaller table's fit takes well under the second a worker process needs
 #: to start (imports and numba's cached kernels), so its members are fitted here.
 PARALLEL_CELLS = 2**14
-#: With ``n_jobs=None`` the first member is fitted here and timed; the others go to worker
-#: processes only if it took at least this many seconds: a worker needs about 1.3 s of a
-#: core to start. On two idle cores members of 0.3 s gained nothing from a worker, members
+#: With ``n_jobs=None`` the first member is fitted here and timed while the workers start;
+#: they fit members only if it took at least this many seconds (else they are ended): a
+#: worker needs about 1.3 s of a core to start. On two idle cores members of 0.3 s gained nothing from a worker, members
 #: of 0.7 s and 1.5 s made the average 1.3-1.5x faster (``docs/benchmarks_quality.md``).
 MIN_MEMBER_SECONDS = 0.5
 #: Codes up to this many bytes go to a worker process with its first message; larger
@@ -508,6 +505,8 @@ def _serve() -> None:
         codes = np.load(codes, mmap_mode="r")
     job = _Job(codes, head["cards"], head["names"], head["cats"], head["keep"], head["params"], head["dtype"])
     n = int(codes.shape[0])
+    out.write(pickle.dumps("ready"))  # started: it takes members from now on
+    out.flush()
     while True:
         msg = pickle.load(inp)
         if msg is None:
@@ -541,15 +540,28 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-c", _WORKER, json.dumps(list(sys.path))],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.head = head_bytes  # sent by the feeding thread (the worker reads it once it has started)
+        self.killed = False  # ended by this process without waiting (not an error of its own)
+
+    def start(self) -> None:
+        """Send the job and wait until the worker has read it (its imports done)."""
+        import pickle
+
+        try:
+            self.proc.stdin.write(self.head)
+            self.head = None
+            self.proc.stdin.flush()
+            if pickle.load(self.proc.stdout) != "ready":
+                raise EOFError
+        except (EOFError, OSError):
+            code = self.proc.wait()
+            raise RuntimeError(f"a worker process of the average, starting, ended unexpectedly (exit code {code}); "
+                               "n_jobs=1 fits every member in this process") from None
 
     def fit(self, k: int, bits: np.ndarray):
         """Member ``k`` (rows ``bits``, packed) fitted in the worker: the worker's answer."""
         import pickle
 
         try:
-            if self.head is not None:
-                self.proc.stdin.write(self.head)
-                self.head = None
             pickle.dump((k, bits), self.proc.stdin)
             self.proc.stdin.flush()
             return pickle.load(self.proc.stdout)
@@ -558,7 +570,7 @@ class _Worker:
             raise RuntimeError(f"the worker process fitting member {k} of the average ended unexpectedly "
                                f"(exit code {code}); n_jobs=1 fits every member in this process") from None
 
-    def close(self, wait: bool) -> None:
+    def end(self, wait: bool) -> None:
         """Ask the worker to end (``wait``: for its current member first), else end it now."""
         import pickle
         import subprocess
@@ -571,20 +583,29 @@ class _Worker:
             except (OSError, ValueError, subprocess.TimeoutExpired):
                 pass
         if self.proc.poll() is None:
+            self.killed = True
             self.proc.kill()
         self.proc.wait()
+
+    def close(self) -> None:
+        """Close the pipes (the process has ended and its feeding thread returned)."""
         for f in (self.proc.stdin, self.proc.stdout):
             try:
                 f.close()
-            except OSError:
+            except (OSError, ValueError):
                 pass
 
 
-def _fit_in_processes(job: _Job, subsets, jobs: int, first: int = 0) -> list:
-    """Members ``first, first + 1, ...`` of ``subsets``, fitted by this process and
-    ``jobs - 1`` worker processes at once, each taking the next member as it finishes one;
-    the same members, bit for bit, as one after the other (each is its own fit of its own
-    rows)."""
+def _fit_in_processes(job: _Job, subsets, jobs: int, gate: float | None = None) -> list:
+    """The members of ``subsets``, fitted by this process and ``jobs - 1`` worker processes
+    at once, each taking the next member as it finishes one; the same members, bit for bit,
+    as one after the other (each is its own fit of its own rows).
+
+    The workers are started first; one takes members once it has started (imports done),
+    so this process fits members meanwhile, and a worker that has taken none when no member
+    is left is ended at once.  ``gate`` (seconds): this process fits member 0 first, timed,
+    while the workers start; if it took less than ``gate`` the workers are ended and every
+    member is fitted here."""
     import pickle
     import tempfile
     import threading
@@ -593,17 +614,28 @@ def _fit_in_processes(job: _Job, subsets, jobs: int, first: int = 0) -> list:
     from .kernels import threadpool
 
     K, n = len(subsets), int(job.codes.shape[0])
-    jobs = min(int(jobs), K - first)
+    jobs = min(int(jobs), K)
     per = max(1, _cores() // jobs)  # kernel threads of each process: no core oversubscribed
     small = _small_codes(np.ascontiguousarray(job.codes))
-    todo = list(range(first, K))
+    todo = list(range(K))
     lock = threading.Lock()
+    go = threading.Event()  # the workers may take members (after the gate)
     members: list = [None] * K
     failed: list = []
+    ended: set = set()  # workers that take no further member
+    holding: dict = {}  # worker -> the member it is fitting
 
-    def take():
+    def take(w=None):
         with lock:
-            return todo.pop(0) if todo and not failed else None
+            holding.pop(w, None)
+            if failed or (w is not None and w in ended) or not todo:
+                if w is not None:
+                    ended.add(w)
+                return None
+            k = todo.pop(0)
+            if w is not None:
+                holding[w] = k
+            return k
 
     def bits(k):
         mask = np.zeros(n, bool)
@@ -623,7 +655,9 @@ def _fit_in_processes(job: _Job, subsets, jobs: int, first: int = 0) -> list:
 
         def feed(w):
             try:
-                while (k := take()) is not None:
+                w.start()
+                go.wait()
+                while (k := take(w)) is not None:
                     answer = w.fit(k, bits(k))
                     if answer[0] != "ok":
                         with lock:
@@ -632,7 +666,19 @@ def _fit_in_processes(job: _Job, subsets, jobs: int, first: int = 0) -> list:
                     members[k] = answer
             except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
                 with lock:
-                    failed.append(("error", -1, e, ""))
+                    if not (w in ended and w.killed):  # (the broken pipe of one ended here is no error)
+                        failed.append(("error", -1, e, ""))
+            finally:
+                with lock:
+                    ended.add(w)
+                    holding.pop(w, None)
+
+        def end_idle():  # no member left: workers that hold none end now (e.g. still starting)
+            with lock:
+                idle = [w for w in workers if w not in ended and w not in holding]
+                ended.update(idle)
+            for w in idle:
+                w.end(wait=False)
 
         before = threadpool.num_threads()
         try:
@@ -646,25 +692,38 @@ def _fit_in_processes(job: _Job, subsets, jobs: int, first: int = 0) -> list:
             for w in workers:
                 feeders.append(threading.Thread(target=feed, args=(w,), name="fsll-average-feed", daemon=True))
                 feeders[-1].start()
+            if gate is not None and (k := take()) is not None:  # member 0 here (all cores), timed
+                t0 = time.perf_counter()
+                members[k] = job.member(k, subsets[k])
+                if time.perf_counter() - t0 < gate:
+                    with lock:
+                        ended.update(workers)
+                    for w in workers:
+                        w.end(wait=False)
+            go.set()
             threadpool.set_num_threads(per)
             while (k := take()) is not None:  # this process fits members too
                 members[k] = job.member(k, subsets[k])
+            end_idle()
             for t in feeders:
                 t.join()
         finally:
+            go.set()
             threadpool.set_num_threads(before)  # (the count it had: the same threads from now on)
-            ok = not failed and all(m is not None for m in members[first:])
+            ok = not failed and all(m is not None for m in members)
             for w in workers:
-                w.close(wait=ok)
+                w.end(wait=ok)
             for t in feeders:
                 t.join()
+            for w in workers:
+                w.close()
     if failed:
         _, k, error, trace = failed[0]
         if trace:
             raise error from _RemoteError(f"member {k}, in a worker process:\n{trace}")
         raise error
     out = []
-    for m in members[first:]:
+    for m in members:
         if isinstance(m, tuple):  # a worker's answer: the member and the warnings its fit gave
             _, k, m, caught = m
             for message, category in caught:

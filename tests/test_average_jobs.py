@@ -3,6 +3,7 @@ once are the members fitted one after the other, bit for bit; a worker's error i
 here, and no worker process outlives the fit."""
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -47,7 +48,29 @@ def spy(monkeypatch):
     return made
 
 
-def test_members_in_worker_processes_are_the_serial_members(codes, serial, spy):
+@pytest.fixture
+def started(monkeypatch):
+    """This process fits a member only once a worker has started (on these small members
+    it would otherwise fit them all before any worker is ready, and end the workers)."""
+    import threading
+
+    ready = threading.Event()
+    real_start, real_member = average._Worker.start, average._Job.member
+
+    def start(self):
+        real_start(self)
+        ready.set()
+
+    def member(self, *a):
+        ready.wait(120)
+        return real_member(self, *a)
+
+    monkeypatch.setattr(average._Worker, "start", start)
+    monkeypatch.setattr(average._Job, "member", member)
+    return ready
+
+
+def test_members_in_worker_processes_are_the_serial_members(codes, serial, spy, started):
     before = threadpool.num_threads()
     par = FSLLAverage(n_members=3, random_state=5, n_jobs=2, progress=False).fit(codes)
     assert threadpool.num_threads() == before  # this process's kernel threads as they were
@@ -56,11 +79,11 @@ def test_members_in_worker_processes_are_the_serial_members(codes, serial, spy):
     _same(par, serial)
     np.testing.assert_array_equal(par.probabilities(), serial.probabilities())
     three = FSLLAverage(n_members=3, random_state=5, n_jobs=8, progress=False).fit(codes)  # at most K - 1 workers
-    assert len(spy) == 1 + 2 and all(p.returncode == 0 for p in spy)
+    assert len(spy) == 1 + 2 and all(p.poll() is not None for p in spy)
     _same(three, serial)
 
 
-def test_labelled_rows_and_large_codes_through_a_file(codes, serial, spy, monkeypatch):
+def test_labelled_rows_and_large_codes_through_a_file(codes, serial, spy, started, monkeypatch):
     monkeypatch.setattr(average, "SEND_BYTES", 0)  # the codes go through a temporary file
     par = FSLLAverage(n_members=3, random_state=5, n_jobs=3, progress=False).fit(codes)
     assert len(spy) == 2
@@ -87,25 +110,61 @@ def test_n_jobs_none_uses_the_cores_on_large_tables_only(codes, monkeypatch):
     assert avg._resolved_jobs(4, (3, 4, 5) * 4) == 1
 
 
-def test_n_jobs_none_starts_workers_only_when_a_member_is_slow(codes, serial, spy, monkeypatch):
-    """With ``n_jobs=None`` the first member is fitted here and timed; the others go to
-    worker processes only if it took at least ``MIN_MEMBER_SECONDS``: the same members."""
+def test_n_jobs_none_keeps_workers_only_when_a_member_is_slow(codes, serial, spy, monkeypatch):
+    """With ``n_jobs=None`` the first member is fitted here and timed while the workers
+    start; they fit members only if it took at least ``MIN_MEMBER_SECONDS``, else they are
+    ended at once: the same members either way."""
     monkeypatch.setattr(average, "available_cores", lambda: 2)
     monkeypatch.setattr(average, "PARALLEL_CELLS", 1)
     monkeypatch.setattr(average, "MIN_MEMBER_SECONDS", float("inf"))
+    taken = []
+    real_fit = average._Worker.fit
+    monkeypatch.setattr(average._Worker, "fit", lambda self, k, bits: taken.append(k) or real_fit(self, k, bits))
     here = FSLLAverage(n_members=3, random_state=5, progress=False).fit(codes)
-    assert spy == []  # no worker started
+    assert len(spy) == 1 and spy[0].poll() is not None and taken == []  # started, ended, no member
     _same(here, serial)
+
+
+def test_n_jobs_none_workers_take_members_once_started(codes, serial, spy, started, monkeypatch):
+    monkeypatch.setattr(average, "available_cores", lambda: 2)
+    monkeypatch.setattr(average, "PARALLEL_CELLS", 1)
     monkeypatch.setattr(average, "MIN_MEMBER_SECONDS", 0.0)
     before = threadpool.num_threads()
     there = FSLLAverage(n_members=3, random_state=5, progress=False).fit(codes)
-    assert len(spy) == 1 and [p.returncode for p in spy] == [0]  # one worker for members 1 and 2
+    assert len(spy) == 1 and [p.returncode for p in spy] == [0]  # one worker, asked to end, ended
     assert threadpool.num_threads() == before
     _same(there, serial)
     np.testing.assert_array_equal(there.probabilities(), serial.probabilities())
-    two = FSLLAverage(n_members=2, random_state=5, progress=False).fit(codes)  # one member left: fitted here
-    assert len(spy) == 1
-    _same(two, FSLLAverage(n_members=2, random_state=5, n_jobs=1, progress=False).fit(codes))
+
+
+def test_a_worker_still_starting_when_no_member_is_left_is_ended(codes, serial, spy):
+    import threading
+
+    release = threading.Event()
+    real_start = average._Worker.start
+
+    def start(self):  # a worker that starts only after this process has fitted every member
+        release.wait(120)
+        real_start(self)
+
+    real_member = average._Job.member
+    done = []
+
+    def member(self, *a):
+        out = real_member(self, *a)
+        done.append(a[0])
+        if len(done) == 3:
+            release.set()
+        return out
+
+    import pytest as _pt
+
+    with _pt.MonkeyPatch.context() as mp:
+        mp.setattr(average._Worker, "start", start)
+        mp.setattr(average._Job, "member", member)
+        par = FSLLAverage(n_members=3, random_state=5, n_jobs=2, progress=False).fit(codes)
+    assert sorted(done) == [0, 1, 2] and len(spy) == 1 and spy[0].poll() is not None
+    _same(par, serial)
 
 
 def test_parameters_no_process_can_receive_use_threads(codes, serial, spy):
@@ -136,7 +195,7 @@ def test_a_worker_error_carries_its_traceback(codes, monkeypatch):
         finally:
             answered.set()
 
-    def member(self, k, rows):  # this process waits for the worker's answer, then gives a placeholder
+    def member(self, k, *rows):  # this process waits for the worker's answer, then gives a placeholder
         answered.wait(300)
         return None
 
@@ -145,19 +204,27 @@ def test_a_worker_error_carries_its_traceback(codes, monkeypatch):
     with pytest.raises(PlanError, match="infeasible fit") as err:  # the worker's plan: memory_limit of 1 byte
         FSLLAverage(n_members=2, n_jobs=2, progress=False, memory_limit=1).fit(codes)
     assert isinstance(err.value.__cause__, average._RemoteError)
-    assert "member 0, in a worker process" in str(err.value.__cause__)
+    assert "member 1, in a worker process" in str(err.value.__cause__)  # this process took member 0
     assert "Traceback" in str(err.value.__cause__)
 
 
 def test_a_worker_that_dies_is_reported(codes, spy, monkeypatch):
     monkeypatch.setattr(average, "_WORKER", "import sys\nsys.exit(3)\n")
+    real_member = average._Job.member
+
+    def member(self, *a):  # this process goes on once the worker has died
+        while spy[0].poll() is None:
+            time.sleep(0.01)
+        return real_member(self, *a)
+
+    monkeypatch.setattr(average._Job, "member", member)
     with pytest.raises(RuntimeError, match=r"ended unexpectedly \(exit code 3\); n_jobs=1"):
         FSLLAverage(n_members=4, n_jobs=2, progress=False).fit(codes)
     assert len(spy) == 1 and spy[0].returncode == 3
 
 
 def test_an_interrupt_here_ends_the_workers(codes, spy, monkeypatch):
-    def member(self, k, rows):
+    def member(self, k, *rows):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(average._Job, "member", member)  # this process only; the worker fits as usual
@@ -176,7 +243,7 @@ def test_a_worker_that_cannot_start_leaves_the_members_here(codes, serial, monke
     _same(par, serial)
 
 
-def test_a_workers_warnings_are_given_here(spy):
+def test_a_workers_warnings_are_given_here(spy, started):
     X = np.random.default_rng(0).integers(0, 2, (10, 3))  # members on 8 rows: "fitting on only 8 samples"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
