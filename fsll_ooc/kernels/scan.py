@@ -588,7 +588,9 @@ def second_order_lowest(t, d, rP, rQ, r_const, k, skip):
     ``((t - d)^2 / max(1 - t^2, 1e-300)) * -0.5 + rQ + (r_const + rP)``: ``(score, position)``
     arrays, by score, ties to the lowest position (every split of the rows keeps the same
     set); fewer when the rows hold fewer cells.  One pass, no scores kept: a cell joins when
-    it beats the worst kept one."""
+    it beats the worst kept one.  The scores of a run of :data:`SUB` cells are computed in one
+    branch-free loop (vector registers) that counts those not above the worst kept score; only
+    a run with such a cell (or the cell ``skip``) goes through the scalar rule."""
     P, Q = t.shape
     k = min(k, P * Q)
     val = np.full(k, np.inf)
@@ -597,20 +599,31 @@ def second_order_lowest(t, d, rP, rQ, r_const, k, skip):
     worst = np.inf
     wpos = big  # an empty entry: score +inf, position "infinity" (replaced first)
     wi = 0
+    buf = np.empty(SUB)
     for p in range(P):
         rp = r_const + rP[p]
         tp = t[p]
         dp = d[p]
         base = np.int64(p) * Q
-        for q in range(Q):
-            sc = (_second_order(tp[q], dp[q], 0.0) + rQ[q]) + rp
-            at = base + q
-            if at == skip:
-                sc = np.inf
-            if sc < worst or (sc == worst and at < wpos):
-                val[wi] = sc
-                pos[wi] = at
-                worst, wpos, wi = _worst(val, pos, big)
+        for s0 in range(0, Q, SUB):
+            n = min(SUB, Q - s0)
+            near = 0  # the run's scores in one branch-free loop, and how many may join
+            for i in range(n):
+                j = _U(s0 + i)
+                sc = (_second_order(tp[j], dp[j], 0.0) + rQ[j]) + rp
+                buf[i] = sc
+                near += sc <= worst
+            if near == 0 and not base + s0 <= skip < base + s0 + n:
+                continue
+            for i in range(n):  # the scalar rule on the same scores
+                sc = buf[i]
+                at = base + s0 + i
+                if at == skip:
+                    sc = np.inf
+                if sc < worst or (sc == worst and at < wpos):
+                    val[wi] = sc
+                    pos[wi] = at
+                    worst, wpos, wi = _worst(val, pos, big)
     return val, pos
 
 
