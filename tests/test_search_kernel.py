@@ -241,11 +241,16 @@ def test_compiled_pair_products_are_the_expansion_in_its_order(cards):
 @pytest.mark.parametrize("stalled", [False, True])
 @pytest.mark.parametrize("kind", ["paper", "family"])
 @pytest.mark.parametrize("cards,V", [((2,) * 12, tuple(range(12))), ((2,) * 12, (0, 3, 4, 7, 9, 10, 11)),
-                                     ((4, 2, 8, 2, 2, 4), (0, 1, 2, 3, 4, 5)), ((4, 8, 2), (0, 1, 2))])
+                                     ((4, 2, 8, 2, 2, 4), (0, 1, 2, 3, 4, 5)), ((4, 8, 2), (0, 1, 2)),
+                                     ((2, 3, 4, 5), (0, 1, 2, 3)), ((3, 2, 5, 4, 2), (0, 1, 2, 3, 4)),
+                                     ((5, 3, 2, 4, 3), (0, 2, 3, 4)),
+                                     ((5, 4, 3, 4, 3, 2, 2, 3, 2), tuple(range(9))),  # several pieces
+                                     ((3, 5, 4, 3, 2, 3, 4, 3), (0, 1, 2, 3, 5, 6, 7))])
 @pytest.mark.parametrize("threads", [2, 3])
 def test_search_on_several_threads_is_the_search_on_one(cards, V, threads, kind, stalled, monkeypatch):
     """Each step's sweep shared in pieces between threads: the same steps and duals, bit for bit;
-    also when every step counts as stalled, so that the search goes on alone after a few."""
+    also when every step counts as stalled, so that the search goes on alone after a few.  With
+    +-1 axes (mixed cardinalities) the partner is made in pieces too, axis by axis."""
     from fsll_ooc.kernels import search, threadpool
 
     p, _ = datasets.random_bayesnet(cards, 2, seed=3)
@@ -274,7 +279,7 @@ def test_search_on_several_threads_is_the_search_on_one(cards, V, threads, kind,
         return steps, sub, t
 
     one = run(1)
-    monkeypatch.setattr(search, "search_threads", lambda cells, walsh: threads if walsh else 1)
+    monkeypatch.setattr(search, "search_threads", lambda cells, walsh: threads)
     monkeypatch.setitem(search._backoff, "searches", 0)
     if stalled:
         monkeypatch.setattr(search, "STALL_SPINS", -1)
@@ -299,7 +304,9 @@ def test_search_threads_follow_the_thread_count_size_basis_and_stalls(monkeypatc
     try:
         assert search.search_threads(big, True) == 3
         assert search.search_threads(big - 1, True) == 1  # too small to share
-        assert search.search_threads(big, False) == 1  # a +-1 axis: the partner is not one XOR
+        assert search.search_threads(big, False) == 3  # a +-1 axis: the partner made in pieces too
+        pm = search.PARALLEL_MIN_CELLS_PM
+        assert search.search_threads(pm, False) == 3 and search.search_threads(pm - 1, False) == 1
         search.shared_done(np.array([0, 0, 1, 0]))  # a search that shared to its end
         assert search.search_threads(big, True) == 3
         search.shared_done(np.array([0, 0, 2, 0]))  # one that stalled and went on alone

@@ -6,8 +6,9 @@ remove) on the ``prod_{i in V} k_i`` cells of a marginal sub-table until none ga
 the best adjust or remove of the members) and updates every cell once (the incremental
 dual update with the partner ``<Phi_y Phi_y'>``).  On numpy that is a dozen calls on
 small arrays per step; here one compiled call runs the whole search.  On a large sub-table
-(Walsh-Hadamard axes only) each step's sweep is shared in pieces with the helper threads of
-:mod:`fsll_ooc.kernels.threadpool` (:func:`sub_helper`), with the same bits.
+each step's sweep is shared in pieces with the helper threads of
+:mod:`fsll_ooc.kernels.threadpool` (:func:`sub_helper`), with the same bits (with a +-1 axis,
+the partner's axes too, one after the other).
 
 The formulas are those of :mod:`fsll_ooc.cost` (the reference), in the same order of
 operations, evaluated with the C library's ``log1p``, ``atanh``, ``cosh``, ``sinh`` as
@@ -36,7 +37,8 @@ from . import threadpool
 from .atomics import cas, fetch_add, load, store
 
 __all__ = ["kl_to_optimum", "search_sub", "sub_helper", "search_threads", "helper_ready", "shared_done",
-           "shared_arrays", "replay_sub", "ahead_kernels", "warmup", "PARALLEL_MIN_CELLS", "RUN"]
+           "shared_arrays", "replay_sub", "ahead_kernels", "warmup", "PARALLEL_MIN_CELLS",
+           "PARALLEL_MIN_CELLS_PM", "RUN"]
 
 _LIM = 1.0 - 2.0**-52
 #: Cells per bound test of the search (runs; a sub-table of fewer cells is one run).
@@ -48,6 +50,9 @@ _PIECES_PER_THREAD = 4
 #: Sub-tables of at least this many cells (Walsh-Hadamard axes only) are searched on every
 #: thread of :mod:`fsll_ooc.kernels.threadpool` (below it, a step is too short to share).
 PARALLEL_MIN_CELLS = 2**15
+#: ... and sub-tables with a +-1 axis of at least this many cells (a step there makes the partner
+#: axis by axis before the update: more work per cell, so a smaller sub-table is worth sharing).
+PARALLEL_MIN_CELLS_PM = 2**14
 #: A step of a shared search whose thread, its own pieces done, waits more than this many
 #: turns per cell of a piece for its helpers' pieces (a piece takes about one or two turns per
 #: cell) is stalled: a helper holding a piece waits for a core.  When more than one step in
@@ -122,26 +127,35 @@ def _partner(x, shape, strides, walsh, digits, all_walsh, mask, part, tmp):
         left -= 1
         k = shape[ax]
         s = strides[ax]
-        ks = k * s
-        if walsh[ax]:
-            for o in range(0, n, ks):
-                for a in range(k):
-                    _copy_row(dst[o + a * s:o + a * s + s], src[o + (a ^ b) * s:o + (a ^ b) * s + s], s)
-        else:
-            for o in range(0, n, ks):
-                s0 = src[o:o + s]
-                sp = src[o + b * s:o + b * s + s]
-                _copy_row(dst[o:o + s], sp, s)  # a = 0: the partner's row
-                for a in range(1, k):
-                    row = o + a * s
-                    if a == b:
-                        _copy_row(dst[row:row + s], s0, s)
-                    else:
-                        dr = dst[row:row + s]
-                        sr = src[row:row + s]
-                        for q in range(s):
-                            dr[q] = -(sr[q] + (s0[q] + sp[q]))
+        _axis_rows(src, dst, k, s, b, walsh[ax], 0, n // (k * s), 0, s)
         src = dst
+
+
+@njit(inline="always")
+def _axis_rows(src, dst, k, s, b, walsh, o0, o1, q0, q1):
+    """One axis of :func:`_partner` (digit ``b`` on an axis of ``k`` values and stride ``s``) on
+    the blocks ``o0 .. o1-1`` of ``k s`` cells, offsets ``q0 .. q1-1`` of each row: the
+    Walsh-Hadamard rule (row ``a`` from row ``a ^ b``) or the +-1 rule (row 0 from row ``b``,
+    row ``b`` from row 0, row ``a`` from ``-(a + (0 + b))``)."""
+    ks = k * s
+    w = q1 - q0
+    for o in range(o0 * ks, o1 * ks, ks):
+        if walsh:
+            for a in range(k):
+                _copy_row(dst[o + a * s + q0:o + a * s + q1], src[o + (a ^ b) * s + q0:o + (a ^ b) * s + q1], w)
+        else:
+            s0 = src[o + q0:o + q1]
+            sp = src[o + b * s + q0:o + b * s + q1]
+            _copy_row(dst[o + q0:o + q1], sp, w)  # a = 0: the partner's row
+            for a in range(1, k):
+                row = o + a * s
+                if a == b:
+                    _copy_row(dst[row + q0:row + q1], s0, w)
+                else:
+                    dr = dst[row + q0:row + q1]
+                    sr = src[row + q0:row + q1]
+                    for q in range(w):
+                        dr[q] = -(sr[q] + (s0[q] + sp[q]))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -363,13 +377,22 @@ def _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub):
 # by a compare-and-swap of the ticket; the ticket itself says how many pieces its generation
 # has, so that a thread never takes a piece of a generation before it is published), [1]
 # pieces done in this generation, [2] stop, [3] pieces the helpers took (all generations).
-# ``iprm`` (int64): hi, lo, hbu, leaders per piece, pieces, leaders, a stall's turns per cell
-# (:data:`STALL_SPINS`); ``fprm``: ca, sb, :data:`MIN_SHARE`.
+# ``iprm`` (int64): [0..2] hi, lo, hbu (an axis pass: k, stride, digit), [3] units per piece,
+# [4] pieces, [5] units (leaders; an axis pass: blocks or offsets; an update: cells), [6] a
+# stall's turns per cell (:data:`STALL_SPINS`), [7] the kind of the generation's pieces
+# (:data:`_XOR`, :data:`_AXIS`, :data:`_PART`), [8] an axis pass's basis (1: Walsh-Hadamard),
+# [9], [10] its source (0: the duals, 1, 2: ``bufs`` row 0, 1) and destination, [11] its pieces
+# split the offsets of each row (1) or the blocks (0), [12] its blocks;
+# ``fprm``: ca, sb, :data:`MIN_SHARE`.
 _LOW = np.int64(0xFFFFF)
+#: Kinds of a generation's pieces: the XOR update + scan, one axis of the product rule, the
+#: update + scan from the partner.
+_XOR, _AXIS, _PART = 0, 1, 2
+_IPRM = 13
 
 
 @njit(inline="always")
-def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, helper):
+def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, helper):
     """Take pieces of the current generation until none is left; returns when the ticket
     says so (the pieces taken by others may still run), and whether it took any.  A helper
     counts its pieces in ``ctl[3]``."""
@@ -385,22 +408,34 @@ def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, 
         per = iprm[3]
         m0 = k * per
         m1 = min(m0 + per, iprm[5])
-        pbest[k, 0], ppos[k, 0], pbest[k, 1], ppos[k, 1], ppos[k, 2] = _xor_runs(
-            x, d, ra, iprm[0], iprm[1], iprm[2], fprm[0], fprm[1], run, m0, m1, ua, ub, True, member, theta, r)
+        kind = iprm[7]
+        if kind == _XOR:
+            pbest[k, 0], ppos[k, 0], pbest[k, 1], ppos[k, 1], ppos[k, 2] = _xor_runs(
+                x, d, ra, iprm[0], iprm[1], iprm[2], fprm[0], fprm[1], run, m0, m1, ua, ub, True, member, theta, r)
+        elif kind == _AXIS:
+            src = x if iprm[9] == 0 else bufs[iprm[9] - 1]
+            if iprm[11]:  # offsets m0 .. m1-1 of every block's rows
+                _axis_rows(src, bufs[iprm[10] - 1], iprm[0], iprm[1], iprm[2], iprm[8] != 0, 0, iprm[12], m0, m1)
+            else:  # blocks m0 .. m1-1, whole rows
+                _axis_rows(src, bufs[iprm[10] - 1], iprm[0], iprm[1], iprm[2], iprm[8] != 0, m0, m1, 0, iprm[1])
+        else:  # cells m0 .. m1-1
+            best, bi = _update_scan_part(x[m0:m1], d[m0:m1], ra[m0:m1], bufs[0][m0:m1], fprm[0], fprm[1], run)
+            pbest[k, 0] = best
+            ppos[k, 0] = bi + m0 if bi >= 0 else -1
         if helper:
             fetch_add(ctl, 3, 1)
         fetch_add(ctl, 1, 1)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def sub_helper(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos):
+def sub_helper(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs):
     """A helper thread's part of a search on several threads (:func:`search_sub` with ``ctl``):
     takes pieces of every step's update + scan as they come, until the search says stop."""
     ua = np.empty(run)
     ub = np.empty(run)
     idle = 0
     while load(ctl, 2) == 0:
-        if _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, True):
+        if _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, True):
             idle = 0
         else:
             idle += 1
@@ -409,8 +444,101 @@ def sub_helper(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos):
 
 
 @njit(inline="always")
+def _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, gen, npieces):
+    """Publish generation ``gen`` of ``npieces`` pieces (``iprm``, ``fprm`` set), take pieces of it
+    with the helpers, and wait until all are done; returns the turns waited."""
+    store(ctl, 1, 0)
+    store(ctl, 0, ((gen & 0x7FFFFF) << 40) | (npieces << 20))  # publishes the step: pieces may be taken now
+    _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, False)
+    spins = 0
+    while load(ctl, 1) < npieces:
+        spins += 1
+    return spins
+
+
+@njit(inline="always")
+def _split(units, unit_cells, n_threads, cap):
+    """``(units per piece, pieces)`` of work of ``units`` units of ``unit_cells`` cells each:
+    pieces of at least :data:`_PIECE_CELLS` cells, about :data:`_PIECES_PER_THREAD` per thread,
+    at most ``cap``."""
+    per = max(np.int64(_PIECE_CELLS // max(unit_cells, 1)), units // (_PIECES_PER_THREAD * n_threads))
+    per = max(per, (units + cap - 1) // cap, np.int64(1))
+    return per, (units + per - 1) // per
+
+
+@njit(inline="always")
+def _part_scan_shared(x, d, ra, member, theta, r, shape, strides, walsh, digits, ca, sb, run, ua, ub, ctl, iprm,
+                      fprm, pbest, ppos, bufs, n_threads, gen):
+    """:func:`_partner` (into ``bufs``, row 0 last) and :func:`_update_scan_part` in pieces taken by
+    this thread and the helpers: one generation of pieces per axis of the product rule (the
+    blocks of the axis, or the offsets of its rows when there are fewer blocks), then one of
+    the update + scan, whose pieces' champions are reduced as one scan's (ties: the lowest
+    cell).  Returns ``(append change, cell, turns waited, a stall's turns, pieces, gen)``."""
+    n = x.shape[0]
+    cap = ppos.shape[0]
+    left = 0
+    for ax in range(shape.shape[0]):
+        if digits[ax] != 0:
+            left += 1
+    src = 0
+    spins = 0
+    limit = 0
+    pieces = 0
+    for ax in range(shape.shape[0]):
+        b = digits[ax]
+        if b == 0:
+            continue
+        dst = 1 if left % 2 == 1 else 2  # the last axis writes row 0
+        left -= 1
+        k = shape[ax]
+        s = strides[ax]
+        nb = n // (k * s)
+        qsplit = nb < s
+        if qsplit:
+            per, npieces = _split(s, nb * k, n_threads, cap)
+        else:
+            per, npieces = _split(nb, k * s, n_threads, cap)
+        iprm[0] = k
+        iprm[1] = s
+        iprm[2] = b
+        iprm[3] = per
+        iprm[4] = npieces
+        iprm[5] = s if qsplit else nb
+        iprm[7] = _AXIS
+        iprm[8] = 1 if walsh[ax] else 0
+        iprm[9] = src
+        iprm[10] = dst
+        iprm[11] = 1 if qsplit else 0
+        iprm[12] = nb
+        gen += 1
+        spins += _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, gen, npieces)
+        limit += iprm[6] * per * (nb * k if qsplit else k * s)
+        pieces += npieces
+        src = dst
+    per, npieces = _split(n, 1, n_threads, cap)
+    iprm[3] = per
+    iprm[4] = npieces
+    iprm[5] = n
+    iprm[7] = _PART
+    fprm[0] = ca
+    fprm[1] = sb
+    gen += 1
+    spins += _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, gen, npieces)
+    limit += iprm[6] * per
+    pieces += npieces
+    best = 0.0
+    bi = np.int64(-1)
+    for k in range(npieces):
+        p = ppos[k, 0]
+        if p >= 0 and (pbest[k, 0] < best or (pbest[k, 0] == best and p < bi)):
+            best = pbest[k, 0]
+            bi = p
+    return best, bi, spins, limit, pieces, gen
+
+
+@njit(inline="always")
 def _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pbest, ppos,
-                        n_threads, gen):
+                        bufs, n_threads, gen):
     """:func:`_update_scan_xor` in pieces of leading runs taken by this thread and the helpers
     (:func:`sub_helper`); the pieces' champions reduced as one scan's (ties: the lowest cell).
     The pieces also score the members' adjust and remove on the updated duals: returns
@@ -425,14 +553,10 @@ def _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run, ua, ub, c
     iprm[3] = per
     iprm[4] = npieces
     iprm[5] = nlead
+    iprm[7] = _XOR
     fprm[0] = ca
     fprm[1] = sb
-    store(ctl, 1, 0)
-    store(ctl, 0, ((gen & 0x7FFFFF) << 40) | (npieces << 20))  # publishes the step: pieces may be taken now
-    _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, False)
-    spins = 0
-    while load(ctl, 1) < npieces:
-        spins += 1
+    spins = _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, gen, npieces)
     best = 0.0
     bi = np.int64(-1)
     bs = np.inf
@@ -486,7 +610,7 @@ def _geometry(shape, walsh, n):
 def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                family, fam, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, r1, n_samples, scale,
                out_i, out_move, out_old, out_new, out_t, out_delta, out_logden, ra, ctl, iprm, fprm, pbest,
-               ppos, n_threads):
+               ppos, bufs, n_threads):
     """The greedy search on a sub-table (flat, C order over ``shape``), in place.
 
     ``x``: the duals (updated), ``d``: the targets, ``r``: each cell's price (a member's:
@@ -509,20 +633,25 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     scans do); the members' adjust and remove are scored from their list.
 
     ``ra``: room for ``n`` floats (the append prices, written here).
-    ``ctl`` (4 int64, zero; empty: this thread alone), ``iprm`` (7 int64, the last
+    ``ctl`` (4 int64, zero; empty: this thread alone), ``iprm`` (13 int64, the seventh
     :data:`STALL_SPINS`), ``fprm`` (3 floats, the last :data:`MIN_SHARE`),
     ``pbest``/``ppos`` (2 floats and 3 int64 per piece, room for
-    ``_PIECES_PER_THREAD * n_threads + 1`` pieces): with Walsh-Hadamard axes only, each step's
-    sweep is shared in pieces with the helpers running :func:`sub_helper` on the same arrays
-    (the same cells, the same bits; the champion of the pieces is the scan's, ties to the
-    lowest cell), and the pieces also score the members they hold, so that the next step's
-    best adjust or remove needs no loop over the members here.  The search sets ``ctl[2]`` (stop) to 1 when
+    ``_PIECES_PER_THREAD * n_threads + 1`` pieces), ``bufs`` (``(2, n)`` floats with a +-1 axis,
+    else ``(2, 0)``): each step's sweep is shared in pieces with the helpers running
+    :func:`sub_helper` on the same arrays (the same cells, the same bits; the champion of the
+    pieces is the scan's, ties to the lowest cell).  With Walsh-Hadamard axes only, the
+    pieces also score the members they hold, so that the next step's best adjust or remove
+    needs no loop over the members here; with a +-1 axis, the partner is made in pieces too,
+    one axis after the other (in ``bufs``), before the update's pieces.  The search sets ``ctl[2]`` (stop) to 1 when
     it returns, or to 2 earlier when its helpers keep it waiting (a machine whose cores are busy
     with other work: see :data:`STALL_SPINS`); it then goes on alone.
     """
     n = x.shape[0]
     nax = shape.shape[0]
     strides, all_walsh, part, tmp = _geometry(shape, walsh, n)
+    if not all_walsh and bufs.shape[1] == n:  # shared with the helpers
+        part = bufs[0]
+        tmp = bufs[1]
     run = min(n, RUN)
     ua = np.empty(run)
     ub = np.empty(run)
@@ -542,8 +671,12 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     digits = np.empty(nax, np.int64)
     ba, bi = _scan(x, d, ra, run)
     steps = 0
-    shared = all_walsh and ctl.shape[0] > 0 and n_threads > 1
+    shared = ctl.shape[0] > 0 and n_threads > 1
     gen = np.int64(0)
+    shared_steps = 0
+    spins = 0
+    limit = 0
+    step_pieces = 0
     stalls = 0
     pieces = 0
     took0 = 0
@@ -613,29 +746,37 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
             if shared:
                 gen += 1
                 ba, bi, nbs, nsi, nsm, spins = _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run,
-                                                                   ua, ub, ctl, iprm, fprm, pbest, ppos,
+                                                                   ua, ub, ctl, iprm, fprm, pbest, ppos, bufs,
                                                                    n_threads, gen)
                 have = True
-                if spins > iprm[6] * iprm[3] * run * (2 if iprm[2] else 1):  # turns per cell of a piece
-                    stalls += 1
-                pieces += iprm[4]
-                # helpers that keep it waiting, or that took less than half their share of the
-                # pieces of the last _STALL_STEPS steps (their threads wait for a core, or spin
-                # on the core this one needs; the first steps, while they start, not counted):
-                slow = False
-                if gen % _STALL_STEPS == 0:
-                    took = load(ctl, 3)
-                    slow = gen > _STALL_STEPS and \
-                        n_threads * (took - took0) < fprm[2] * (n_threads - 1) * (pieces - pieces0)
-                    took0, pieces0 = took, pieces
-                if gen >= _STALL_STEPS and (stalls * _STALL_STEPS > gen or slow):
-                    shared = False  # this thread alone from here on (the same bits)
-                    store(ctl, 2, 2)
+                limit = iprm[6] * iprm[3] * run * (2 if iprm[2] else 1)  # turns per cell of a piece
+                step_pieces = iprm[4]
             else:
                 ba, bi = _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub)
+        elif shared:
+            ba, bi, spins, limit, step_pieces, gen = _part_scan_shared(x, d, ra, member, theta, r, shape, strides,
+                                                                       walsh, digits, ca, sb, run, ua, ub, ctl, iprm,
+                                                                       fprm, pbest, ppos, bufs, n_threads, gen)
         else:
             _partner(x, shape, strides, walsh, digits, False, 0, part, tmp)
             ba, bi = _update_scan_part(x, d, ra, part, ca, sb, run)
+        if shared:
+            shared_steps += 1
+            if spins > limit:
+                stalls += 1
+            pieces += step_pieces
+            # helpers that keep it waiting, or that took less than half their share of the
+            # pieces of the last _STALL_STEPS steps (their threads wait for a core, or spin
+            # on the core this one needs; the first steps, while they start, not counted):
+            slow = False
+            if shared_steps % _STALL_STEPS == 0:
+                took = load(ctl, 3)
+                slow = shared_steps > _STALL_STEPS and \
+                    n_threads * (took - took0) < fprm[2] * (n_threads - 1) * (pieces - pieces0)
+                took0, pieces0 = took, pieces
+            if shared_steps >= _STALL_STEPS and (stalls * _STALL_STEPS > shared_steps or slow):
+                shared = False  # this thread alone from here on (the same bits)
+                store(ctl, 2, 2)
         out_i[steps] = i
         out_move[steps] = move
         out_old[steps] = old
@@ -665,9 +806,9 @@ def replay_sub(x, shape, walsh, cells, deltas, out_t):
 def search_threads(cells: int, walsh: bool) -> int:
     """Threads that share a search of a sub-table of ``cells`` cells (``walsh``: Walsh-Hadamard
     axes only): those of :func:`fsll_ooc.kernels.threadpool.num_threads` from
-    :data:`PARALLEL_MIN_CELLS` cells on, else 1."""
+    :data:`PARALLEL_MIN_CELLS` cells on (:data:`PARALLEL_MIN_CELLS_PM` with a +-1 axis), else 1."""
     n = threadpool.num_threads()
-    if n <= 1 or not walsh or cells < PARALLEL_MIN_CELLS:
+    if n <= 1 or cells < (PARALLEL_MIN_CELLS if walsh else PARALLEL_MIN_CELLS_PM):
         return 1
     if _backoff["searches"] > 0:  # the last shared search stalled (see :func:`shared_done`)
         _backoff["searches"] -= 1
@@ -694,17 +835,21 @@ def shared_done(ctl: np.ndarray) -> None:
         _backoff["searches"] = STALL_BACKOFF
 
 
-def shared_arrays(n_threads: int) -> tuple:
-    """``(ctl, iprm, fprm, pbest, ppos)`` of a search on ``n_threads`` threads (:func:`search_sub`);
-    ``n_threads`` 1: empty (the search runs on its own thread)."""
+def shared_arrays(n_threads: int, cells: int = 0, walsh: bool = True) -> tuple:
+    """``(ctl, iprm, fprm, pbest, ppos, bufs)`` of a search on ``n_threads`` threads
+    (:func:`search_sub`) of a sub-table of ``cells`` cells (``walsh``: Walsh-Hadamard axes only;
+    else ``bufs`` holds the partner's two rows of ``cells``); ``n_threads`` 1: empty (the search
+    runs on its own thread)."""
     if n_threads <= 1:
-        return (np.zeros(0, np.int64), np.zeros(7, np.int64), np.zeros(3), np.zeros((1, 2)), np.zeros((1, 3), np.int64))
+        return (np.zeros(0, np.int64), np.zeros(_IPRM, np.int64), np.zeros(3), np.zeros((1, 2)),
+                np.zeros((1, 3), np.int64), np.zeros((2, 0)))
     pieces = _PIECES_PER_THREAD * int(n_threads) + 1
-    iprm = np.zeros(7, np.int64)
+    iprm = np.zeros(_IPRM, np.int64)
     iprm[6] = STALL_SPINS
     fprm = np.zeros(3)
     fprm[2] = MIN_SHARE
-    return (np.zeros(4, np.int64), iprm, fprm, np.zeros((pieces, 2)), np.zeros((pieces, 3), np.int64))
+    bufs = np.zeros((2, 0 if walsh else int(cells)))
+    return (np.zeros(4, np.int64), iprm, fprm, np.zeros((pieces, 2)), np.zeros((pieces, 3), np.int64), bufs)
 
 
 def _examples():
@@ -712,14 +857,14 @@ def _examples():
     f, i, b = np.zeros(2), np.zeros(2, np.int64), np.zeros(2, np.bool_)
     f2, i2 = np.zeros((2, 2)), np.zeros((2, 3), np.int64)
     search = (f, f, f, b, f, i, b, 0.0, np.int64(1), True, i, i, i, f, i, i, 0.0, 0.0, 0.0, 0.0, i, i, f, f, f, f, f,
-              f, i, i, f, f2, i2, np.int64(1))
+              f, i, i, f, f2, i2, f2, np.int64(1))
     return [(search_sub, search), (replay_sub, (f, i, b, i, f, f)), (sub_helper, _helper_example())]
 
 
 def _helper_example() -> tuple:
     """Arguments of the types a search hands :func:`sub_helper`."""
     f, i, b = np.zeros(2), np.zeros(2, np.int64), np.zeros(2, np.bool_)
-    return (f, f, f, b, f, f, np.int64(1), i, i, f, np.zeros((2, 2)), np.zeros((2, 3), np.int64))
+    return (f, f, f, b, f, f, np.int64(1), i, i, f, np.zeros((2, 2)), np.zeros((2, 3), np.int64), np.zeros((2, 2)))
 
 
 def ahead_kernels() -> list:

@@ -340,9 +340,9 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
     walsh = np.array([basis.is_walsh(k) for k in shape], bool)
     ft = _NO_FAMILY if fam is None else fam
     r0, r1, n_samples, scale = (0.0, 0.0, 1.0, 1.0) if fam is None else (code.r0, code.r1, code.N, code.scale)
-    # a large sub-table on Walsh-Hadamard axes: every step shared with the kernels' helper threads
+    # a large sub-table: every step shared with the kernels' helper threads
     threads = _kernels_search.search_threads(flats.size, bool(walsh.all()))
-    shared = _kernels_search.shared_arrays(threads)
+    shared = _kernels_search.shared_arrays(threads, flats.size, bool(walsh.all()))
     ra = np.empty(flats.size)  # the append prices (the search's, shared with its helpers)
     try:
         if threads > 1:
