@@ -44,6 +44,7 @@ True
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Sequence
 
@@ -330,6 +331,53 @@ class TermCode:
         if v is None:
             v = memo[key] = self._add(*key)
         return v
+
+    def add_many(self, keys) -> list[float]:
+        """:meth:`add` of each ``(axes, m)`` of ``keys``, memoised the same way; those not priced
+        yet (under the family code) all at once, by the same operations in the same order."""
+        memo = self.__dict__.setdefault("_add_memo", {})
+        keys = [(tuple(a), int(m)) for a, m in keys]
+        todo = [k for k in dict.fromkeys(keys) if k not in memo]
+        if len(todo) >= 16 and self.kind != "paper":
+            values = self._add_many(todo)
+            if values is not None:
+                memo.update(zip(todo, values))
+        return [memo[k] if k in memo else self.add(*k) for k in keys]
+
+    def _add_many(self, keys: list) -> list[float] | None:
+        """:meth:`_add` of many ``(axes, m)`` (family code), or None where a family's number of
+        members might not be exact as a float (more than ``2^52``)."""
+        n = len(keys)
+        less = [k - 1 for k in self.cards]
+        bits = [math.log2(v) if v > 1 else 0.0 for v in less]
+        axes = [k[0] for k in keys]
+        if max(sum(bits[i] for i in a) for a in axes) > 52:
+            return None
+        ms = np.fromiter((k[1] for k in keys), np.int64, n)
+        lens = np.fromiter(map(len, axes), np.int64, n)
+        idx = np.fromiter(itertools.chain.from_iterable(axes), np.int64, int(lens.sum()))
+        starts = np.cumsum(lens) - lens
+        name_w = np.asarray(self.name_w, np.float64)
+        less = np.asarray(less, np.int64)
+        name = np.zeros(n)  # sum(name_w[i] for i in axes), term by term in axis order
+        M = np.ones(n, np.int64)  # members(axes)
+        for p in range(int(lens.max()) if n else 0):
+            has = np.nonzero(lens > p)[0]
+            j = idx[starts[has] + p]
+            name[has] = name[has] + name_w[j]
+            M[has] = M[has] * less[j]
+        name = np.where(ms == 0, name, 0.0)
+        full = ms >= M
+        free = (M - ms).tolist()
+        logs = {}
+        lg = np.array([0.0 if f else (logs[a] if a in logs else logs.setdefault(a, math.log(a)))
+                       - (logs[b] if b in logs else logs.setdefault(b, math.log(b)))
+                       for f, a, b in zip(full.tolist(), free, (ms + 1).tolist())])
+        x = (np.where(ms == 0, self.r0, self.r1) + lg / self.N) + name
+        if self.scale != 1.0:
+            x = self.scale * x
+        x[full] = math.inf
+        return x.tolist()
 
     def _add(self, axes: tuple, m: int) -> float:
         if self.kind == "paper":

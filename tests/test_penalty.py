@@ -127,3 +127,26 @@ def test_family_code_survives_resume_save_and_load(tmp_path, monkeypatch):
     back = FSLL.load(tmp_path / "m.json")
     assert back.get_params()["penalty"] is None and back.theta_ == ref.theta_
     np.testing.assert_allclose(back.log_prob(X[:50]), ref.log_prob(X[:50]), atol=1e-12)
+
+
+@pytest.mark.parametrize("cards", [(2, 3, 4, 5), (2,) * 17, (3, 5, 2, 7, 9, 4), (40, 40, 40, 40, 40, 40, 40, 40, 40, 40), (1025,) * 7])
+@pytest.mark.parametrize("scale,further", [(1.0, "full"), (0.37, "full"), (1.0, "aic"), (2.5, "aic")])
+def test_prices_of_many_families_at_once_are_add_bit_for_bit(cards, scale, further):
+    """``TermCode.add_many`` (a joint selection's candidates priced together) gives what ``add``
+    gives one family at a time, bit for bit: first members, further ones, full families."""
+    rng = np.random.default_rng(len(cards))
+    n = len(cards)
+    keys = [((), 0)]
+    for _ in range(300):
+        axes = tuple(sorted(rng.choice(n, size=int(rng.integers(1, min(n, 6) + 1)), replace=False).tolist()))
+        M = math.prod(cards[i] - 1 for i in axes)
+        keys.append((axes, int(rng.choice([0, 1, 2, M - 1, M, M + 3]) if M > 2 else rng.integers(0, M + 2))))
+    keys += keys[:5]  # (repeats)
+    kw = dict(scale=scale, further=further)
+    fresh = C.TermCode(cards, 12345, "family", **kw)
+    want = [fresh.add(a, m) for a, m in keys]
+    got = C.TermCode(cards, 12345, "family", **kw).add_many(keys)
+    assert [v.hex() if math.isfinite(v) else v for v in got] == [v.hex() if math.isfinite(v) else v for v in want]
+    assert all(type(v) is float for v in got)
+    paper = C.TermCode(cards, 12345, "paper", scale=scale)
+    assert paper.add_many(keys[:40]) == [C.TermCode(cards, 12345, "paper", scale=scale).add(a, m) for a, m in keys[:40]]

@@ -193,14 +193,11 @@ class FitState:
         ``counts.get(a, 0)`` members now: ``term_code().add``, memoised by (family, members)."""
         code = self.term_code()
         memo = self._code_memo(code, "add")
-        out = []
-        for a in families:
-            key = (a, counts.get(a, 0))
-            v = memo.get(key)
-            if v is None:
-                v = memo[key] = code.add(*key)
-            out.append(v)
-        return out
+        keys = [(a, counts.get(a, 0)) for a in families]
+        missing = [k for k in keys if k not in memo]
+        if missing:  # (a joint selection's candidates: many new families at once)
+            memo.update(zip(missing, code.add_many(missing)))
+        return list(map(memo.__getitem__, keys))
 
     def _code_memo(self, code: C.TermCode, name: str) -> dict:
         """A memo of ``code``'s ``name`` (``"add"``, ``"total"``) by ``(family, members)``; it goes
