@@ -220,6 +220,60 @@ def test_joint_selection_bounds_the_candidate_support_pairs(monkeypatch):
     assert len(st.theta) == size  # nothing accepted (epsilon = 1 nat), the state restored
 
 
+def _closure_fit():
+    cards = (3, 4, 5)
+    p, _ = datasets.random_bayesnet(cards, 2, seed=5)
+    X = datasets.sample_table(p, 20000, seed=6)
+    m = FSLL(cardinalities=cards, epsilon=3e-3, refine="final", progress=False).fit(X)
+    return cards, X, m.fit_state_, m.engine_
+
+
+def test_joint_selection_in_a_batched_fit_leaves_out_candidates_in_the_support_span(monkeypatch):
+    """With its refinement by sweeps (a batched fit) a joint selection does not pick a candidate
+    whose variance given the support and the earlier picks is below ``JOINT_MIN_SCHUR`` of its
+    own; one step per pass it picks as before."""
+    picks = {}
+    for sweep, limit in ((False, 1.0), (True, 0.0), (True, 1e-4), (True, 1.0)):
+        cards, X, st, eng = _closure_fit()
+        monkeypatch.setattr(corrective, "JOINT_MIN_SCHUR", limit)
+        eps = auto_epsilon(len(X))
+        before = dict(st.theta)
+        ja = corrective.joint_append(eng, st, epsilon=eps, tol=0.1 * eps, n_candidates=0, n_closure=500, sweep=sweep,
+                                     top=8)
+        picks[sweep, limit] = (ja.added, ja.gains, ja.estimate)
+        if sweep and limit == 1.0:  # every Schur complement is at most the variance: nothing is picked
+            assert not ja.added and ja.estimate == 0.0 and st.theta == before
+    assert picks[False, 1.0][0] and picks[False, 1.0] == picks[True, 0.0]
+    assert picks[True, 1e-4][0]
+
+
+def test_joint_selection_that_settles_early_leaves_an_exact_table(monkeypatch):
+    """A joint selection in a batched fit predicted to gain more than ``JOINT_SETTLE_GAIN``
+    epsilons ends its refinement at the first round predicted to be the last: the cost still
+    falls by at least epsilon, the table is exact for the parameters kept, and it takes fewer
+    rounds and passes than converging (here one of each)."""
+    runs = {}
+    for settle in (None, 0.0):
+        cards, X, st, eng = _closure_fit()
+        monkeypatch.setattr(corrective, "JOINT_SETTLE_GAIN", settle)
+        eps = auto_epsilon(len(X))
+        before, passes = st.cost(), eng.passes
+        ja = corrective.joint_append(eng, st, epsilon=eps, tol=0.1 * eps, n_candidates=0, n_closure=500, sweep=True,
+                                     top=8)
+        assert ja.added and ja.refine.rounds >= 1
+        Phi = oracle.phi_matrix(cards)
+        theta = np.zeros(math.prod(cards))
+        for y, v in st.theta.items():
+            theta[y] = v
+        exact = oracle.cost(theta, oracle.target(X, cards), Phi, oracle.r_vec(cards, len(X)))
+        assert exact == pytest.approx(st.cost(), abs=1e-10) and exact <= before - eps
+        np.testing.assert_allclose(eng.ctx.spec(Table.THETABAR).array.reshape(-1), Phi @ oracle.model(theta, Phi),
+                                   atol=1e-12)
+        runs[settle] = (ja.added, ja.refine.rounds, eng.passes - passes)
+    assert runs[0.0][0] == runs[None][0]
+    assert runs[0.0][1] < runs[None][1] and runs[0.0][2] < runs[None][2]
+
+
 def test_candidate_order_expands_each_pair_as_a_products_cache_would():
     """The joint selection reads its candidates' pairs one column at a time; each pair keeps
     the member order a :class:`Products` cache kept across selections gives it (the order of

@@ -350,6 +350,26 @@ MAX_CROSS_PAIRS = 2**20
 #: ``8 |S|^2`` bytes and ``|S|^3 / 3`` flops per round); the greedy search goes on alone.
 MAX_SUPPORT = 4000
 
+#: Joint selection in a batched fit (its corrective phases run by compute sweeps): a candidate
+#: whose variance given the support and the earlier picks (its Schur complement) is below this
+#: fraction of its own variance is not picked.  It is all but a combination of terms already
+#: there under ``p_theta`` (on survey-like data, a conditional table that is nearly a
+#: function of another variable); its quadratic-model gain ``u^2 / (2 s)`` divides two tiny
+#: numbers (predicted gains of 0.01-10^6 nats a row where the selection then gained 10^-5
+#: or nothing), and its Newton step shrinks the refinement's first trials to
+#: ``alpha ~ 10^-8``.  0: no such limit (every fit in one step per pass).
+JOINT_MIN_SCHUR = 1e-4
+
+#: Joint selection in a batched fit: a selection whose quadratic model predicts a gain of more
+#: than this many ``epsilon`` ends its refinement at the first round predicted to be the last
+#: (:func:`refine` with ``leave=inf``), without a further round when the decrement read after
+#: it is still above ``10 tol``: a large selection is followed by a batch (whose corrective
+#: phase refines the whole support again) or by another selection (which does too), and the
+#: whole-support rounds of such a tail converge only linearly (a re-derivation each).  A
+#: selection predicted to gain less (the last ones of a fit) converges as any phase.  None:
+#: every selection converges.
+JOINT_SETTLE_GAIN = 100.0
+
 
 _START, _CURRENT, _STALE = "start", "current", "stale"  # what the dual table holds during a phase
 
@@ -674,7 +694,10 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     scan of the dual table as it is; when it kept enough cells by second-order score
     (``joint`` of :func:`refine`), the candidates come from it, not from a pass.  ``sweep``:
     as for :func:`refine` (its last trial re-derives the table; a selection that is not
-    kept costs one more re-derivation, which restores it).
+    kept costs one more re-derivation, which restores it); with ``sweep`` (a batched fit) a
+    candidate nearly in the span of the support under ``p_theta`` is not picked
+    (:data:`JOINT_MIN_SCHUR`) and a selection predicted to gain much ends its refinement at
+    the first round predicted to be the last (:data:`JOINT_SETTLE_GAIN`).
     """
     out = JointResult(added=[])
     m = len(state.theta)
@@ -784,8 +807,11 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
     # update of the whole matrix, at ``O(K)`` per pick and earlier pick instead of ``O(K^2)``)
     dg = h_diag - HX_diag if X is not None else h_diag.copy()
     cols = []
+    low = h_diag * JOINT_MIN_SCHUR if sweep and JOINT_MIN_SCHUR else None  # (a batched fit)
     for _ in range(min(max_new, K)):
         ok = dg > floor
+        if low is not None:
+            ok &= dg > low
         ok[chosen] = False
         if not ok.any():
             break
@@ -817,8 +843,10 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
             state.dbar[int(flat_c[c])] = float(d_c[c])
         # with sweeps the refinement's last trial is the table's re-derivation (restored below
         # when the selection is not kept)
+        # a large selection in a batched fit leaves the tail of its convergence to the phases after it
+        settle = sweep and JOINT_SETTLE_GAIN is not None and out.estimate > JOINT_SETTLE_GAIN * epsilon
         rr = refine(engine, state, tol=tol, max_rounds=max_rounds, products=prod, top=top, joint=joint,
-                    sweep=sweep)
+                    sweep=sweep, leave=math.inf if settle else None)
         out.trials += 1
         after = state.cost()
         if rr.rounds and after < before - epsilon:
