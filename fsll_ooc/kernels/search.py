@@ -131,6 +131,10 @@ def _partner(x, shape, strides, walsh, digits, all_walsh, mask, part, tmp):
         src = dst
 
 
+#: Rows (an axis' stride) shorter than this are walked cell by cell in :func:`_axis_rows`.
+_SHORT_ROW = 16
+
+
 @njit(inline="always")
 def _axis_rows(src, dst, k, s, b, walsh, o0, o1, q0, q1):
     """One axis of :func:`_partner` (digit ``b`` on an axis of ``k`` values and stride ``s``) on
@@ -139,6 +143,22 @@ def _axis_rows(src, dst, k, s, b, walsh, o0, o1, q0, q1):
     row ``b`` from row 0, row ``a`` from ``-(a + (0 + b))``)."""
     ks = k * s
     w = q1 - q0
+    if s < _SHORT_ROW:  # short rows: cell by cell across the axis (no views)
+        for o in range(o0 * ks, o1 * ks, ks):
+            for q in range(o + q0, o + q1):
+                if walsh:
+                    for a in range(k):
+                        dst[q + a * s] = src[q + (a ^ b) * s]
+                else:
+                    x0 = src[q]
+                    xb = src[q + b * s]
+                    dst[q] = xb
+                    for a in range(1, k):
+                        if a == b:
+                            dst[q + a * s] = x0
+                        else:
+                            dst[q + a * s] = -(src[q + a * s] + (x0 + xb))
+        return
     for o in range(o0 * ks, o1 * ks, ks):
         if walsh:
             for a in range(k):
