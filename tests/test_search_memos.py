@@ -121,3 +121,16 @@ def test_support_prices_and_totals_are_the_per_term_ones():
         assert st.total_penalty() == want == st.total_penalty_of(ys)
         assert st.total_penalty_of(ys[:-1]) == sum(code.total(*k) for k in st._count_families(ys[:-1]).items())
         assert st.family_counts() == st._count_families(ys)
+
+
+def test_families_found_together_are_the_families_one_by_one():
+    from fsll_ooc.learn.state import FitState
+
+    for cards in ((3, 2, 4), (2,) * 17, (5, 3, 2, 2, 7)):
+        size = int(np.prod(cards))
+        ys = np.random.default_rng(len(cards)).integers(0, size, 300).tolist() + [0, size - 1]
+        together = FitState(cards, 100, 1.0, penalty_code="family")
+        alone = FitState(cards, 100, 1.0, penalty_code="family")
+        got = together._families(ys)
+        want = [alone.family(y) for y in ys]
+        assert got == want and all(type(a) is tuple and all(type(i) is int for i in a) for a in got)

@@ -163,9 +163,12 @@ class FitState:
         flat = np.fromiter(ys, np.int64, len(ys))
         nonzero = np.stack(np.unravel_index(flat, self.cards), axis=1) != 0
         masks = nonzero @ (np.int64(1) << np.arange(n, dtype=np.int64))
-        of_mask = {}
-        for mk in np.unique(masks).tolist():
-            of_mask[mk] = tuple(i for i in range(n) if mk >> i & 1)
+        distinct, first = np.unique(masks, return_index=True)
+        # the non-zero axes of one row per distinct mask, row by row in axis order
+        rows, axes = np.nonzero(nonzero[first])
+        ends = np.searchsorted(rows, np.arange(1, len(first) + 1)).tolist()
+        axes = axes.tolist()
+        of_mask = dict(zip(distinct.tolist(), (tuple(axes[a:b]) for a, b in zip([0] + ends[:-1], ends))))
         cache = self.__dict__.setdefault("_family_cache", {})
         for y, mk in zip(ys, masks.tolist()):
             cache[y] = of_mask[mk]
