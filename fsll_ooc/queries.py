@@ -458,9 +458,25 @@ def interactions(model, as_frame: bool = True):
     return pd.DataFrame([{c: r[c] for c in cols} for r in rows], columns=cols)
 
 
+#: Rows per call of the compiled loop (its copy of their codes: 8 bytes per row and variable).
+ROWS_PER_BLOCK = 2**16
+#: Rows x terms from which :func:`log_potential` runs the compiled loop (below it, numpy's
+#: gathers cost less than the call).
+COMPILED_MIN_WORK = 4096
+
+
 def log_potential(model, codes: np.ndarray) -> np.ndarray:
     """``l_theta(x) = sum_y theta_y Phi_y(x)`` per row of ``codes`` under a fitted ``model``, by
-    gathers from the local basis matrices."""
+    gathers from the local basis matrices (one compiled pass over the rows,
+    :func:`fsll_ooc.kernels.rows.term_sums`, when every code is within its variable's range: the
+    same operations in the same order as the numpy form below, the same bits)."""
+    cards = [int(k) for k in model.cardinalities_]
+    codes = np.asarray(codes)
+    theta = model.theta_
+    if (codes.ndim == 2 and codes.shape[1] == len(cards) and codes.shape[0] * len(theta) >= COMPILED_MIN_WORK
+            and np.issubdtype(codes.dtype, np.integer) and codes.size
+            and bool(np.all((codes.min(axis=0) >= 0) & (codes.max(axis=0) < np.array(cards))))):
+        return _log_potential_compiled(cards, theta, codes)
     rows: dict = {}
     l = np.zeros(codes.shape[0])
     for y, v in model.theta_.items():
@@ -475,6 +491,37 @@ def log_potential(model, codes: np.ndarray) -> np.ndarray:
                 phi = f if phi is None else phi * f
         l += v * (1.0 if phi is None else phi)
     return l
+
+
+def _log_potential_compiled(cards, theta, codes: np.ndarray) -> np.ndarray:
+    """:func:`log_potential` by :func:`fsll_ooc.kernels.rows.term_sums`: each term's factors as
+    (axis, offset of the axis's value table), the tables of the distinct ``(k, y_i)`` side by side."""
+    from .kernels.rows import term_sums
+
+    at: dict = {}
+    tables, starts, axes, offsets, values = [], [0], [], [], []
+    size = 0
+    for y, v in theta.items():
+        for i, yi in enumerate(y):
+            if yi:
+                key = (cards[i], int(yi))
+                off = at.get(key)
+                if off is None:
+                    off = at[key] = size
+                    tables.append(basis.phi_values(cards[i], int(yi), np.arange(cards[i])))
+                    size += cards[i]
+                axes.append(i)
+                offsets.append(off)
+        starts.append(len(axes))
+        values.append(v)
+    args = (np.asarray(values, dtype=np.float64), np.asarray(starts, dtype=np.int64),
+            np.asarray(axes, dtype=np.int64), np.asarray(offsets, dtype=np.int64),
+            np.concatenate(tables).astype(np.float64) if tables else np.zeros(1))
+    out = np.zeros(codes.shape[0])
+    for lo in range(0, codes.shape[0], ROWS_PER_BLOCK):  # (the codes of a block copied as axes x rows)
+        block = np.ascontiguousarray(codes[lo:lo + ROWS_PER_BLOCK].T, dtype=np.int64)
+        term_sums(block, *args, out[lo:lo + ROWS_PER_BLOCK])
+    return out
 
 
 def sample_codes(model, n_samples, random_state) -> np.ndarray:
