@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from fsll_ooc import datasets
+from fsll_ooc import basis, datasets
 from fsll_ooc.kernels import products as kernel_products
 from fsll_ooc.learn import corrective
 
@@ -90,6 +90,36 @@ def test_pair_sums_grid_equals_pair_sums_at(cards, max_nonzero):
     assert np.array_equal(np.signbit(got), np.signbit(want))
     assert corrective._pair_sums_grid(cards, table, a[:0], b).shape == (0, len(b))
     assert corrective._pair_sums_grid(cards, table, a, b[:0]).shape == (len(a), 0)
+
+
+@pytest.mark.parametrize("cards,max_nonzero", [((2, 3, 4, 5), 4), ((3, 3, 3), 3), ((5, 2, 6, 3, 8), 3),
+                                               ((2, 2, 2), 3), ((7,), 1)])
+def test_pair_sums_column_equals_pair_sums_at_of_pairs_with(cards, max_nonzero):
+    """A joint selection's column of candidate pairs with the rows' sums made once: the sums of
+    :meth:`CandidateOrder.pairs_with`'s pairs read by ``pair_sums_at``, bit for bit, for every
+    candidate and an order that is not the list's."""
+    rng = np.random.default_rng(5 * len(cards) + max_nonzero)
+    table = rng.standard_normal(math.prod(cards))
+    table[rng.integers(0, len(table), 3)] = -0.0
+    dig = np.ascontiguousarray(_digit_rows(cards, 19, rng, max_nonzero), np.int64)
+    order = corrective.CandidateOrder()
+    strides = np.ones(len(cards), np.int64)
+    for i in range(len(cards) - 2, -1, -1):
+        strides[i] = strides[i + 1] * cards[i + 1]
+    flat = dig @ strides
+    _, first = np.unique(flat, return_index=True)
+    dig = dig[np.sort(first)]
+    flat = dig @ strides
+    order.update(flat[::-1].copy())  # the first list, then the list reversed: ranks not in list order
+    order.update(flat)
+    walsh = np.array([basis.is_walsh(k) for k in cards], bool)
+    rows = kernel_products.row_sums(dig, dig, strides)
+    for c in range(len(dig)):
+        ia, ib = order.pairs_with(c)
+        want = corrective._pair_sums_at(cards, table, dig, dig, ia, ib)
+        got = kernel_products.pair_sums_column(dig, c, order.rank, strides, walsh, table, *rows)
+        np.testing.assert_array_equal(got, want)
+        assert np.array_equal(np.signbit(got), np.signbit(want))
 
 
 @pytest.mark.parametrize("cards", [(3, 4, 2, 5), (2, 2, 2, 2, 2)])

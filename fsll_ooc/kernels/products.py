@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["expand", "pair_sums", "moment_matrix", "pair_sums_at", "pair_sums_grid", "warmup"]
+__all__ = ["expand", "pair_sums", "moment_matrix", "pair_sums_at", "pair_sums_grid", "row_sums",
+           "pair_sums_column", "warmup"]
 
 
 @njit(inline="always")
@@ -188,6 +189,34 @@ def pair_sums_at(dig_a, dig_b, ia, ib, strides, walsh, table):
 
 
 @njit(cache=True, nogil=True)
+def row_sums(dig_a, dig_b, strides):
+    """``(fa, nz, nnz, fb)`` of :func:`pair_sums_column`: per row of ``dig_a`` its flat index, its
+    non-zero axes (in axis order) and how many; per row of ``dig_b`` its flat index."""
+    return _row_sums(dig_a, dig_b, strides)
+
+
+@njit(cache=True, nogil=True)
+def pair_sums_column(dig, c, rank, strides, walsh, table, fa, nz, nnz, fb):
+    """:func:`pair_sums_at` of the pairs of every row ``i`` of ``dig`` with row ``c``, the row of
+    lower ``rank`` first (``(i, c)`` where ``rank[i] <= rank[c]``, else ``(c, i)``), with the
+    rows' sums ``(fa, nz, nnz, fb) = row_sums(dig, dig, strides)`` made once by the caller: the
+    same sums, bit for bit."""
+    K = dig.shape[0]
+    nax = strides.shape[0]
+    out = np.empty(K)
+    t_stride = np.empty(nax, np.int64)
+    t_a = np.empty(nax, np.int64)
+    t_b = np.empty(nax, np.int64)
+    rc = rank[c]
+    for i in range(K):
+        if rank[i] <= rc:
+            out[i] = _pair_sum(i, c, dig, dig, strides, walsh, table, fa, nz, nnz, fb, t_stride, t_a, t_b)
+        else:
+            out[i] = _pair_sum(c, i, dig, dig, strides, walsh, table, fa, nz, nnz, fb, t_stride, t_a, t_b)
+    return out
+
+
+@njit(cache=True, nogil=True)
 def pair_sums_grid(dig_a, dig_b, strides, walsh, table):
     """:func:`pair_sums_at` of every pair ``(i, j)`` of a row ``i`` of ``dig_a`` and a row ``j`` of
     ``dig_b``, as a ``(len(dig_a), len(dig_b))`` matrix (the same sums, bit for bit; no pair
@@ -226,3 +255,5 @@ def warmup() -> None:
     moment_matrix(p, c, c, i, i, 1)
     pair_sums_at(d, d, i, i, np.ones(2, np.int64), np.zeros(2, np.bool_), np.zeros(4))
     pair_sums_grid(d, d, np.ones(2, np.int64), np.zeros(2, np.bool_), np.zeros(4))
+    rows = row_sums(d, d, np.ones(2, np.int64))
+    pair_sums_column(d, 0, i, np.ones(2, np.int64), np.zeros(2, np.bool_), np.zeros(4), *rows)

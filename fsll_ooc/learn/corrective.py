@@ -752,11 +752,17 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         # every candidate's square is Phi_0: its pair sum is 0 + 1 * thetabar_0 (the full matrix's numbers)
         h_diag = np.full(K, 0.0 + 1.0 * float(cell[n1 + n2])) - tb_c * tb_c
 
+        if table is not None:  # the candidates' row sums, strides and axes' kinds once per selection
+            dig_k = np.ascontiguousarray(dig_c, np.int64)
+            strides_k = _strides(cards)
+            walsh_k = np.array([basis.is_walsh(int(k)) for k in cards], bool)
+            rows_k = kernel_products.row_sums(dig_k, dig_k, strides_k)
+
         def h_col(c):  # column c of H_cc: the pairs (i, c), each expanded as the full matrix's would be
-            ia, ib = order.pairs_with(c)
-            if table is not None:
-                col = _pair_sums_at(cards, table, dig_c, dig_c, ia, ib)
+            if table is not None:  # (the pairs of :meth:`CandidateOrder.pairs_with`, read off the table)
+                col = kernel_products.pair_sums_column(dig_k, c, order.rank, strides_k, walsh_k, table, *rows_k)
             else:
+                ia, ib = order.pairs_with(c)
                 pair, flat, coef = _expand(cards, dig_c, dig_c, ia, ib)
                 col = kernel_products.pair_sums(pair, coef, engine.gather(flat), K)
             col -= tb_c * tb_c[c]
