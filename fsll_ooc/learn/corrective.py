@@ -63,6 +63,11 @@ def _strides(cards) -> np.ndarray:
     return s
 
 
+def _walsh_axes(cards) -> np.ndarray:
+    """Per axis: does it use the Walsh-Hadamard basis (the product kernels' ``walsh``)."""
+    return np.array([basis.is_walsh(int(k)) for k in cards], bool)
+
+
 def pair_products(cards, dig_a: np.ndarray, dig_b: np.ndarray):
     """Expand ``Phi_a Phi_b = sum_k coef_k Phi_{flat_k}`` for many pairs at once.
 
@@ -91,7 +96,7 @@ def _expand(cards, dig_a: np.ndarray, dig_b: np.ndarray, ia: np.ndarray, ib: np.
     cards = tuple(int(k) for k in cards)
     strides = _strides(cards)
     P = len(ia)
-    walsh = np.array([basis.is_walsh(k) for k in cards], bool)
+    walsh = _walsh_axes(cards)
     if walsh.all():
         fa = dig_a @ strides if len(dig_a) else np.zeros(0, np.int64)
         fb = dig_b @ strides if len(dig_b) else np.zeros(0, np.int64)
@@ -214,7 +219,7 @@ def _pair_sums_at(cards, table: np.ndarray, dig_a: np.ndarray, dig_b: np.ndarray
     without writing their expansion out: the sums of :func:`_expand` + a gather + ``pair_sums``, bit
     for bit."""
     cards = tuple(int(k) for k in cards)
-    walsh = np.array([basis.is_walsh(k) for k in cards], bool)
+    walsh = _walsh_axes(cards)
     return kernel_products.pair_sums_at(np.ascontiguousarray(dig_a, np.int64), np.ascontiguousarray(dig_b, np.int64),
                                         np.asarray(ia, np.int64), np.asarray(ib, np.int64), _strides(cards), walsh,
                                         table)
@@ -224,7 +229,7 @@ def _pair_sums_grid(cards, table: np.ndarray, dig_a: np.ndarray, dig_b: np.ndarr
     """:func:`_pair_sums_at` of every pair of a row of ``dig_a`` and a row of ``dig_b``, as a
     ``(len(dig_a), len(dig_b))`` matrix (the same sums, bit for bit)."""
     cards = tuple(int(k) for k in cards)
-    walsh = np.array([basis.is_walsh(k) for k in cards], bool)
+    walsh = _walsh_axes(cards)
     return kernel_products.pair_sums_grid(np.ascontiguousarray(dig_a, np.int64), np.ascontiguousarray(dig_b, np.int64),
                                           _strides(cards), walsh, table)
 
@@ -593,21 +598,12 @@ def closure_candidates(cards, support: np.ndarray, limit: int) -> np.ndarray:
         return np.zeros(0, np.int64)
     strides = _strides(cards)
     have = set(support.tolist()) | {0}  # y = 0 is the constant, never a parameter
-    seen, out, total = set(), [], 0
+    out, total = [], 0
     nonzero = _digits(cards, support) != 0
-    n = len(cards)
-    # each row's variable set as a bit mask (a set seen before is skipped by its mask alone)
-    masks = (nonzero @ (np.int64(1) << np.arange(n, dtype=np.int64))).tolist() if n <= 62 else None
-    for r in range(len(support)):
-        if masks is not None:
-            if masks[r] in seen:
-                continue
-            seen.add(masks[r])
+    # the first row of each variable set, in support order (a set seen before adds nothing)
+    first = np.sort(np.unique(nonzero, axis=0, return_index=True)[1])
+    for r in first.tolist():
         axes = tuple(np.nonzero(nonzero[r])[0].tolist())
-        if masks is None:
-            if axes in seen:
-                continue
-            seen.add(axes)
         if math.prod(cards[i] for i in axes) > 4 * limit:
             continue
         # every digit combination on ``axes`` (the last axis fastest), as flat indices
@@ -755,7 +751,7 @@ def joint_append(engine, state, *, epsilon: float, tol: float, n_candidates: int
         if table is not None:  # the candidates' row sums, strides and axes' kinds once per selection
             dig_k = np.ascontiguousarray(dig_c, np.int64)
             strides_k = _strides(cards)
-            walsh_k = np.array([basis.is_walsh(int(k)) for k in cards], bool)
+            walsh_k = _walsh_axes(cards)
             rows_k = kernel_products.row_sums(dig_k, dig_k, strides_k)
 
         def h_col(c):  # column c of H_cc: the pairs (i, c), each expanded as the full matrix's would be
