@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -127,6 +128,12 @@ class Context:
             L = self.layout
             g = self._cache[kind] = band_geometry(L.cards, L.a, L.c, kind, self.w)
         return g
+
+    def __getstate__(self):
+        # the partner buffers held in core (:func:`_make_partner`) stay with this process
+        state = dict(self.__dict__)
+        state["_cache"] = {k: v for k, v in self._cache.items() if not (type(k) is tuple and k[:1] == ("partner",))}
+        return state
 
     def band(self, kind: str, idx: int) -> tuple[tuple, float]:
         """``(key, r_const)`` of band ``idx`` of ``kind``: its index expression in the table and
@@ -405,12 +412,45 @@ def _update_band(ctx: Context, kind: str, key, geom, t, d, r_const, step: Step, 
         src = t
     else:
         src = partner.result() if partner is not None else storage.read(ctx.specs[partner_src], key)
-    part = src.reshape(shape)
-    for v in partner_vars:
-        part = basis.apply_product(part, bv.index(v), step.digits[v])
-    part = np.ascontiguousarray(part).reshape(P, Q)
+    part = _make_partner(ctx, src, shape, bv, step, partner_vars, parallel).reshape(P, Q)
     return kernels.update_scan_explicit(t, part, d, rP, rQ, r_const, ch, sh, inv_den, update=True,
                                         threshold=threshold, skip=skip, parallel=parallel)
+
+
+def _make_partner(ctx: Context, src: np.ndarray, shape: tuple, bv: tuple, step: Step, partner_vars: tuple,
+                  parallel: bool, hold: bool | None = None) -> np.ndarray:
+    """``M(partner_vars) src``: the product rule (:func:`fsll_ooc.basis.apply_product`) along the
+    band axes of ``partner_vars`` in their order, with ``step``'s digits, as a flat C-order array.
+
+    One compiled walk per axis (:func:`fsll_ooc.kernels.bandops.partner_into`, the same bits;
+    on every thread with ``parallel``), into buffers that ``hold`` keeps in the context for the
+    next steps (default: in core, the tables not persistent: at most two arrays of the band's
+    size per thread that runs update tasks, for the context's life, instead of one or two new
+    arrays per step whose pages the system maps afresh each time).  While its kernel compiles
+    in a second process (the first use after installing), numpy's operations
+    (:func:`fsll_ooc.basis.apply_product`)."""
+    if not bandops.pm_kernels_ready():
+        part = src.reshape(shape)
+        for v in partner_vars:
+            part = basis.apply_product(part, bv.index(v), step.digits[v])
+        return np.ascontiguousarray(part).reshape(-1)
+    axes = [(bv.index(v), step.digits[v], basis.is_walsh(ctx.cards[v])) for v in partner_vars]
+    n = int(src.size)
+    two = sum(1 for _, b, _ in axes if b != 0) > 1
+    if hold is None:
+        hold = not ctx.specs[THETABAR].backend_impl.persistent
+    if hold:
+        key = ("partner", threading.get_ident())
+        bufs = ctx._cache.get(key)
+        if bufs is None or bufs[0].size != n or (two and bufs[1] is None):
+            bufs = ctx._cache[key] = (np.empty(n), np.empty(n) if two else None)
+        out, tmp = bufs
+    else:
+        out, tmp = np.empty(n), (np.empty(n) if two else None)
+    flat = src.reshape(-1)
+    if not flat.flags.c_contiguous:  # pragma: no cover - bands are contiguous
+        flat = np.ascontiguousarray(flat)
+    return bandops.partner_into(flat, shape, axes, out, tmp, threadpool.num_threads() if parallel else 1)
 
 
 def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partner_src: Table,
@@ -496,11 +536,9 @@ def task_partner(ctx: Context, kind: str, idx: int, step: Step, vars_: tuple) ->
     """First half of a two-pass update: ``scratch = M(vars_) thetabar`` on this band."""
     key = band_key(ctx.layout, kind, idx)
     shape = ctx.geometry(kind).shape
-    band = storage.read(ctx.specs[THETABAR], key).reshape(shape)
-    bv = band_vars(ctx.layout, kind)
-    for v in vars_:
-        band = basis.apply_product(band, bv.index(v), step.digits[v])
-    storage.write(ctx.specs[SCRATCH], key, np.ascontiguousarray(band))
+    band = storage.read(ctx.specs[THETABAR], key)
+    part = _make_partner(ctx, band, shape, band_vars(ctx.layout, kind), step, vars_, False, hold=False)
+    storage.write(ctx.specs[SCRATCH], key, part.reshape(shape))
     return ScanResult()
 
 

@@ -20,21 +20,26 @@ Same bits as numpy, by construction:
 :func:`scatter_add` is ``np.add.at`` for the sparse fills (the same adds in the same
 order, compiled).  :func:`pm_product` is the product rule along a +-1 axis (the partner
 of a step on a variable of three or more values, :func:`fsll_ooc.basis.apply_product`)
-in one compiled walk over the band, with numpy's operations in numpy's order; its
-kernels compile in a second process on their first use after installing
-(:mod:`fsll_ooc.kernels.ahead`), numpy's own operations running meanwhile.
+in one compiled walk over the band, with numpy's operations in numpy's order.
+:func:`partner_into` is a table pass's partner of a step (the product rule along each of the
+step's axes in turn, Walsh-Hadamard or +-1), one compiled walk over the band per axis, into
+arrays the caller holds, with numpy's bits.  These kernels compile in a second process on
+their first use after installing (:mod:`fsll_ooc.kernels.ahead`), numpy's own operations
+running meanwhile.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from numba import njit
 
 from . import ahead, threadpool
+from .search import axis_rows
 
 __all__ = ["LEAF", "PARALLEL_MIN", "leaves", "tree_sum", "elementwise", "zero_fill", "scatter_add", "pm_product",
-           "pm_kernels_ready"]
+           "pm_kernels_ready", "partner_into"]
 
 #: Largest leaf, in elements (512 KiB of float64: a core's L2 cache).
 LEAF = 2**16
@@ -235,8 +240,11 @@ def ahead_kernels() -> list:
     out = np.zeros((1, 3, 1))
     read_only = out.copy()
     read_only.setflags(write=False)  # (a band read from a file may be read-only)
-    return [(disp, tuple(disp.typeof_pyval(a) for a in (x, np.int64(1), out)))
-            for disp in (_pm_rows, _pm_cells) for x in (out, read_only)]
+    pm = [(disp, tuple(disp.typeof_pyval(a) for a in (x, np.int64(1), out)))
+          for disp in (_pm_rows, _pm_cells) for x in (out, read_only)]
+    flat, i = out.reshape(-1), np.int64(1)
+    return pm + [(_axis_pass, tuple(_axis_pass.typeof_pyval(a) for a in (x.reshape(-1), flat, i, i, i, True, i, i, i, i)))
+                 for x in (out, read_only)]
 
 
 def pm_kernels_ready() -> bool:
@@ -260,4 +268,61 @@ def pm_product(x: np.ndarray, b: int) -> np.ndarray:
         _pm_rows(x, np.int64(b), out)
     else:  # short rows: cell by cell across the axis
         _pm_cells(x, np.int64(b), out)
+    return out
+
+
+# ----------------------------------------------------------------------------- a step's partner
+
+@njit(nogil=True, cache=True)
+def _axis_pass(src, dst, k, s, b, walsh, o0, o1, q0, q1):  # pragma: no cover - compiled
+    """One axis of the product rule on blocks ``o0 .. o1-1`` of ``k s`` cells, offsets ``q0 .. q1-1``
+    of each row (:func:`fsll_ooc.kernels.search.axis_rows`: the Walsh-Hadamard rule or the +-1 rule)."""
+    axis_rows(src, dst, k, s, b, walsh, o0, o1, q0, q1)
+
+
+#: A pass of :func:`partner_into` along one axis is split into about this many pieces per thread.
+_PARTNER_PIECES = 4
+
+
+def partner_into(src: np.ndarray, shape: tuple, axes, out: np.ndarray, tmp: np.ndarray | None,
+                 n_threads: int = 1) -> np.ndarray:
+    """The partner of a step: the product rule (:func:`fsll_ooc.basis.apply_product`) along each
+    ``(axis, digit, walsh)`` of ``axes`` in turn, applied to ``src`` (a C-order band of ``shape``,
+    flat), written into ``out`` (flat, ``src``'s size; returned).  The same operations in the same
+    order as :func:`fsll_ooc.basis.apply_product` axis after axis (the same bits), each axis one
+    compiled walk; the results of two axes alternate between ``out`` and ``tmp`` (needed with
+    more than one axis of non-zero digit), the last one in ``out``.  ``n_threads > 1``: a band of
+    at least :data:`PARALLEL_MIN` cells is walked in pieces on the helpers of
+    :mod:`fsll_ooc.kernels.threadpool` (each piece writes its own cells)."""
+    n = int(src.size)
+    axes = [(int(ax), int(b), bool(w)) for ax, b, w in axes if int(b) != 0]
+    if not axes:
+        out[:] = src
+        return out
+    left = len(axes)
+    cur = src
+    for ax, b, walsh in axes:
+        dst = out if left % 2 == 1 else tmp  # the last axis writes out
+        left -= 1
+        k = int(shape[ax])
+        s = int(math.prod(shape[ax + 1:]))
+        nb = n // (k * s)
+        if n_threads > 1 and n >= PARALLEL_MIN:
+            qsplit = nb < s  # few blocks: split the offsets of each row instead
+            units = s if qsplit else nb
+            pieces = min(units, _PARTNER_PIECES * n_threads)
+            per = -(-units // pieces)
+            pieces = -(-units // per)
+
+            def piece(i, cur=cur, dst=dst, k=k, s=s, b=b, walsh=walsh, nb=nb, qsplit=qsplit, per=per, units=units):
+                m0, m1 = i * per, min(i * per + per, units)
+                if qsplit:
+                    _axis_pass(cur, dst, k, s, b, walsh, 0, nb, m0, m1)
+                else:
+                    _axis_pass(cur, dst, k, s, b, walsh, m0, m1, 0, s)
+
+            threadpool.parallel_for(n_threads, pieces, piece)
+        else:
+            _axis_pass(cur, dst, k, s, b, walsh, 0, nb, 0, s)
+        cur = dst
     return out

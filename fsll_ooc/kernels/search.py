@@ -37,7 +37,7 @@ from . import threadpool
 from .atomics import cas, fetch_add, load, store
 
 __all__ = ["kl_to_optimum", "search_sub", "sub_helper", "search_threads", "helper_ready", "shared_done",
-           "shared_arrays", "replay_sub", "ahead_kernels", "warmup", "PARALLEL_MIN_CELLS",
+           "shared_arrays", "replay_sub", "axis_rows", "ahead_kernels", "warmup", "PARALLEL_MIN_CELLS",
            "PARALLEL_MIN_CELLS_PM", "RUN"]
 
 _LIM = 1.0 - 2.0**-52
@@ -127,16 +127,16 @@ def _partner(x, shape, strides, walsh, digits, all_walsh, mask, part, tmp):
         left -= 1
         k = shape[ax]
         s = strides[ax]
-        _axis_rows(src, dst, k, s, b, walsh[ax], 0, n // (k * s), 0, s)
+        axis_rows(src, dst, k, s, b, walsh[ax], 0, n // (k * s), 0, s)
         src = dst
 
 
-#: Rows (an axis' stride) shorter than this are walked cell by cell in :func:`_axis_rows`.
+#: Rows (an axis' stride) shorter than this are walked cell by cell in :func:`axis_rows`.
 _SHORT_ROW = 16
 
 
 @njit(inline="always")
-def _axis_rows(src, dst, k, s, b, walsh, o0, o1, q0, q1):
+def axis_rows(src, dst, k, s, b, walsh, o0, o1, q0, q1):
     """One axis of :func:`_partner` (digit ``b`` on an axis of ``k`` values and stride ``s``) on
     the blocks ``o0 .. o1-1`` of ``k s`` cells, offsets ``q0 .. q1-1`` of each row: the
     Walsh-Hadamard rule (row ``a`` from row ``a ^ b``) or the +-1 rule (row 0 from row ``b``,
@@ -435,9 +435,9 @@ def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, 
         elif kind == _AXIS:
             src = x if iprm[9] == 0 else bufs[iprm[9] - 1]
             if iprm[11]:  # offsets m0 .. m1-1 of every block's rows
-                _axis_rows(src, bufs[iprm[10] - 1], iprm[0], iprm[1], iprm[2], iprm[8] != 0, 0, iprm[12], m0, m1)
+                axis_rows(src, bufs[iprm[10] - 1], iprm[0], iprm[1], iprm[2], iprm[8] != 0, 0, iprm[12], m0, m1)
             else:  # blocks m0 .. m1-1, whole rows
-                _axis_rows(src, bufs[iprm[10] - 1], iprm[0], iprm[1], iprm[2], iprm[8] != 0, m0, m1, 0, iprm[1])
+                axis_rows(src, bufs[iprm[10] - 1], iprm[0], iprm[1], iprm[2], iprm[8] != 0, m0, m1, 0, iprm[1])
         else:  # cells m0 .. m1-1
             best, bi = _update_scan_part(x[m0:m1], d[m0:m1], ra[m0:m1], bufs[0][m0:m1], fprm[0], fprm[1], run)
             pbest[k, 0] = best
