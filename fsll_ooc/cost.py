@@ -332,6 +332,12 @@ class TermCode:
             v = memo[key] = self._add(*key)
         return v
 
+    def add_memo(self) -> dict:
+        """The memo of :meth:`add`: ``{(family, members): price}`` (a family a tuple of variables,
+        ``members`` an int).  A caller may look prices up in it, and calls :meth:`add` (which
+        fills it) or :meth:`add_many` for those it lacks; it is not to be written otherwise."""
+        return self.__dict__.setdefault("_add_memo", {})
+
     def add_many(self, keys) -> list[float]:
         """:meth:`add` of each ``(axes, m)`` of ``keys``, memoised the same way; those not priced
         yet (under the family code) all at once, by the same operations in the same order."""

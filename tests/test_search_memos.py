@@ -134,3 +134,25 @@ def test_families_found_together_are_the_families_one_by_one():
         got = together._families(ys)
         want = [alone.family(y) for y in ys]
         assert got == want and all(type(a) is tuple and all(type(i) is int for i in a) for a in got)
+
+
+def test_one_memo_of_add_prices():
+    """FitState's add prices (the support's, the marginal ones, many at once) are kept in the
+    code's own memo (:meth:`fsll_ooc.cost.TermCode.add_memo`), each a fresh code's price bit for bit."""
+    from fsll_ooc import cost as C
+
+    m = _fitted()
+    st = m.fit_state_
+    code = st.term_code()
+    ys = list(st.theta)
+    counts = st.family_counts()
+    families = [(0,), (1,), (0, 1), (0, 2), (1, 2, 3)] + [st.family(y) for y in ys]
+    prices = [st.penalties(ys), st.marginal_penalties(ys[:3] + [1, 2, 5]), st.add_prices(families, counts)]
+    assert "add" not in st.__dict__.get("_code_memos", (None, {}))[1]  # (the state keeps the totals only)
+    fresh = C.TermCode(st.cards, st.n_samples, st.penalty_code, st.penalty_scale, st.further_price)
+    memo = code.add_memo()
+    for key, v in memo.items():
+        assert v == fresh._add(*key) or (v == np.inf and fresh._add(*key) == np.inf)
+    want = [counts.get(a, 0) for a in families]
+    assert prices[2] == [fresh.add(a, c) for a, c in zip(families, want)]
+    assert all((a, c) in memo for a, c in zip(families, want))

@@ -132,14 +132,11 @@ class FitState:
     def _support_prices(self, support: tuple, code: C.TermCode) -> list[float]:
         """:meth:`marginal_penalties` of the support's own terms (each one's family has it among
         its members): one price per family, each member given its family's."""
-        add = self._code_memo(code, "add")
+        get, add = code.add_memo().get, code.add
         per = {}
         for a, c in self._support_counts(support).items():
-            key = (a, c - 1)
-            v = add.get(key)
-            if v is None:
-                v = add[key] = code.add(*key)
-            per[a] = v
+            v = get((a, c - 1))
+            per[a] = add(a, c - 1) if v is None else v
         return list(map(per.__getitem__, self._families(support)))
 
     def _families(self, ys) -> list[tuple[int, ...]]:
@@ -181,34 +178,32 @@ class FitState:
         """Code length a member gives back when removed, a non-member costs when added."""
         code = self.term_code()
         counts = self.family_counts() if counts is None else counts
-        memo = self._code_memo(code, "add")
+        get, add = code.add_memo().get, code.add
         theta, out = self.theta, []
         for y, a in zip(flats, self._families(flats)):
-            key = (a, counts.get(a, 0) - (y in theta))
-            v = memo.get(key)
-            if v is None:
-                v = memo[key] = code.add(*key)
-            out.append(v)
+            m = counts.get(a, 0) - (y in theta)
+            v = get((a, m))
+            out.append(add(a, m) if v is None else v)
         return out
 
     def add_prices(self, families, counts: dict) -> list[float]:
         """The code length of one more member of each of ``families`` (variable sets) that has
         ``counts.get(a, 0)`` members now: ``term_code().add``, memoised by (family, members)."""
         code = self.term_code()
-        memo = self._code_memo(code, "add")
+        memo = code.add_memo()
         keys = [(a, counts.get(a, 0)) for a in families]
-        missing = [k for k in keys if k not in memo]
-        if missing:  # (a joint selection's candidates: many new families at once)
-            memo.update(zip(missing, code.add_many(missing)))
+        if any(k not in memo for k in keys):  # (a joint selection's candidates: many new families at once)
+            return code.add_many(keys)
         return list(map(memo.__getitem__, keys))
 
-    def _code_memo(self, code: C.TermCode, name: str) -> dict:
-        """A memo of ``code``'s ``name`` (``"add"``, ``"total"``) by ``(family, members)``; it goes
-        with the code (a new scale or code kind starts a new one)."""
+    def _code_memo(self, code: C.TermCode) -> dict:
+        """A memo of ``code``'s :meth:`~fsll_ooc.cost.TermCode.total` by ``(family, members)``; it
+        goes with the code (a new scale or code kind starts a new one).  (Its ``add`` has its own
+        memo: :meth:`~fsll_ooc.cost.TermCode.add_memo`.)"""
         memo = self.__dict__.get("_code_memos")
         if memo is None or memo[0] is not code:
-            memo = self.__dict__["_code_memos"] = (code, {"add": {}, "total": {}})
-        return memo[1][name]
+            memo = self.__dict__["_code_memos"] = (code, {})
+        return memo[1]
 
     def total_penalty(self) -> float:
         """The support's code length (the cost's penalty part).  Memoised on the support (its
@@ -228,7 +223,7 @@ class FitState:
         if self.penalty_code == "paper":
             return sum(self.penalties(ys))
         code = self.term_code()
-        lengths = self._code_memo(code, "total")
+        lengths = self._code_memo(code)
         ys = tuple(ys)
         counts = self._support_counts(ys) if ys == tuple(self.theta) else self._count_families(ys)
         out = []
