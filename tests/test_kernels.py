@@ -344,3 +344,30 @@ def test_second_order_lowest_is_the_lowest_of_numpys_scores(k, skip):
     got = np.lexsort((pos, val))
     assert pos[got].tolist() == order.tolist()
     assert val[got].tolist() == want[order].tolist()
+
+
+@pytest.mark.parametrize("k,skip,ties", [(1, -1, False), (37, 5, False), (300, -1, True), (999, 12345, True)])
+def test_second_order_lowest_keeps_the_k_lowest_across_many_buffer_refills(k, skip, ties):
+    """Many more cells than ``k`` (the buffer of about ``2 k`` is refilled many times), with
+    runs of equal scores across the refills: the same ``k`` cells as numpy's scores sorted by
+    score, then position, and the same scores bit for bit."""
+    from fsll_ooc.kernels import second_order_lowest
+
+    rng = np.random.default_rng(k)
+    P, Q = 61, 347
+    t = rng.uniform(-1, 1, (P, Q))
+    d = rng.uniform(-1, 1, (P, Q))
+    if ties:  # a few distinct values only: most scores are tied with many others
+        t = rng.choice([-0.5, 0.0, 0.25], (P, Q))
+        d = rng.choice([-0.25, 0.5], (P, Q))
+    rP, rQ, r_const = np.zeros(P), np.zeros(Q), 1e-4
+    if not ties:
+        rP, rQ = rng.uniform(0, 1e-3, P), rng.uniform(0, 1e-3, Q)
+    want = ((t - d) ** 2 / np.maximum(1.0 - t * t, 1e-300)) * -0.5 + rQ[None, :] + (r_const + rP)[:, None]
+    want = want.reshape(-1)
+    if skip >= 0:
+        want[skip] = np.inf
+    order = np.lexsort((np.arange(want.size), want))[:k]
+    val, pos = second_order_lowest(t, d, rP, rQ, r_const, k, np.int64(skip))
+    assert pos.tolist() == order.tolist()  # returned by score, then position
+    assert val.tolist() == want[order].tolist()

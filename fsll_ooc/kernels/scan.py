@@ -581,24 +581,54 @@ def _second_order(tv, dv, r):
 
 
 @njit(cache=True, nogil=True)
+def _keep_lowest(bval, bpos, n, k):
+    """Of the ``n`` buffered ``(score, position)`` pairs (in increasing position order), keep
+    the ``k`` lowest by score, then position, at the front and still in position order:
+    ``(count kept, score, position)`` of the worst one kept (``(+inf, -1)`` when none is
+    dropped).  A stable sort of the scores keeps equal scores in position order."""
+    if n <= k:
+        return n, np.inf, np.int64(-1)
+    order = np.argsort(bval[:n], kind="mergesort")
+    last = order[k - 1]
+    wv, wp = bval[last], bpos[last]
+    keep = np.sort(order[:k])
+    for i in range(k):  # keep[i] >= i: a forward copy in place
+        j = keep[i]
+        bval[i] = bval[j]
+        bpos[i] = bpos[j]
+    return k, wv, wp
+
+
+@njit(cache=True, nogil=True)
 def second_order_lowest(t, d, rP, rQ, r_const, k, skip):
     """The ``k`` cells of the ``(P, Q)`` rows ``t``, ``d`` with the lowest second-order score
     ``r - (t - d)^2 / (2 (1 - t^2))`` (``r = r_const + rP[p] + rQ[q]``; the cell ``skip`` scored
     ``+inf``), the joint selection's candidates, each score in the order of operations of numpy's
     ``((t - d)^2 / max(1 - t^2, 1e-300)) * -0.5 + rQ + (r_const + rP)``: ``(score, position)``
     arrays, by score, ties to the lowest position (every split of the rows keeps the same
-    set); fewer when the rows hold fewer cells.  One pass, no scores kept: a cell joins when
-    it beats the worst kept one.  The scores of a run of :data:`SUB` cells are computed in one
-    branch-free loop (vector registers) that counts those not above the worst kept score; only
-    a run with such a cell (or the cell ``skip``) goes through the scalar rule."""
+    set); fewer when the rows hold fewer cells (the rest ``(+inf, -1)``).
+
+    One pass, no scores kept: a cell that beats the bar (the ``k``-th lowest of the cells
+    kept so far) joins a buffer of about ``2 k``; a full buffer keeps its ``k`` lowest and
+    lowers the bar to the worst of them (a stable sort: ``O(log k)`` per joining cell, where
+    replacing the worst of ``k`` kept cells one at a time costs ``O(k)``, which at a
+    ``2^30``-cell table with two thousand terms in the support made this scan the fit's
+    largest cost).  The scores of a run of :data:`SUB` cells are computed in one
+    branch-free loop (vector registers) that counts those not above the bar; only a run
+    with such a cell (or the cell ``skip``) goes through the scalar rule."""
     P, Q = t.shape
     k = min(k, P * Q)
     val = np.full(k, np.inf)
     pos = np.full(k, -1, np.int64)
+    if k <= 0:
+        return val, pos
     big = np.int64(P) * Q
-    worst = np.inf
-    wpos = big  # an empty entry: score +inf, position "infinity" (replaced first)
-    wi = 0
+    cap = 2 * k + 2 * SUB
+    bval = np.empty(cap)
+    bpos = np.empty(cap, np.int64)
+    n = 0
+    bar = np.inf
+    bar_pos = big  # nothing kept yet: every score but NaN joins
     buf = np.empty(SUB)
     for p in range(P):
         rp = r_const + rP[p]
@@ -606,24 +636,34 @@ def second_order_lowest(t, d, rP, rQ, r_const, k, skip):
         dp = d[p]
         base = np.int64(p) * Q
         for s0 in range(0, Q, SUB):
-            n = min(SUB, Q - s0)
+            m = min(SUB, Q - s0)
             near = 0  # the run's scores in one branch-free loop, and how many may join
-            for i in range(n):
+            for i in range(m):
                 j = _U(s0 + i)
                 sc = (_second_order(tp[j], dp[j], 0.0) + rQ[j]) + rp
                 buf[i] = sc
-                near += sc <= worst
-            if near == 0 and not base + s0 <= skip < base + s0 + n:
+                near += sc <= bar
+            if near == 0 and not base + s0 <= skip < base + s0 + m:
                 continue
-            for i in range(n):  # the scalar rule on the same scores
+            for i in range(m):  # the scalar rule on the same scores
                 sc = buf[i]
                 at = base + s0 + i
                 if at == skip:
                     sc = np.inf
-                if sc < worst or (sc == worst and at < wpos):
-                    val[wi] = sc
-                    pos[wi] = at
-                    worst, wpos, wi = _worst(val, pos, big)
+                if not (sc < bar or (sc == bar and at < bar_pos)):
+                    continue
+                if n == cap:
+                    n, bar, bar_pos = _keep_lowest(bval, bpos, n, k)
+                    if not (sc < bar or (sc == bar and at < bar_pos)):
+                        continue
+                bval[n] = sc
+                bpos[n] = at
+                n += 1
+    n, _, _ = _keep_lowest(bval, bpos, n, k)
+    order = np.argsort(bval[:n], kind="mergesort")
+    for i in range(n):
+        val[i] = bval[order[i]]
+        pos[i] = bpos[order[i]]
     return val, pos
 
 
