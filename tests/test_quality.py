@@ -356,3 +356,76 @@ def test_corrective_fit_beats_paper_on_a_potts_grid():
     assert datasets.kl_divergence(p, new.probabilities()) < datasets.kl_divergence(p, paper.probabilities())
     # a whole interaction of many-valued variables is affordable under the family code
     assert datasets.kl_divergence(p, family.probabilities()) < datasets.kl_divergence(p, new.probabilities())
+
+
+def _phases_of_fit(monkeypatch, cards, X, **kw):
+    """``(theta, calls)`` of a default fit: ``calls`` holds each corrective phase's ``(purpose,
+    leave, first_step)``."""
+    calls = []
+    real = corrective.refine
+
+    def refine(engine, state, **k):
+        calls.append((engine.purpose, k.get("leave"), k.get("first_step")))
+        return real(engine, state, **k)
+
+    monkeypatch.setattr(corrective, "refine", refine)
+    m = FSLL(cardinalities=cards, progress=False, **kw).fit(X)
+    monkeypatch.setattr(corrective, "refine", real)
+    return dict(m.theta_), calls
+
+
+def test_batched_fit_rules_only_in_batched_fits(monkeypatch):
+    """``BATCH_SETTLE_GAIN`` and ``FIRST_ROUND_MAX_STEP`` act in batched fits only: a default fit
+    below ``AUTO_MIN_CELLS`` (one step per pass) is the same, bit for bit, with the rules at
+    extremes (every batch settles, a first round moves a parameter by at most 1e-3) and off,
+    and none of its phases is given either; the same table fitted with batches hands them to
+    its phases (a batch's phase settles, every phase's first round limited) and its model
+    moves with them."""
+    from fsll_ooc.learn import LearnOptions
+
+    cards = (2, 3, 4, 5)
+    p, _ = datasets.random_bayesnet(cards, 2, seed=7)
+    X = datasets.sample_table(p, 2000, seed=107)
+    runs = {}
+    for batched in (False, True):
+        kw = {"learn_options": LearnOptions(batch=True)} if batched else {}
+        for rules in ((None, None), (0.0, 1e-3)):
+            monkeypatch.setattr(corrective, "BATCH_SETTLE_GAIN", rules[0])
+            monkeypatch.setattr(corrective, "FIRST_ROUND_MAX_STEP", rules[1])
+            runs[batched, rules] = _phases_of_fit(monkeypatch, cards, X, **kw)
+    theta, calls = runs[False, (0.0, 1e-3)]
+    assert calls and theta == runs[False, (None, None)][0]
+    assert all(leave is None and first is None for _, leave, first in calls)
+    theta, calls = runs[True, (0.0, 1e-3)]
+    assert any(purpose == "batch-refine" for purpose, _, _ in calls)
+    assert all(first == 1e-3 for _, _, first in calls)
+    assert all(leave == math.inf for purpose, leave, _ in calls if purpose == "batch-refine")
+    assert theta != runs[True, (None, None)][0]
+    calls = runs[True, (None, None)][1]  # (a large joint selection settles by its own rule)
+    assert all(first is None for _, _, first in calls)
+    assert all(leave is None for purpose, leave, _ in calls if purpose == "batch-refine")
+
+
+def test_first_round_limit_of_a_corrective_phase():
+    """``refine(first_step=...)``: the first round moves no parameter by more than that (the
+    later ones by at most ``max_step``), the cost still falls and the table is exact for the
+    parameters kept (brute force); without it the same first round moves further."""
+    cards, X, st0, eng0 = _closure_fit()
+    moves = {}
+    for first in (None, 0.05):
+        cards, X, st, eng = _closure_fit()
+        for y in list(st.theta)[:: 2]:  # half the support back to 0: far from the optimum
+            st.theta[y] = 0.0
+        sup = np.fromiter(st.theta, np.int64)
+        st.log_z = eng.resync(sup, np.fromiter(st.theta.values(), np.float64), st.log_z)
+        start, before = dict(st.theta), st.cost()
+        rr = corrective.refine(eng, st, tol=1e-12, max_rounds=1, top=8, sweep=True, first_step=first)
+        assert rr.rounds == 1 and st.cost() < before
+        moves[first] = max(abs(st.theta[y] - start[y]) for y in start)
+        Phi = oracle.phi_matrix(cards)
+        theta = np.zeros(math.prod(cards))
+        for y, v in st.theta.items():
+            theta[y] = v
+        np.testing.assert_allclose(eng.ctx.spec(Table.THETABAR).array.reshape(-1), Phi @ oracle.model(theta, Phi),
+                                   atol=1e-12)
+    assert moves[0.05] <= 0.05 + 1e-12 < moves[None]

@@ -392,7 +392,8 @@ class Search:
     def _refine_kwargs(self) -> dict:
         o = self.options
         return dict(tol=o.refine_tol * self.eps, max_rounds=o.refine_rounds, products=self.products, top=self.top,
-                    joint=self.joint_k, sweep=self.sweep)
+                    joint=self.joint_k, sweep=self.sweep,
+                    first_step=corrective.FIRST_ROUND_MAX_STEP if self.sweep else None)
 
     # ----------------------------------------------------------------- phases
     def refine(self):
@@ -534,8 +535,12 @@ class Search:
         self.since_sync += len(factors)
         rr = None
         if self.mode != "off" and self.sweep and opts.refine_in_batch and st.theta:
+            # a batch that gained much leaves the tail of the phase's convergence to the phases after it
+            gain = -math.fsum(s.delta for s in found)
+            settle = corrective.BATCH_SETTLE_GAIN is not None and gain > corrective.BATCH_SETTLE_GAIN * self.eps
             with e.purpose_of("batch-refine"):  # a corrective phase on the batch's parameters, before its re-derivation
-                rr = corrective.refine(e, st, **self._refine_kwargs(), table_current=False)
+                rr = corrective.refine(e, st, **self._refine_kwargs(), table_current=False,
+                                       leave=math.inf if settle else None)
         if rr is not None and not rr.pending:  # the phase re-derived the table (with its scan where the engine scans there)
             res = rr.scan if rr.scan is not None else e.update_scan_batch([], self.support(), opts.top)
             # the phase moved the parameters: the sub-table is checked against its first sweep
