@@ -104,7 +104,8 @@ def run(case, seed, setting, detail):
         trials[r["purpose"]] += r["trials"]
         phases[r["purpose"]] += 1
     out = {"case": case, "seed": seed, "rules": setting, "s": round(dt, 2),
-           "ll": float(np.mean(m.log_prob(Xte))), "terms": int(m.n_bases_), "iters": int(m.n_iter_),
+           "ll": float(np.mean(m.log_prob(Xte))), "cost": float(m.cost_), "scale": float(m.penalty_scale_),
+           "terms": int(m.n_bases_), "iters": int(m.n_iter_),
            "passes": passes, "sweeps": sweeps, "ops": passes + sweeps,
            "passes_by": {p: n for (k, p), n in sorted(counts.items()) if k == "pass"},
            "sweeps_by": {p: n for (k, p), n in sorted(counts.items()) if k == "sweep"},
