@@ -423,11 +423,11 @@ def _make_partner(ctx: Context, src: np.ndarray, shape: tuple, bv: tuple, step: 
     band axes of ``partner_vars`` in their order, with ``step``'s digits, as a flat C-order array.
 
     One compiled walk per axis (:func:`fsll_ooc.kernels.bandops.partner_into`, the same bits;
-    on every thread with ``parallel``), into an array that ``hold`` keeps in the context for the
-    next steps (default: in core, the tables not persistent: one array of the band's size per
-    thread that runs update tasks, for the context's life, instead of one or two new arrays per
-    step whose pages the system maps afresh each time).  While its kernels compile in a second
-    process (the first use after installing), numpy's operations
+    on every thread with ``parallel``), into buffers that ``hold`` keeps in the context for the
+    next steps (default: in core, the tables not persistent: at most two arrays of the band's
+    size per thread that runs update tasks, for the context's life, instead of one or two new
+    arrays per step whose pages the system maps afresh each time).  While its kernel compiles
+    in a second process (the first use after installing), numpy's operations
     (:func:`fsll_ooc.basis.apply_product`)."""
     if not bandops.pm_kernels_ready():
         part = src.reshape(shape)
@@ -436,19 +436,21 @@ def _make_partner(ctx: Context, src: np.ndarray, shape: tuple, bv: tuple, step: 
         return np.ascontiguousarray(part).reshape(-1)
     axes = [(bv.index(v), step.digits[v], basis.is_walsh(ctx.cards[v])) for v in partner_vars]
     n = int(src.size)
+    two = sum(1 for _, b, _ in axes if b != 0) > 1
     if hold is None:
         hold = not ctx.specs[THETABAR].backend_impl.persistent
     if hold:
         key = ("partner", threading.get_ident())
-        out = ctx._cache.get(key)
-        if out is None or out.size != n:
-            out = ctx._cache[key] = np.empty(n)
+        bufs = ctx._cache.get(key)
+        if bufs is None or bufs[0].size != n or (two and bufs[1] is None):
+            bufs = ctx._cache[key] = (np.empty(n), np.empty(n) if two else None)
+        out, tmp = bufs
     else:
-        out = np.empty(n)
+        out, tmp = np.empty(n), (np.empty(n) if two else None)
     flat = src.reshape(-1)
     if not flat.flags.c_contiguous:  # pragma: no cover - bands are contiguous
         flat = np.ascontiguousarray(flat)
-    return bandops.partner_into(flat, shape, axes, out, threadpool.num_threads() if parallel else 1)
+    return bandops.partner_into(flat, shape, axes, out, tmp, threadpool.num_threads() if parallel else 1)
 
 
 def task_update_scan(ctx: Context, kind: str, idx: int, step: Step | None, partner_src: Table,

@@ -244,8 +244,7 @@ def ahead_kernels() -> list:
           for disp in (_pm_rows, _pm_cells) for x in (out, read_only)]
     flat, i = out.reshape(-1), np.int64(1)
     return pm + [(_axis_pass, tuple(_axis_pass.typeof_pyval(a) for a in (x.reshape(-1), flat, i, i, i, True, i, i, i, i)))
-                 for x in (out, read_only)] + \
-        [(_axis_pass_inplace, tuple(_axis_pass_inplace.typeof_pyval(a) for a in (flat, i, i, i, True, i, i, i, i, flat)))]
+                 for x in (out, read_only)]
 
 
 def pm_kernels_ready() -> bool:
@@ -281,78 +280,30 @@ def _axis_pass(src, dst, k, s, b, walsh, o0, o1, q0, q1):  # pragma: no cover - 
     axis_rows(src, dst, k, s, b, walsh, o0, o1, q0, q1)
 
 
-@njit(nogil=True, cache=True)
-def _axis_pass_inplace(x, k, s, b, walsh, o0, o1, q0, q1, buf):  # pragma: no cover - compiled
-    """:func:`_axis_pass` of ``x`` onto itself: whole blocks of ``k s`` cells, as many as ``buf``
-    holds, or else each block's ``k`` rows ``m`` offsets at a time (``buf`` holds ``k m`` cells),
-    are copied out, then written back by the rule (the Walsh-Hadamard rule, or the +-1 rule with
-    its operations in their order): the same numbers as a walk into another array."""
-    ks = k * s
-    if ks <= buf.shape[0] and q0 == 0 and q1 == s:  # small blocks: as many whole blocks as buf holds
-        g = buf.shape[0] // ks
-        for o in range(o0, o1, g):
-            m = min(g, o1 - o)
-            span = x[o * ks:(o + m) * ks]
-            held = buf[:m * ks]
-            for q in range(m * ks):
-                held[q] = span[q]
-            axis_rows(held, span, k, s, b, walsh, 0, m, 0, s)
-        return
-    m = buf.shape[0] // k
-    for o in range(o0 * ks, o1 * ks, ks):
-        for c0 in range(q0, q1, m):
-            w = min(m, q1 - c0)
-            for a in range(k):
-                src = x[o + a * s + c0:o + a * s + c0 + w]
-                row = buf[a * m:a * m + w]
-                for q in range(w):
-                    row[q] = src[q]
-            if walsh:
-                for a in range(k):
-                    dst = x[o + a * s + c0:o + a * s + c0 + w]
-                    row = buf[(a ^ b) * m:(a ^ b) * m + w]
-                    for q in range(w):
-                        dst[q] = row[q]
-            else:
-                r0 = buf[0:w]
-                rb = buf[b * m:b * m + w]
-                dst = x[o + c0:o + c0 + w]
-                for q in range(w):
-                    dst[q] = rb[q]
-                for a in range(1, k):
-                    dst = x[o + a * s + c0:o + a * s + c0 + w]
-                    if a == b:
-                        for q in range(w):
-                            dst[q] = r0[q]
-                    else:
-                        ra = buf[a * m:a * m + w]
-                        for q in range(w):
-                            dst[q] = -(ra[q] + (r0[q] + rb[q]))
-
-
-#: Cells of a row that :func:`_axis_pass_inplace` copies out at a time.
-_INPLACE_CELLS = 256
 #: A pass of :func:`partner_into` along one axis is split into about this many pieces per thread.
 _PARTNER_PIECES = 4
 
 
-def partner_into(src: np.ndarray, shape: tuple, axes, out: np.ndarray, n_threads: int = 1) -> np.ndarray:
+def partner_into(src: np.ndarray, shape: tuple, axes, out: np.ndarray, tmp: np.ndarray | None,
+                 n_threads: int = 1) -> np.ndarray:
     """The partner of a step: the product rule (:func:`fsll_ooc.basis.apply_product`) along each
     ``(axis, digit, walsh)`` of ``axes`` in turn, applied to ``src`` (a C-order band of ``shape``,
     flat), written into ``out`` (flat, ``src``'s size; returned).  The same operations in the same
     order as :func:`fsll_ooc.basis.apply_product` axis after axis (the same bits), each axis one
-    compiled walk: the first from ``src`` into ``out``, the others on ``out`` in place
-    (:func:`_axis_pass_inplace`).  ``n_threads > 1``: a band of at least :data:`PARALLEL_MIN`
-    cells is walked in pieces on the helpers of :mod:`fsll_ooc.kernels.threadpool` (each piece
-    reads and writes its own cells)."""
+    compiled walk; the results of two axes alternate between ``out`` and ``tmp`` (needed with
+    more than one axis of non-zero digit), the last one in ``out``.  ``n_threads > 1``: a band of
+    at least :data:`PARALLEL_MIN` cells is walked in pieces on the helpers of
+    :mod:`fsll_ooc.kernels.threadpool` (each piece writes its own cells)."""
     n = int(src.size)
     axes = [(int(ax), int(b), bool(w)) for ax, b, w in axes if int(b) != 0]
     if not axes:
         out[:] = src
         return out
-    first = True
+    left = len(axes)
+    cur = src
     for ax, b, walsh in axes:
-        cur = src if first else None
+        dst = out if left % 2 == 1 else tmp  # the last axis writes out
+        left -= 1
         k = int(shape[ax])
         s = int(math.prod(shape[ax + 1:]))
         nb = n // (k * s)
@@ -363,22 +314,15 @@ def partner_into(src: np.ndarray, shape: tuple, axes, out: np.ndarray, n_threads
             per = -(-units // pieces)
             pieces = -(-units // per)
 
-            def piece(i, cur=cur, k=k, s=s, b=b, walsh=walsh, nb=nb, qsplit=qsplit, per=per, units=units):
+            def piece(i, cur=cur, dst=dst, k=k, s=s, b=b, walsh=walsh, nb=nb, qsplit=qsplit, per=per, units=units):
                 m0, m1 = i * per, min(i * per + per, units)
-                o0, o1, q0, q1 = (0, nb, m0, m1) if qsplit else (m0, m1, 0, s)
-                _walk(cur, out, k, s, b, walsh, o0, o1, q0, q1)
+                if qsplit:
+                    _axis_pass(cur, dst, k, s, b, walsh, 0, nb, m0, m1)
+                else:
+                    _axis_pass(cur, dst, k, s, b, walsh, m0, m1, 0, s)
 
             threadpool.parallel_for(n_threads, pieces, piece)
         else:
-            _walk(cur, out, k, s, b, walsh, 0, nb, 0, s)
-        first = False
+            _axis_pass(cur, dst, k, s, b, walsh, 0, nb, 0, s)
+        cur = dst
     return out
-
-
-def _walk(src, out, k, s, b, walsh, o0, o1, q0, q1) -> None:
-    """One axis of :func:`partner_into` on blocks ``o0 .. o1-1``, offsets ``q0 .. q1-1``: from
-    ``src`` into ``out``, or (``src`` None) on ``out`` in place."""
-    if src is not None:
-        _axis_pass(src, out, k, s, b, walsh, o0, o1, q0, q1)
-    else:
-        _axis_pass_inplace(out, k, s, b, walsh, o0, o1, q0, q1, np.empty(max(k * min(s, _INPLACE_CELLS), 4 * _INPLACE_CELLS)))
