@@ -659,8 +659,8 @@ def second_order_lowest(t, d, rP, rQ, r_const, k, skip):
                 bval[n] = sc
                 bpos[n] = at
                 n += 1
-    n, _, _ = _keep_lowest(bval, bpos, n, k)
-    order = np.argsort(bval[:n], kind="mergesort")
+    order = np.argsort(bval[:n], kind="mergesort")  # (the buffer in position order: ties stay so)
+    n = min(n, k)
     for i in range(n):
         val[i] = bval[order[i]]
         pos[i] = bpos[order[i]]
