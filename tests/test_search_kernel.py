@@ -123,6 +123,57 @@ def test_compiled_search_is_the_closed_forms_bit_for_bit(cards, n, seed, V, kind
     assert th == want_theta and list(th) == list(want_theta)  # the same values, appends in the same order
 
 
+@pytest.mark.parametrize("V", [tuple(range(8)), (0, 1, 3, 4, 5, 6, 7), (1, 2, 3, 4, 5, 6)])
+def test_compiled_search_on_binary_runs_is_the_closed_forms_bit_for_bit(V):
+    """Binary sub-tables of 64 to 256 cells: the flat XOR of a step above the runs of 64 cells,
+    inside them (a lane or a block of a run) or both, each run's partners read and written in
+    one loop (no copy), against the one-step-at-a-time closed forms."""
+    cards, n, seed = (2,) * 8, 900, 7
+    tb, db, th = _setup(cards, n, seed, V)
+    weights = C.penalty_weights(cards, n)
+    want, want_sub, want_theta = _reference(cards, V, tb, db, th, weights, 1e-6, 120, None)
+    sub = tb.copy()
+    got = [(s.flat, s.move, s.old, s.new, s.t, s.d, s.delta, s.log_den)
+           for s in batch.search_marginal(cards, V, sub, db, th, weights, 1e-6, 120)]
+    assert len(want) > 20
+    assert got == want
+    assert np.array_equal(sub, want_sub)
+    assert th == want_theta
+
+
+@pytest.mark.parametrize("n_axes", [3, 6, 7, 10])
+def test_replay_on_walsh_axes_is_the_pairwise_update_bit_for_bit(n_axes):
+    """:func:`fsll_ooc.kernels.search.replay_sub` on Walsh-Hadamard axes: each update
+    ``x[j] = x[j] a + b x[j ^ mask]`` (``a = cosh/den``, ``b = sinh/den``) for masks above, inside
+    and across the runs of 64 cells, and on sub-tables shorter than a run."""
+    from fsll_ooc.kernels import search
+
+    rng = np.random.default_rng(n_axes)
+    size = 1 << n_axes
+    shape = np.full(n_axes, 2, np.int64)
+    x0 = rng.uniform(-0.6, 0.6, size)
+    x0[0] = 1.0
+    cells = np.array(sorted({1, size - 1, size // 2, 3, 5, 8 % size or 1, 63 % size or 1, 64 % size or 1,
+                             (65 % size) or 1, *rng.integers(1, size, 12).tolist()}), np.int64)
+    deltas = rng.normal(0, 0.4, cells.size)
+    want = x0.copy()
+    want_t, total = [], 0.0
+    for c, dl in zip(cells.tolist(), deltas.tolist()):
+        t = want[c]
+        want_t.append(t)
+        ch, sh = math.cosh(dl), math.sinh(dl)
+        den = ch + sh * t
+        a, b = ch / den, sh / den
+        want = np.array([want[j] * a + b * want[j ^ c] for j in range(size)])
+        total += math.log(den)
+    x = x0.copy()
+    out_t = np.empty(cells.size)
+    got = search.replay_sub(x, shape, np.ones(n_axes, bool), cells, deltas, out_t)
+    assert np.array_equal(x, want)
+    assert out_t.tolist() == want_t
+    assert got == total
+
+
 def test_max_steps_bounds_the_search_and_a_later_search_continues_it():
     cards, n, seed, V = (2, 3, 4, 5), 600, 1, (0, 1, 2, 3)
     tb, db, th = _setup(cards, n, seed, V)

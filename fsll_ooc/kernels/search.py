@@ -204,15 +204,7 @@ def _update(x, i, delta, shape, strides, walsh, all_walsh, part, tmp):
     a = ch / den
     b = sh / den
     if all_walsh:
-        for j in range(x.shape[0]):
-            jj = j ^ mask
-            if jj < j:
-                continue
-            xj = x[j]
-            xjj = x[jj]
-            x[j] = xj * a + b * xjj
-            if jj != j:
-                x[jj] = xjj * a + b * xj
+        _xor_update(x, mask, a, b)
     else:
         _partner(x, shape, strides, walsh, digits, False, mask, part, tmp)
         for j in range(x.shape[0]):
@@ -309,24 +301,77 @@ def _run_members(x, d, ra, member, theta, r, a, run, bs, si, sm):
 
 
 @njit(inline="always", error_model="numpy")
-def _run_update(xr, dr, rar, pr, ca, sb, best, m):
-    """``xr[i] = xr[i] ca + sb pr[i]`` for the ``m`` cells of one run, with how many of them pass
-    the bound of :func:`_passes` against ``best`` and how many are members (append price
-    ``inf``).  On views indexed from 0 and with counts for flags, the compiler runs the loop on
-    vector registers (on the whole array's offsets it ran one cell at a time: 2-3x slower);
-    the same operations per cell, so the same bits."""
+def _run_axpy(xr, pr, ca, sb, m):
+    """``xr[i] = xr[i] ca + sb pr[i]`` for the ``m`` cells of one run (views indexed from 0: the
+    compiler runs the loop on vector registers)."""
+    for i in range(m):
+        xr[i] = xr[i] * ca + sb * pr[i]
+
+
+@njit(inline="always", error_model="numpy")
+def _run_pair(xa, xb, ca, sb, m):
+    """``xa[i], xb[i] = xa[i] ca + sb xb[i], xb[i] ca + sb xa[i]`` for the ``m`` cells of two runs
+    that are each other's partners cell by cell (a flat XOR above the run): both read and
+    written in one loop, without a copy of either."""
+    for i in range(m):
+        va = xa[i]
+        vb = xb[i]
+        xa[i] = va * ca + sb * vb
+        xb[i] = vb * ca + sb * va
+
+
+@njit(inline="always", error_model="numpy")
+def _run_pair_xor(xa, xb, lo, ca, sb, m):
+    """:func:`_run_pair` with the partner of cell ``i`` of ``xa`` at cell ``i ^ lo`` of ``xb``
+    (``lo`` below the run's length): each pair read and written once."""
+    for i in range(m):
+        j = i ^ lo
+        va = xa[i]
+        vb = xb[j]
+        xa[i] = va * ca + sb * vb
+        xb[j] = vb * ca + sb * va
+
+
+@njit(inline="always", error_model="numpy")
+def _run_self_xor(xr, lo, ca, sb, m):
+    """``xr[i] = xr[i] ca + sb xr[i ^ lo]`` for the ``m`` cells of one run (both cells of each
+    pair read before either is written; ``lo`` 0: the partner is the cell itself)."""
+    for i in range(m):
+        j = i ^ lo
+        if j > i:
+            va = xr[i]
+            vb = xr[j]
+            xr[i] = va * ca + sb * vb
+            xr[j] = vb * ca + sb * va
+        elif j == i:
+            va = xr[i]
+            xr[i] = va * ca + sb * va
+
+
+@njit(inline="always", error_model="numpy")
+def _run_hits(xr, dr, rar, best, m):
+    """How many of the ``m`` cells of one run (duals ``xr`` already updated) pass the bound of
+    :func:`_passes` against ``best``.  A loop of its own after the update (the update's loop
+    with this test inside ran 1.5-2x slower): the same operations per cell, so the same bits."""
+    hit = 0
+    for i in range(m):
+        hit += _passes(xr[i], dr[i], rar[i], best)
+    return hit
+
+
+@njit(inline="always", error_model="numpy")
+def _run_hits_members(xr, dr, rar, best, m):
+    """:func:`_run_hits` and how many of the cells are members (append price ``inf``)."""
     hit = 0
     mem = 0
     for i in range(m):
-        v = xr[i] * ca + sb * pr[i]
-        xr[i] = v
-        hit += _passes(v, dr[i], rar[i], best)
+        hit += _passes(xr[i], dr[i], rar[i], best)
         mem += rar[i] == np.inf
     return hit, mem
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, ua, ub, members, member, theta, r):
+def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, members, member, theta, r):
     """``x[j] = x[j] ca + sb x[j ^ mask]`` on the leading runs ``m0 .. m1-1`` and their partner
     runs (pairs of runs read and written together), each run scanned as :func:`_scan` right
     after; returns the best ``(change, cell)`` among them (``(0, -1)``: none), and with
@@ -348,14 +393,24 @@ def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, ua, ub, members, membe
         b = a ^ hi
         xa = x[a:a + run]
         xb = x[b:b + run]
-        for i in range(run):  # each run's partners in the order of its cells (a gather when lo != 0)
-            ua[i] = xa[i ^ lo]
-            ub[i] = xb[i ^ lo]
-        hit, mem = _run_update(xa, d[a:a + run], ra[a:a + run], ub, ca, sb, best, run)
-        if b != a:
-            hb, mb = _run_update(xb, d[b:b + run], ra[b:b + run], ua, ca, sb, best, run)
-            hit += hb
-            mem += mb
+        if b == a:  # partners within the run
+            _run_self_xor(xa, lo, ca, sb, run)
+        elif lo == 0:  # partners cell by cell: one loop over both runs
+            _run_pair(xa, xb, ca, sb, run)
+        else:
+            _run_pair_xor(xa, xb, lo, ca, sb, run)
+        # then the bound test of both runs (their cells in cache), each against the same best
+        mem = 0
+        if members:
+            hit, mem = _run_hits_members(xa, d[a:a + run], ra[a:a + run], best, run)
+            if b != a:
+                hb, mb = _run_hits_members(xb, d[b:b + run], ra[b:b + run], best, run)
+                hit += hb
+                mem += mb
+        else:
+            hit = _run_hits(xa, d[a:a + run], ra[a:a + run], best, run)
+            if b != a:
+                hit += _run_hits(xb, d[b:b + run], ra[b:b + run], best, run)
         if hit:
             best, bi = _replay(x, d, ra, a, run, best, bi)
             if b != a:
@@ -384,11 +439,30 @@ def _xor_layout(n, mask, run):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub):
+def _xor_update(x, mask, ca, sb):
+    """``x[j] = x[j] ca + sb x[j ^ mask]`` for every cell (pairs of runs read and written
+    together, as :func:`_xor_runs` without its scan)."""
+    run = min(x.shape[0], RUN)
+    hi, lo, hbu, nlead = _xor_layout(x.shape[0], mask, run)
+    for m in range(nlead):
+        u = (((m & ~(hbu - 1)) << 1) | (m & (hbu - 1))) if hbu else m
+        a = u * run
+        b = a ^ hi
+        xa = x[a:a + run]
+        if b == a:
+            _run_self_xor(xa, lo, ca, sb, run)
+        elif lo == 0:
+            _run_pair(xa, x[b:b + run], ca, sb, run)
+        else:
+            _run_pair_xor(xa, x[b:b + run], lo, ca, sb, run)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _update_scan_xor(x, d, ra, mask, ca, sb, run):
     """``x[j] = x[j] ca + sb x[j ^ mask]`` for every cell (pairs of runs read and written
     together), each run scanned as :func:`_scan` right after; returns its ``(change, cell)``."""
     hi, lo, hbu, nlead = _xor_layout(x.shape[0], mask, run)
-    best, bi, _, _, _ = _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, 0, nlead, ua, ub, False, ra, ra, ra)
+    best, bi, _, _, _ = _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, 0, nlead, False, ra, ra, ra)
     return best, bi
 
 
@@ -412,7 +486,7 @@ _IPRM = 13
 
 
 @njit(inline="always")
-def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, helper):
+def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, helper):
     """Take pieces of the current generation until none is left; returns when the ticket
     says so (the pieces taken by others may still run), and whether it took any.  A helper
     counts its pieces in ``ctl[3]``."""
@@ -431,7 +505,7 @@ def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, 
         kind = iprm[7]
         if kind == _XOR:
             pbest[k, 0], ppos[k, 0], pbest[k, 1], ppos[k, 1], ppos[k, 2] = _xor_runs(
-                x, d, ra, iprm[0], iprm[1], iprm[2], fprm[0], fprm[1], run, m0, m1, ua, ub, True, member, theta, r)
+                x, d, ra, iprm[0], iprm[1], iprm[2], fprm[0], fprm[1], run, m0, m1, True, member, theta, r)
         elif kind == _AXIS:
             src = x if iprm[9] == 0 else bufs[iprm[9] - 1]
             if iprm[11]:  # offsets m0 .. m1-1 of every block's rows
@@ -451,11 +525,9 @@ def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, 
 def sub_helper(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs):
     """A helper thread's part of a search on several threads (:func:`search_sub` with ``ctl``):
     takes pieces of every step's update + scan as they come, until the search says stop."""
-    ua = np.empty(run)
-    ub = np.empty(run)
     idle = 0
     while load(ctl, 2) == 0:
-        if _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, True):
+        if _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, True):
             idle = 0
         else:
             idle += 1
@@ -464,12 +536,12 @@ def sub_helper(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bu
 
 
 @njit(inline="always")
-def _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, gen, npieces):
+def _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, gen, npieces):
     """Publish generation ``gen`` of ``npieces`` pieces (``iprm``, ``fprm`` set), take pieces of it
     with the helpers, and wait until all are done; returns the turns waited."""
     store(ctl, 1, 0)
     store(ctl, 0, ((gen & 0x7FFFFF) << 40) | (npieces << 20))  # publishes the step: pieces may be taken now
-    _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, False)
+    _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, False)
     spins = 0
     while load(ctl, 1) < npieces:
         spins += 1
@@ -487,7 +559,7 @@ def _split(units, unit_cells, n_threads, cap):
 
 
 @njit(inline="always")
-def _part_scan_shared(x, d, ra, member, theta, r, shape, strides, walsh, digits, ca, sb, run, ua, ub, ctl, iprm,
+def _part_scan_shared(x, d, ra, member, theta, r, shape, strides, walsh, digits, ca, sb, run, ctl, iprm,
                       fprm, pbest, ppos, bufs, n_threads, gen):
     """:func:`_partner` (into ``bufs``, row 0 last) and :func:`_update_scan_part` in pieces taken by
     this thread and the helpers: one generation of pieces per axis of the product rule (the
@@ -531,7 +603,7 @@ def _part_scan_shared(x, d, ra, member, theta, r, shape, strides, walsh, digits,
         iprm[11] = 1 if qsplit else 0
         iprm[12] = nb
         gen += 1
-        spins += _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, gen, npieces)
+        spins += _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, gen, npieces)
         limit += iprm[6] * per * (nb * k if qsplit else k * s)
         pieces += npieces
         src = dst
@@ -543,7 +615,7 @@ def _part_scan_shared(x, d, ra, member, theta, r, shape, strides, walsh, digits,
     fprm[0] = ca
     fprm[1] = sb
     gen += 1
-    spins += _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, gen, npieces)
+    spins += _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, gen, npieces)
     limit += iprm[6] * per
     pieces += npieces
     best = 0.0
@@ -557,7 +629,7 @@ def _part_scan_shared(x, d, ra, member, theta, r, shape, strides, walsh, digits,
 
 
 @njit(inline="always")
-def _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run, ua, ub, ctl, iprm, fprm, pbest, ppos,
+def _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run, ctl, iprm, fprm, pbest, ppos,
                         bufs, n_threads, gen):
     """:func:`_update_scan_xor` in pieces of leading runs taken by this thread and the helpers
     (:func:`sub_helper`); the pieces' champions reduced as one scan's (ties: the lowest cell).
@@ -576,7 +648,7 @@ def _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run, ua, ub, c
     iprm[7] = _XOR
     fprm[0] = ca
     fprm[1] = sb
-    spins = _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, ua, ub, bufs, gen, npieces)
+    spins = _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, gen, npieces)
     best = 0.0
     bi = np.int64(-1)
     bs = np.inf
@@ -603,7 +675,9 @@ def _update_scan_part(x, d, ra, part, ca, sb, run):
     bi = np.int64(-1)
     for a in range(0, n, run):
         m = min(run, n - a)
-        hit, _ = _run_update(x[a:a + m], d[a:a + m], ra[a:a + m], part[a:a + m], ca, sb, best, m)
+        xr = x[a:a + m]
+        _run_axpy(xr, part[a:a + m], ca, sb, m)
+        hit = _run_hits(xr, d[a:a + m], ra[a:a + m], best, m)
         if hit:
             best, bi = _replay(x, d, ra, a, m, best, bi)
     return best, bi
@@ -673,8 +747,6 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
         part = bufs[0]
         tmp = bufs[1]
     run = min(n, RUN)
-    ua = np.empty(run)
-    ub = np.empty(run)
     if family:  # the families with members: their marginal prices
         for f in range(fam_cnt.shape[0]):
             if fam_cnt[f]:
@@ -766,16 +838,16 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
             if shared:
                 gen += 1
                 ba, bi, nbs, nsi, nsm, spins = _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run,
-                                                                   ua, ub, ctl, iprm, fprm, pbest, ppos, bufs,
+                                                                   ctl, iprm, fprm, pbest, ppos, bufs,
                                                                    n_threads, gen)
                 have = True
                 limit = iprm[6] * iprm[3] * run * (2 if iprm[2] else 1)  # turns per cell of a piece
                 step_pieces = iprm[4]
             else:
-                ba, bi = _update_scan_xor(x, d, ra, mask, ca, sb, run, ua, ub)
+                ba, bi = _update_scan_xor(x, d, ra, mask, ca, sb, run)
         elif shared:
             ba, bi, spins, limit, step_pieces, gen = _part_scan_shared(x, d, ra, member, theta, r, shape, strides,
-                                                                       walsh, digits, ca, sb, run, ua, ub, ctl, iprm,
+                                                                       walsh, digits, ca, sb, run, ctl, iprm,
                                                                        fprm, pbest, ppos, bufs, n_threads, gen)
         else:
             _partner(x, shape, strides, walsh, digits, False, 0, part, tmp)
