@@ -359,24 +359,14 @@ def _run_hits(xr, dr, rar, best, m):
     return hit
 
 
-@njit(inline="always", error_model="numpy")
-def _run_hits_members(xr, dr, rar, best, m):
-    """:func:`_run_hits` and how many of the cells are members (append price ``inf``)."""
-    hit = 0
-    mem = 0
-    for i in range(m):
-        hit += _passes(xr[i], dr[i], rar[i], best)
-        mem += rar[i] == np.inf
-    return hit, mem
-
-
 @njit(cache=True, nogil=True, error_model="numpy")
-def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, members, member, theta, r):
+def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, members, member, theta, r, rmem):
     """``x[j] = x[j] ca + sb x[j ^ mask]`` on the leading runs ``m0 .. m1-1`` and their partner
     runs (pairs of runs read and written together), each run scanned as :func:`_scan` right
     after; returns the best ``(change, cell)`` among them (``(0, -1)``: none), and with
     ``members`` the best adjust or remove of the members among them, ``(change, cell, move)``
-    (:func:`_member_move`; ``(inf, -1, 0)``: none), from their updated duals.
+    (:func:`_member_move`; ``(inf, -1, 0)``: none), from their updated duals (``rmem``: the
+    members in each run; a run without members is not looked at).
 
     ``hi``, ``lo``: the mask's bits above and below the run; ``hbu``: the highest bit of
     ``hi // run`` (0 when ``hi`` is 0).  The leading runs are those whose partner run is not
@@ -400,24 +390,17 @@ def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, members, member, theta
         else:
             _run_pair_xor(xa, xb, lo, ca, sb, run)
         # then the bound test of both runs (their cells in cache), each against the same best
-        mem = 0
-        if members:
-            hit, mem = _run_hits_members(xa, d[a:a + run], ra[a:a + run], best, run)
-            if b != a:
-                hb, mb = _run_hits_members(xb, d[b:b + run], ra[b:b + run], best, run)
-                hit += hb
-                mem += mb
-        else:
-            hit = _run_hits(xa, d[a:a + run], ra[a:a + run], best, run)
-            if b != a:
-                hit += _run_hits(xb, d[b:b + run], ra[b:b + run], best, run)
+        hit = _run_hits(xa, d[a:a + run], ra[a:a + run], best, run)
+        if b != a:
+            hit += _run_hits(xb, d[b:b + run], ra[b:b + run], best, run)
         if hit:
             best, bi = _replay(x, d, ra, a, run, best, bi)
             if b != a:
                 best, bi = _replay(x, d, ra, b, run, best, bi)
-        if members and mem:
-            bs, si, sm = _run_members(x, d, ra, member, theta, r, a, run, bs, si, sm)
-            if b != a:
+        if members:
+            if rmem[u]:
+                bs, si, sm = _run_members(x, d, ra, member, theta, r, a, run, bs, si, sm)
+            if b != a and rmem[b // run]:
                 bs, si, sm = _run_members(x, d, ra, member, theta, r, b, run, bs, si, sm)
     return best, bi, bs, si, sm
 
@@ -458,11 +441,11 @@ def _xor_update(x, mask, ca, sb):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _update_scan_xor(x, d, ra, mask, ca, sb, run):
+def _update_scan_xor(x, d, ra, mask, ca, sb, run, rmem):
     """``x[j] = x[j] ca + sb x[j ^ mask]`` for every cell (pairs of runs read and written
     together), each run scanned as :func:`_scan` right after; returns its ``(change, cell)``."""
     hi, lo, hbu, nlead = _xor_layout(x.shape[0], mask, run)
-    best, bi, _, _, _ = _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, 0, nlead, False, ra, ra, ra)
+    best, bi, _, _, _ = _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, 0, nlead, False, ra, ra, ra, rmem)
     return best, bi
 
 
@@ -486,7 +469,7 @@ _IPRM = 13
 
 
 @njit(inline="always")
-def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, helper):
+def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, rmem, helper):
     """Take pieces of the current generation until none is left; returns when the ticket
     says so (the pieces taken by others may still run), and whether it took any.  A helper
     counts its pieces in ``ctl[3]``."""
@@ -505,7 +488,7 @@ def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, 
         kind = iprm[7]
         if kind == _XOR:
             pbest[k, 0], ppos[k, 0], pbest[k, 1], ppos[k, 1], ppos[k, 2] = _xor_runs(
-                x, d, ra, iprm[0], iprm[1], iprm[2], fprm[0], fprm[1], run, m0, m1, True, member, theta, r)
+                x, d, ra, iprm[0], iprm[1], iprm[2], fprm[0], fprm[1], run, m0, m1, True, member, theta, r, rmem)
         elif kind == _AXIS:
             src = x if iprm[9] == 0 else bufs[iprm[9] - 1]
             if iprm[11]:  # offsets m0 .. m1-1 of every block's rows
@@ -522,12 +505,12 @@ def _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, 
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def sub_helper(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs):
+def sub_helper(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, rmem):
     """A helper thread's part of a search on several threads (:func:`search_sub` with ``ctl``):
     takes pieces of every step's update + scan as they come, until the search says stop."""
     idle = 0
     while load(ctl, 2) == 0:
-        if _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, True):
+        if _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, rmem, True):
             idle = 0
         else:
             idle += 1
@@ -536,12 +519,12 @@ def sub_helper(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bu
 
 
 @njit(inline="always")
-def _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, gen, npieces):
+def _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, rmem, gen, npieces):
     """Publish generation ``gen`` of ``npieces`` pieces (``iprm``, ``fprm`` set), take pieces of it
     with the helpers, and wait until all are done; returns the turns waited."""
     store(ctl, 1, 0)
     store(ctl, 0, ((gen & 0x7FFFFF) << 40) | (npieces << 20))  # publishes the step: pieces may be taken now
-    _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, False)
+    _take_pieces(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, rmem, False)
     spins = 0
     while load(ctl, 1) < npieces:
         spins += 1
@@ -560,7 +543,7 @@ def _split(units, unit_cells, n_threads, cap):
 
 @njit(inline="always")
 def _part_scan_shared(x, d, ra, member, theta, r, shape, strides, walsh, digits, ca, sb, run, ctl, iprm,
-                      fprm, pbest, ppos, bufs, n_threads, gen):
+                      fprm, pbest, ppos, bufs, rmem, n_threads, gen):
     """:func:`_partner` (into ``bufs``, row 0 last) and :func:`_update_scan_part` in pieces taken by
     this thread and the helpers: one generation of pieces per axis of the product rule (the
     blocks of the axis, or the offsets of its rows when there are fewer blocks), then one of
@@ -603,7 +586,7 @@ def _part_scan_shared(x, d, ra, member, theta, r, shape, strides, walsh, digits,
         iprm[11] = 1 if qsplit else 0
         iprm[12] = nb
         gen += 1
-        spins += _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, gen, npieces)
+        spins += _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, rmem, gen, npieces)
         limit += iprm[6] * per * (nb * k if qsplit else k * s)
         pieces += npieces
         src = dst
@@ -615,7 +598,7 @@ def _part_scan_shared(x, d, ra, member, theta, r, shape, strides, walsh, digits,
     fprm[0] = ca
     fprm[1] = sb
     gen += 1
-    spins += _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, gen, npieces)
+    spins += _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, rmem, gen, npieces)
     limit += iprm[6] * per
     pieces += npieces
     best = 0.0
@@ -630,7 +613,7 @@ def _part_scan_shared(x, d, ra, member, theta, r, shape, strides, walsh, digits,
 
 @njit(inline="always")
 def _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run, ctl, iprm, fprm, pbest, ppos,
-                        bufs, n_threads, gen):
+                        bufs, rmem, n_threads, gen):
     """:func:`_update_scan_xor` in pieces of leading runs taken by this thread and the helpers
     (:func:`sub_helper`); the pieces' champions reduced as one scan's (ties: the lowest cell).
     The pieces also score the members' adjust and remove on the updated duals: returns
@@ -648,7 +631,7 @@ def _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run, ctl, iprm
     iprm[7] = _XOR
     fprm[0] = ca
     fprm[1] = sb
-    spins = _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, gen, npieces)
+    spins = _publish(x, d, ra, member, theta, r, run, ctl, iprm, fprm, pbest, ppos, bufs, rmem, gen, npieces)
     best = 0.0
     bi = np.int64(-1)
     bs = np.inf
@@ -704,7 +687,7 @@ def _geometry(shape, walsh, n):
 def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                family, fam, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, r1, n_samples, scale,
                out_i, out_move, out_old, out_new, out_t, out_delta, out_logden, ra, ctl, iprm, fprm, pbest,
-               ppos, bufs, n_threads):
+               ppos, bufs, rmem, n_threads):
     """The greedy search on a sub-table (flat, C order over ``shape``), in place.
 
     ``x``: the duals (updated), ``d``: the targets, ``r``: each cell's price (a member's:
@@ -731,7 +714,8 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
     :data:`STALL_SPINS`), ``fprm`` (3 floats, the last :data:`MIN_SHARE`),
     ``pbest``/``ppos`` (2 floats and 3 int64 per piece, room for
     ``_PIECES_PER_THREAD * n_threads + 1`` pieces), ``bufs`` (``(2, n)`` floats with a +-1 axis,
-    else ``(2, 0)``): each step's sweep is shared in pieces with the helpers running
+    else ``(2, 0)``), ``rmem`` (int64, one per run of :data:`RUN` cells: the members of each,
+    written here): each step's sweep is shared in pieces with the helpers running
     :func:`sub_helper` on the same arrays (the same cells, the same bits; the champion of the
     pieces is the scan's, ties to the lowest cell).  With Walsh-Hadamard axes only, the
     pieces also score the members they hold, so that the next step's best adjust or remove
@@ -753,11 +737,13 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                 _reprice(r, member, f, fam_cnt, fam_total, fam_name, fam_ptr, fam_cells, r0, r1, n_samples, scale)
     mlist = np.empty(n, np.int64)
     nm = 0
+    rmem[:] = 0
     for j in range(n):
         if member[j]:
             ra[j] = np.inf
             mlist[nm] = j
             nm += 1
+            rmem[j // run] += 1
         else:
             ra[j] = r[j]
     digits = np.empty(nax, np.int64)
@@ -801,6 +787,7 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
             ra[i] = np.inf
             mlist[nm] = i
             nm += 1
+            rmem[i // run] += 1
         elif move == REMOVE:
             member[i] = False
             ra[i] = r[i]
@@ -809,6 +796,7 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                     mlist[q] = mlist[nm - 1]
                     break
             nm -= 1
+            rmem[i // run] -= 1
         if family and move != ADJUST:
             f = fam[i]
             fam_cnt[f] += 1 if move == APPEND else -1
@@ -839,16 +827,17 @@ def search_sub(x, d, r, member, theta, shape, walsh, eps, max_steps,
                 gen += 1
                 ba, bi, nbs, nsi, nsm, spins = _update_scan_shared(x, d, ra, member, theta, r, mask, ca, sb, run,
                                                                    ctl, iprm, fprm, pbest, ppos, bufs,
-                                                                   n_threads, gen)
+                                                                   rmem, n_threads, gen)
                 have = True
                 limit = iprm[6] * iprm[3] * run * (2 if iprm[2] else 1)  # turns per cell of a piece
                 step_pieces = iprm[4]
             else:
-                ba, bi = _update_scan_xor(x, d, ra, mask, ca, sb, run)
+                ba, bi = _update_scan_xor(x, d, ra, mask, ca, sb, run, rmem)
         elif shared:
             ba, bi, spins, limit, step_pieces, gen = _part_scan_shared(x, d, ra, member, theta, r, shape, strides,
                                                                        walsh, digits, ca, sb, run, ctl, iprm,
-                                                                       fprm, pbest, ppos, bufs, n_threads, gen)
+                                                                       fprm, pbest, ppos, bufs, rmem, n_threads,
+                                                                       gen)
         else:
             _partner(x, shape, strides, walsh, digits, False, 0, part, tmp)
             ba, bi = _update_scan_part(x, d, ra, part, ca, sb, run)
@@ -928,20 +917,23 @@ def shared_done(ctl: np.ndarray) -> None:
 
 
 def shared_arrays(n_threads: int, cells: int = 0, walsh: bool = True) -> tuple:
-    """``(ctl, iprm, fprm, pbest, ppos, bufs)`` of a search on ``n_threads`` threads
+    """``(ctl, iprm, fprm, pbest, ppos, bufs, rmem)`` of a search on ``n_threads`` threads
     (:func:`search_sub`) of a sub-table of ``cells`` cells (``walsh``: Walsh-Hadamard axes only;
-    else ``bufs`` holds the partner's two rows of ``cells``); ``n_threads`` 1: empty (the search
-    runs on its own thread)."""
+    else ``bufs`` holds the partner's two rows of ``cells``; ``rmem``: room for the members of
+    each run of :data:`RUN` cells); ``n_threads`` 1: empty but ``rmem`` (the search runs on its
+    own thread)."""
+    rmem = np.zeros(max(1, -(-int(cells) // RUN)), np.int64)
     if n_threads <= 1:
         return (np.zeros(0, np.int64), np.zeros(_IPRM, np.int64), np.zeros(3), np.zeros((1, 2)),
-                np.zeros((1, 3), np.int64), np.zeros((2, 0)))
+                np.zeros((1, 3), np.int64), np.zeros((2, 0)), rmem)
     pieces = _PIECES_PER_THREAD * int(n_threads) + 1
     iprm = np.zeros(_IPRM, np.int64)
     iprm[6] = STALL_SPINS
     fprm = np.zeros(3)
     fprm[2] = MIN_SHARE
     bufs = np.zeros((2, 0 if walsh else int(cells)))
-    return (np.zeros(4, np.int64), iprm, fprm, np.zeros((pieces, 2)), np.zeros((pieces, 3), np.int64), bufs)
+    return (np.zeros(4, np.int64), iprm, fprm, np.zeros((pieces, 2)), np.zeros((pieces, 3), np.int64), bufs,
+            rmem)
 
 
 def _examples():
@@ -949,14 +941,14 @@ def _examples():
     f, i, b = np.zeros(2), np.zeros(2, np.int64), np.zeros(2, np.bool_)
     f2, i2 = np.zeros((2, 2)), np.zeros((2, 3), np.int64)
     search = (f, f, f, b, f, i, b, 0.0, np.int64(1), True, i, i, i, f, i, i, 0.0, 0.0, 0.0, 0.0, i, i, f, f, f, f, f,
-              f, i, i, f, f2, i2, f2, np.int64(1))
+              f, i, i, f, f2, i2, f2, i, np.int64(1))
     return [(search_sub, search), (replay_sub, (f, i, b, i, f, f)), (sub_helper, _helper_example())]
 
 
 def _helper_example() -> tuple:
     """Arguments of the types a search hands :func:`sub_helper`."""
     f, i, b = np.zeros(2), np.zeros(2, np.int64), np.zeros(2, np.bool_)
-    return (f, f, f, b, f, f, np.int64(1), i, i, f, np.zeros((2, 2)), np.zeros((2, 3), np.int64), np.zeros((2, 2)))
+    return (f, f, f, b, f, f, np.int64(1), i, i, f, np.zeros((2, 2)), np.zeros((2, 3), np.int64), np.zeros((2, 2)), i)
 
 
 def ahead_kernels() -> list:

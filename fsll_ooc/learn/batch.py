@@ -28,6 +28,7 @@ table in which no single-coordinate move gains ``epsilon``.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from dataclasses import dataclass, field
@@ -164,16 +165,22 @@ def marginal_cells(cards: Sequence[int], V: Sequence[int]) -> np.ndarray:
 
     >>> marginal_cells((2, 3, 2), (0, 2)).tolist()
     [[0, 1], [6, 7]]
+
+    Read-only: a batch asks three times for the same cells, and gets the same array.
     """
     V = tuple(int(v) for v in V)
     if list(V) != sorted(set(V)):
         raise ValueError(f"variables must be sorted and distinct, got {V}")
+    return _marginal_cells(tuple(int(k) for k in cards), V)
+
+
+@functools.lru_cache(maxsize=1)
+def _marginal_cells(cards: tuple, V: tuple) -> np.ndarray:
     strides = _strides(cards)
-    out = np.zeros(tuple(cards[v] for v in V), dtype=np.int64)
-    for ax, v in enumerate(V):
-        sh = [1] * len(V)
-        sh[ax] = cards[v]
-        out = out + (np.arange(cards[v], dtype=np.int64) * strides[v]).reshape(sh)
+    out = np.zeros((), dtype=np.int64)
+    for v in V:  # one axis more each time: the whole array is written once at the end
+        out = np.add.outer(out, np.arange(cards[v], dtype=np.int64) * strides[v])
+    out.setflags(write=False)
     return out
 
 
