@@ -323,7 +323,18 @@ def _run_pair(xa, xb, ca, sb, m):
 @njit(inline="always", error_model="numpy")
 def _run_pair_xor(xa, xb, lo, ca, sb, m):
     """:func:`_run_pair` with the partner of cell ``i`` of ``xa`` at cell ``i ^ lo`` of ``xb``
-    (``lo`` below the run's length): each pair read and written once."""
+    (``lo`` below ``m``, a power of two): each pair read and written once.  When the lowest bit
+    of ``lo`` is 8 or more, cells ``i`` and ``i ^ lo`` lie in segments of that many cells that
+    are each other's partners cell by cell (:func:`_run_pair` on each); else cell by cell."""
+    if lo == 0:
+        _run_pair(xa, xb, ca, sb, m)
+        return
+    low = lo & -lo
+    if low >= 8:
+        for s0 in range(0, m, low):
+            t0 = s0 ^ lo
+            _run_pair(xa[s0:s0 + low], xb[t0:t0 + low], ca, sb, low)
+        return
     for i in range(m):
         j = i ^ lo
         va = xa[i]
@@ -334,9 +345,19 @@ def _run_pair_xor(xa, xb, lo, ca, sb, m):
 
 @njit(inline="always", error_model="numpy")
 def _run_self_xor(xr, lo, ca, sb, m):
-    """``xr[i] = xr[i] ca + sb xr[i ^ lo]`` for the ``m`` cells of one run (both cells of each
-    pair read before either is written; ``lo`` 0: the partner is the cell itself)."""
-    for i in range(m):
+    """``xr[i] = xr[i] ca + sb xr[i ^ lo]`` for the ``m`` cells of one run (``m`` a power of two
+    above ``lo``; ``lo`` 0: the partner is the cell itself).  With ``h >= 8`` the highest bit of
+    ``lo``, the cells of each block of ``2 h`` whose bit ``h`` is clear have their partners in
+    the block's upper half: :func:`_run_pair_xor` of the two halves (``lo ^ h``); below, cell by
+    cell (both cells of each pair read before either is written)."""
+    h = np.int64(1)
+    while h * 2 <= lo:
+        h *= 2
+    if lo >= 8:
+        for base in range(0, m, 2 * h):
+            _run_pair_xor(xr[base:base + h], xr[base + h:base + 2 * h], lo ^ h, ca, sb, h)
+        return
+    for i in range(m):  # partners within blocks of 8 cells: cell by cell
         j = i ^ lo
         if j > i:
             va = xr[i]
