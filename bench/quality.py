@@ -109,16 +109,17 @@ def label(name, n):
     return name if n is None else f"{name} N=1e{int(round(np.log10(n)))}"
 
 
-def make_fsll(cards, penalty=None, penalty_scale=None, further_price=None, **options):
+def make_fsll(cards, penalty=None, penalty_scale=None, further_price=None, start=None, **options):
     """``FSLL`` with learner options (any :class:`LearnOptions` field, e.g. ``joint=False``)
-    and the code of the terms (``penalty``, ``penalty_scale``: ``FSLL`` parameters).
+    and the code of the terms (``penalty``, ``penalty_scale``, ``further_price``: ``FSLL``
+    parameters; ``start``, where the search starts).
 
     The options the estimator has parameters for are given both ways, with the same values.
     """
     o = LearnOptions(**options)
     own = {k: getattr(o, k) for k in ("epsilon", "max_iter", "resync_every", "refine")}
     return FSLL(cardinalities=cards, progress=False, learn_options=o, penalty=penalty, penalty_scale=penalty_scale,
-                further_price=further_price, **own)
+                further_price=further_price, start=start, **own)
 
 
 def fit_fl(X, p_true, repeats=2, **options):
@@ -494,14 +495,18 @@ FOLDS_BELOW = 5_000
 
 def _fit_config(X, p, config):
     """``fit_fl`` of a configuration of :func:`study_further_price`: a ``further_price`` value,
-    ``-folds`` appended for the held-out choice on every fold below :data:`FOLDS_BELOW` rows."""
+    ``-folds`` appended for the held-out choice on every fold below :data:`FOLDS_BELOW` rows;
+    ``network`` for ``start="network"`` (``network-PRICE``: with that ``further_price``)."""
     from fsll_ooc.learn import select
 
+    start = None
+    if config == "network" or config.startswith("network-"):
+        start, config = "network", config[len("network-"):] or "full"
     price, _, folds = config.partition("-")
     saved = select.FOLDS_BELOW
     select.FOLDS_BELOW = FOLDS_BELOW if folds else saved
     try:
-        return fit_fl(X, p, repeats=1, further_price=None if price == "full" else price)
+        return fit_fl(X, p, repeats=1, further_price=None if price == "full" else price, start=start)
     finally:
         select.FOLDS_BELOW = saved
 
@@ -845,7 +850,8 @@ def main(argv=None):
                     help="with --further-price: the sizes of BN-mix and Potts-mix")
     ap.add_argument("--configs", nargs="+", default=list(FURTHER_PRICES),
                     help="with --further-price: further_price values to fit, each optionally with '-folds' (the "
-                         f"held-out choice on all five folds below {FOLDS_BELOW} rows); the last one's choices are shown")
+                         f"held-out choice on all five folds below {FOLDS_BELOW} rows), or 'network' (start='network'; "
+                         "'network-PRICE' with that further_price); the last one's choices are shown")
     args = ap.parse_args(argv)
     if args.peers_only:
         if args.further_price:

@@ -29,6 +29,14 @@ from .validation import check_cardinalities_param, check_labels
 __all__ = ["FSLL", "MODEL_FORMAT", "MODEL_VERSION", "validate_data"]
 
 
+def _check_start(v, p) -> str:
+    """``start``: None or ``"network"``; not with EM (``missing``, ``hidden``)."""
+    out = fitting.resolve_start(v)
+    if out == "network" and (p.get("missing") == "em" or p.get("hidden")):
+        raise ValueError("start='network' is not available with missing='em' or hidden variables")
+    return out
+
+
 class FSLL(queries.QueryMethods):
     """Full-span log-linear model of ``n`` discrete variables, learned greedily under MDL.
 
@@ -107,10 +115,11 @@ class FSLL(queries.QueryMethods):
         fit (``missing``, ``hidden``) chooses it the same way, scoring the held-out rows by
         their observed-data log-likelihood (:func:`fsll_ooc.missing.choose`).
     further_price : None, "full", "aic" or "auto"
-        The family code's price of a family's further terms (the first pays ``ln N / 2``
-        and the naming): ``"full"`` the same (None, the default), ``"aic"`` one nat each,
-        ``"auto"`` the better on the held-out rows of ``penalty_scale`` (``docs/design.md``,
-        "A family's further terms"; not with ``penalty="paper"``, nor ``"auto"`` with EM).
+        Price of a family's further terms: ``"full"`` (None) ``ln N / 2`` as its first, ``"aic"`` one nat,
+        ``"auto"`` chosen on the held-out rows (``docs/design.md``; not ``penalty="paper"``, EM).
+    start : None or "network"
+        ``"network"``: the search starts from the refitted span of a Bayesian network learned on
+        the rows under BIC (``docs/design.md``, "A Bayesian network's span as the start"); not with EM.
     missing : None or "em"
         ``"em"``: rows with missing cells (NaN, None, ``pd.NA``; ``-1`` in an integer
         code array) are fitted by expectation-maximisation (:mod:`fsll_ooc.missing`):
@@ -162,7 +171,7 @@ class FSLL(queries.QueryMethods):
                  memory_limit=None, scheduler=None, layout=None, resync_every=256, progress=None, refine=None,
                  learn_options=None, penalty=None, penalty_scale=None, missing=None, hidden=None, n_restarts=None,
                  random_state=None, em_max_rounds=100, em_tol=None, storage_options=None, category_order="auto",
-                 further_price=None):
+                 further_price=None, start=None):
         self.cardinalities = cardinalities
         self.epsilon = epsilon
         self.max_iter = max_iter
@@ -186,6 +195,7 @@ class FSLL(queries.QueryMethods):
         self.storage_options = storage_options
         self.category_order = category_order
         self.further_price = further_price
+        self.start = start
 
     # ------------------------------------------------------------------ sklearn-style params
     # To add a parameter: an argument of __init__ stored verbatim, its name in _PARAMS, its
@@ -195,9 +205,9 @@ class FSLL(queries.QueryMethods):
     _PARAMS = ("cardinalities", "epsilon", "max_iter", "store", "backend", "memory_limit", "scheduler",
                "layout", "resync_every", "progress", "refine", "learn_options", "penalty", "penalty_scale",
                "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol", "storage_options",
-               "category_order", "further_price")
+               "category_order", "further_price", "start")
     #: What is learned depends on these: the model file reports them, the store keeps them.
-    _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options", "penalty", "penalty_scale",
+    _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options", "penalty", "penalty_scale", "start",
                      "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol", "further_price")
     #: A store also keeps these, to resume with the same problem and budget.
     _STORED_PARAMS = _SAVED_PARAMS + ("cardinalities", "memory_limit")
@@ -219,6 +229,7 @@ class FSLL(queries.QueryMethods):
         "em_max_rounds": lambda v, p: V.check_em_max_rounds(v),
         "em_tol": lambda v, p: V.check_em_tol(v),
         "category_order": lambda v, p: check_category_order(v),
+        "start": lambda v, p: _check_start(v, p),
     }
 
     def get_params(self, deep: bool = True) -> dict:

@@ -30,7 +30,8 @@ __all__ = ["FEW_SAMPLES", "WARM_START", "OWN_OPTIONS", "flat_index", "start_of",
            "show_progress", "fit", "choose_penalty_scale", "encoded", "stored_params", "fit_in_store", "make_engine",
            "options", "learn_with_progress", "resume_in_store", "from_stored", "open_finished", "kl_data",
            "labelled", "store_extra", "CATEGORY_ORDER", "set_fitted", "basis_table",
-           "check_table_fits_memory"]
+           "check_table_fits_memory", "begin", "network_start", "NETWORK_STARTS", "resolve_start", "family_score",
+           "hill_climb", "network_families", "network_span", "network_parameters"]
 
 
 def flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
@@ -55,6 +56,53 @@ def start_of(state: FitState) -> dict:
     contrib, _ = term_contributions(state.history)
     return {"theta": [[int(y), float(v)] for y, v in state.theta.items()], "log_z": float(state.log_z),
             "gain": [float(contrib.get(state.digits(y), 0.0)) for y in state.theta]}
+
+
+#: ``start="network"``: the joint refit of the network's span stops when its predicted
+#: remaining gain is below this (nats per row) or after :data:`NETWORK_REFIT_ROUNDS` rounds.
+NETWORK_REFIT_TOL = 1e-12
+NETWORK_REFIT_ROUNDS = 60
+
+
+def begin(est, engine: Engine, state: FitState, uniq, counts, start: dict | None) -> None:
+    """Where a new fit's search starts: the span of a Bayesian network learned on the rows
+    for ``start="network"`` (:func:`network_start`), else ``start`` (:func:`warm_start`, the
+    held-out choice's model; None: the uniform model)."""
+    if resolve_start(getattr(est, "start", None)) == "network":
+        network_start(engine, state, uniq, counts)
+    else:
+        warm_start(engine, state, start)
+
+
+def network_start(engine: Engine, state: FitState, uniq, counts) -> None:
+    """Start the new fit ``state`` (targets and uniform duals in ``engine``) from the span of
+    the Bayesian network that greedy hill climbing under BIC finds on the rows (distinct
+    flat cells ``uniq`` and their ``counts``; :func:`network_families`): every basis
+    function within a family (a node and its parents) enters with parameter 0, their
+    targets read from the target table, and the corrective Newton steps fit them jointly
+    (to :data:`NETWORK_REFIT_TOL`, at most :data:`NETWORK_REFIT_ROUNDS` rounds); the
+    learner then continues from there under the fit's own cost (``docs/design.md``, "A
+    Bayesian network's span as the start").  The history records the uniform start
+    (``init``) and then the step to the refitted span as the first iteration
+    (``network-start``, its terms under ``added``).  A network without arcs gives the
+    main effects; nothing happens when the span is empty (every variable with one value)."""
+    from .learn import corrective
+
+    support = network_span(network_families(uniq, counts, state.cards), state.cards)
+    if not len(support):
+        return
+    uniform = state.cost()
+    state.theta = dict.fromkeys(support.tolist(), 0.0)
+    state.dbar = dict(zip(support.tolist(), engine.gather(support, Table.DBAR).tolist()))
+    state.log_z = engine.resync(support, np.zeros(len(support)), float(state.log_z))
+    corrective.refine(engine, state, tol=NETWORK_REFIT_TOL, max_rounds=NETWORK_REFIT_ROUNDS)
+    c = state.cost()
+    state.history.append({"iter": 0, "move": "init", "y": None, "value": 0.0, "delta": 0.0, "cost": uniform,
+                          "n_bases": 0, "time": 0.0})
+    state.n_iter = 1
+    state.history.append({"iter": 1, "move": "network-start", "y": None, "value": float(len(support)),
+                          "delta": c - uniform, "cost": c, "n_bases": len(state.theta), "time": 0.0,
+                          "added": [list(state.digits(y)) for y in support.tolist()]})
 
 
 def warm_start(engine: Engine, state: FitState, start: dict | None) -> None:
@@ -161,7 +209,7 @@ def fit(est, X, backend, feature_names=None, categories=None, sub_class=None) ->
     if not backend.persistent:
         engine = make_engine(est, plan, [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape)
                                          for nm in TABLE_NAMES], N, sample_flat=flat, penalty_scale=state.penalty_scale)
-        warm_start(engine, state, choice.start)
+        begin(est, engine, state, uniq, counts, choice.start)
         learn_with_progress(est, engine, state, fresh=True, checkpoint=None)
         set_fitted(est, state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
                         categories=categories)
@@ -321,7 +369,7 @@ def fit_in_store(est, fs: FitStore, plan, state: FitState, uniq, counts, *, flat
         with fs.damage_hint():
             engine = make_engine(est, plan, specs, N, sample_flat=np.repeat(uniq, counts) if flat is None else flat,
                                  penalty_scale=state.penalty_scale)
-            warm_start(engine, state, start)
+            begin(est, engine, state, uniq, counts, start)
             fs.tables_ready(specs, state)
             learn_with_progress(est, engine, state, fresh=True, checkpoint=fs.checkpoint)
     else:
@@ -518,3 +566,291 @@ def check_table_fits_memory(cards) -> None:
     if mem is not None and need > mem:
         raise ValueError(f"the model's joint table has {math.prod(cards):,} cells; building it in memory needs "
                          f"about {need / 2**30:.1f} GiB, more than this machine's {mem / 2**30:.1f} GiB")
+
+
+# ------------------------------------------------------------------ start="network"
+# A Bayesian network's span as the search's start (``FSLL(start="network")``).
+#
+# The MDL cost buys a term only if it gains more than its price, about ``ln N / 2`` nats
+# (times the penalty scale) plus the naming of its variables; a weak interaction of the
+# source gains less and is left out, while for prediction it pays from about ``1 / N``
+# (``docs/benchmarks_quality.md``, "Search or cost?").  A Bayesian network learned under
+# BIC prices a *whole conditional table* once its parents are in: its structure search
+# compares families, not single terms.  ``start="network"`` takes that structure as the
+# start of the greedy search: greedy hill climbing over directed acyclic graphs under the
+# BIC score (:func:`hill_climb`: from the empty graph, the best arc addition, removal or
+# reversal while one raises the score; the moves of pyAgrum's and pgmpy's hill climbing),
+# then every basis function whose variables lie within one family (a node and its
+# parents: :func:`network_span`) enters the model, fitted jointly by the learner's corrective
+# Newton steps, and the ordinary search continues from there under the fit's own cost
+# (its terms may leave, others join).  ``docs/design.md``, "A Bayesian network's span as
+# the start".
+#
+# Pure numpy on the distinct rows and their counts; no table of the model's size.
+
+
+#: Values of ``FSLL(start=...)`` besides None (the default's start).
+NETWORK_STARTS = ("network",)
+
+
+def resolve_start(start) -> str:
+    """``"default"`` (``start=None``: the uniform model, or the held-out choice's model under
+    ``penalty_scale="auto"``) or ``"network"``."""
+    if start is None:
+        return "default"
+    if not isinstance(start, str) or start not in NETWORK_STARTS:
+        raise ValueError(f"start must be None or one of {NETWORK_STARTS}, got {start!r}")
+    return start
+
+
+#: A family (a node and its parents) is not proposed when its table would have more
+#: cells than this or more than the number of rows (its conditional table could not be
+#: estimated; BIC would refuse it anyway).
+NETWORK_MAX_FAMILY_CELLS = 1 << 20
+#: Hill climbs of :func:`network_families`, each with the variables in another order (ties).
+NETWORK_ORDERS = 8
+#: Then this many times a share (:data:`NETWORK_KICK_SHARE`) of the best graph's arcs, at
+#: least one, are taken out at random and the climb runs again from there, the variables in
+#: a random order; a higher BIC replaces the best graph (iterated local search).
+NETWORK_KICKS = 64
+#: The share of the arcs a kick takes out.
+NETWORK_KICK_SHARE = 0.5
+#: Seed of those orders and kicks.
+NETWORK_SEED = 0
+
+
+class _FamilyScores:
+    """BIC of families ``(node, parents)`` on weighted distinct rows, memoised."""
+
+    def __init__(self, rows: np.ndarray, weights: np.ndarray, cards: Sequence[int]):
+        self.rows = np.asarray(rows, np.int64)
+        self.w = np.asarray(weights, np.float64)
+        self.cards = tuple(int(k) for k in cards)
+        self.n = float(self.w.sum())
+        self.log_n = math.log(self.n) if self.n > 1 else 0.0
+        self.memo: dict = {}
+
+    def cells(self, node: int, parents) -> int:
+        return math.prod(self.cards[v] for v in parents) * self.cards[node]
+
+    def allowed(self, node: int, parents) -> bool:
+        c = self.cells(node, parents)
+        return c <= NETWORK_MAX_FAMILY_CELLS and c <= max(self.n, 1.0)
+
+    def __call__(self, node: int, parents: frozenset) -> float:
+        key = (node, parents)
+        out = self.memo.get(key)
+        if out is None:
+            out = self.memo[key] = family_score(self.rows, self.w, self.cards, node, sorted(parents), self.log_n)
+        return out
+
+
+def family_score(rows: np.ndarray, weights: np.ndarray, cards: Sequence[int], node: int, parents: Sequence[int],
+                 log_n: float | None = None) -> float:
+    """BIC of ``node`` given ``parents`` on rows ``rows`` (codes, one row per distinct
+    observation) weighted by ``weights``: the maximised log-likelihood of the node's
+    conditional table, ``sum n(x, pa) ln(n(x, pa) / n(pa))``, less ``ln N / 2`` per free
+    parameter, ``(k_node - 1) prod k_pa``."""
+    w = np.asarray(weights, np.float64)
+    if log_n is None:
+        log_n = math.log(float(w.sum())) if w.sum() > 1 else 0.0
+    k = int(cards[node])
+    pa_index = np.zeros(len(rows), np.int64)
+    n_pa = 1
+    for v in parents:
+        pa_index = pa_index * int(cards[v]) + rows[:, v]
+        n_pa *= int(cards[v])
+    joint = np.bincount(pa_index * k + rows[:, node], weights=w, minlength=n_pa * k).reshape(n_pa, k)
+    marg = joint.sum(axis=1, keepdims=True)
+    nz = joint > 0
+    ll = float(np.sum(joint[nz] * np.log((joint / np.where(marg > 0, marg, 1.0))[nz])))
+    return ll - 0.5 * log_n * (k - 1) * n_pa
+
+
+def _reaches(parents: list, start: int, goal: int) -> bool:
+    """Is there a directed path ``start -> ... -> goal`` (``parents[v]``: the parents of ``v``)?"""
+    children = [[] for _ in parents]
+    for v, ps in enumerate(parents):
+        for u in ps:
+            children[u].append(v)
+    seen, todo = {start}, [start]
+    while todo:
+        u = todo.pop()
+        if u == goal:
+            return True
+        for c in children[u]:
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+    return False
+
+
+def _descendants(parents: list) -> list:
+    """Per variable, the set of variables a directed path from it reaches (itself left out)."""
+    children = [[] for _ in parents]
+    for v, ps in enumerate(parents):
+        for u in ps:
+            children[u].append(v)
+    out = []
+    for start in range(len(parents)):
+        seen, todo = set(), list(children[start])
+        while todo:
+            u = todo.pop()
+            if u not in seen:
+                seen.add(u)
+                todo.extend(children[u])
+        out.append(seen)
+    return out
+
+
+def hill_climb(rows: np.ndarray, weights: np.ndarray, cards: Sequence[int], max_moves: int | None = None,
+               order: Sequence[int] | None = None, scorer: "_FamilyScores | None" = None, start=None) -> list:
+    """The parents of each variable (a list of sorted tuples) of the directed acyclic graph
+    found by greedy hill climbing under BIC from the empty graph: at each step the move of
+    highest gain among adding, removing or reversing one arc (ties: the first in the order
+    add, remove, reverse, by child then parent, the variables taken in ``order``, by default
+    their own), while one gains more than ``1e-9`` nats; from ``start`` (parent sets of an
+    acyclic graph) if given.  ``rows``: codes of the distinct rows, ``weights`` their
+    counts.
+
+    BIC gives Markov-equivalent graphs the same score, so the first arcs' directions are
+    ties that ``order`` breaks, and they decide which later arcs pay: another order may end
+    on another local maximum (:func:`network_families` keeps the best of several)."""
+    cards = tuple(int(k) for k in cards)
+    n = len(cards)
+    score = scorer if scorer is not None else _FamilyScores(rows, weights, cards)
+    seq = list(range(n)) if order is None else [int(v) for v in order]
+    parents = [frozenset() for _ in range(n)] if start is None else [frozenset(p) for p in start]
+    current = [score(i, parents[i]) for i in range(n)]
+    moves = 0
+    while max_moves is None or moves < max_moves:
+        best_gain, best = 1e-9, None
+        below = _descendants(parents)
+        for i in seq:  # add j -> i
+            for j in seq:
+                if j == i or j in parents[i] or j in below[i]:  # a path i -> ... -> j: a cycle
+                    continue
+                new = parents[i] | {j}
+                if not score.allowed(i, new):
+                    continue
+                g = score(i, new) - current[i]
+                if g > best_gain:
+                    best_gain, best = g, ("add", i, j)
+        for i in seq:  # remove j -> i
+            for j in sorted(parents[i], key=seq.index):
+                g = score(i, parents[i] - {j}) - current[i]
+                if g > best_gain:
+                    best_gain, best = g, ("remove", i, j)
+        for i in seq:  # reverse j -> i into i -> j
+            for j in sorted(parents[i], key=seq.index):
+                new_j = parents[j] | {i}
+                if not score.allowed(j, new_j):
+                    continue
+                trial = list(parents)
+                trial[i] = parents[i] - {j}
+                if _reaches(trial, j, i):  # another path j -> ... -> i: the arc i -> j would close a cycle
+                    continue
+                g = score(i, trial[i]) - current[i] + score(j, new_j) - current[j]
+                if g > best_gain:
+                    best_gain, best = g, ("reverse", i, j)
+        if best is None:
+            break
+        kind, i, j = best
+        if kind == "add":
+            parents[i] = parents[i] | {j}
+        elif kind == "remove":
+            parents[i] = parents[i] - {j}
+        else:
+            parents[i] = parents[i] - {j}
+            parents[j] = parents[j] | {i}
+            current[j] = score(j, parents[j])
+        current[i] = score(i, parents[i])
+        moves += 1
+    return [tuple(sorted(p)) for p in parents]
+
+
+def network_families(flat: np.ndarray, counts: np.ndarray, cards: Sequence[int], orders: int = NETWORK_ORDERS,
+                     kicks: int = NETWORK_KICKS) -> list:
+    """The families (a node and its parents, sorted variable positions; one per node) of the
+    network :func:`hill_climb` finds on the rows given as distinct flat cell indices
+    ``flat`` (C order over ``cards``) and their ``counts``: the climb of the highest BIC of
+    ``orders`` climbs, the variables in their own order first, then in seeded random
+    orders, each best graph so far then kicked ``kicks`` times (:data:`NETWORK_KICKS`);
+    seeded (:data:`NETWORK_SEED`: a fit is repeatable); ties to the earlier."""
+    cards = tuple(int(k) for k in cards)
+    n = len(cards)
+    rows = np.stack(np.unravel_index(np.asarray(flat, np.int64), cards), axis=1) if n else \
+        np.zeros((len(flat), 0), np.int64)
+    scorer = _FamilyScores(rows, counts, cards)
+    rng = np.random.default_rng(NETWORK_SEED)
+    best, best_score = None, -math.inf
+    total = lambda pa: sum(scorer(i, frozenset(p)) for i, p in enumerate(pa))  # noqa: E731
+    for k in range(max(1, int(orders))):
+        order = np.arange(n) if k == 0 else rng.permutation(n)
+        pa = hill_climb(rows, counts, cards, order=order, scorer=scorer)
+        if total(pa) > best_score:
+            best, best_score = pa, total(pa)
+    for _ in range(int(kicks)):  # iterated local search: a few arcs of the best graph out, climb again
+        arcs = [(j, i) for i, p in enumerate(best) for j in p]
+        if not arcs:
+            break
+        size = min(len(arcs), max(1, int(len(arcs) * NETWORK_KICK_SHARE)))
+        drop = {arcs[a] for a in rng.choice(len(arcs), size=size, replace=False)}
+        start = [tuple(j for j in p if (j, i) not in drop) for i, p in enumerate(best)]
+        pa = hill_climb(rows, counts, cards, order=rng.permutation(n), scorer=scorer, start=start)
+        if total(pa) > best_score + 1e-9:
+            best, best_score = pa, total(pa)
+    return [tuple(sorted((i,) + tuple(p))) for i, p in enumerate(best)]
+
+
+def network_span(fams, cards: Sequence[int]) -> np.ndarray:
+    """Flat indices (sorted, without the constant) of every basis function whose variables
+    lie within one of ``fams``: each family's whole table of terms."""
+    cards = tuple(int(k) for k in cards)
+    out = []
+    for f in {tuple(sorted(f)) for f in fams}:
+        if not f:
+            continue
+        grids = np.meshgrid(*[np.arange(cards[v]) for v in f], indexing="ij")
+        digits = np.zeros((grids[0].size, len(cards)), np.int64)
+        for v, g in zip(f, grids):
+            digits[:, v] = g.ravel()
+        digits = digits[digits.any(axis=1)]
+        out.append(np.ravel_multi_index(digits.T, cards))
+    if not out:
+        return np.zeros(0, np.int64)
+    return np.unique(np.concatenate(out)).astype(np.int64)
+
+
+def network_parameters(flat: np.ndarray, counts: np.ndarray, cards: Sequence[int], fams, prior: float = 1.0) -> dict:
+    """The network of ``fams`` (one family per node, as :func:`network_families` gives them) with
+    each node's conditional table estimated with ``prior`` added to every cell (Laplace's
+    rule for ``prior=1``), written as the log-linear model's parameters: ``{flat index:
+    value}`` on :func:`network_span` of ``fams`` (the constant term left out: ``log Z`` absorbs it).
+    ``log p(x) = sum_i log p(x_i | pa_i)``, each term a function of one family's variables,
+    expanded in the fixed local bases (``fsll_ooc.basis``)."""
+    cards = tuple(int(k) for k in cards)
+    n = len(cards)
+    rows = np.stack(np.unravel_index(np.asarray(flat, np.int64), cards), axis=1)
+    w = np.asarray(counts, np.float64)
+    inv_t = {k: np.linalg.inv(basis.local_matrix(k).T) for k in set(cards)}
+    theta: dict = {}
+    for node in range(n):
+        fam = tuple(sorted(fams[node]))
+        shape = tuple(cards[v] for v in fam)
+        idx = np.ravel_multi_index(tuple(rows[:, v] for v in fam), shape) if fam else np.zeros(len(rows), np.int64)
+        table = np.bincount(idx, weights=w, minlength=math.prod(shape)).reshape(shape) + float(prior)
+        axis = fam.index(node)
+        log_cpt = np.log(table) - np.log(table.sum(axis=axis, keepdims=True))
+        coef = log_cpt
+        for a, v in enumerate(fam):  # l = (M^T x ... x M^T) theta per axis: theta = (M^T)^-1 l
+            coef = np.moveaxis(np.tensordot(inv_t[cards[v]], coef, axes=([1], [a])), 0, a)
+        digits = np.zeros((coef.size, n), np.int64)
+        grid = np.indices(shape).reshape(len(fam), -1)
+        for a, v in enumerate(fam):
+            digits[:, v] = grid[a]
+        ys = np.ravel_multi_index(digits.T, cards)
+        for y, c in zip(ys.tolist(), coef.ravel().tolist()):
+            if y:
+                theta[y] = theta.get(y, 0.0) + c
+    return theta
