@@ -30,7 +30,8 @@ tabu search with the AIC, BIC and BDeu scores and MIIC, parameters with a Laplac
 ``--why``: the default's model against the true network's span fitted by maximum
 likelihood, the search continued from it, and fixed penalty scales; with ``--further-price``:
 the default against ``further_price="aic"`` and ``"auto"`` and the best pyAgrum learner, also on
-BN-mix and Potts-mix, ``--configs`` to choose, ``-folds`` for the held-out choice on every fold), ``pm1 (slow coordinate convergence of the +-1 basis:
+BN-mix and Potts-mix, ``--configs`` to choose, ``-folds`` for the held-out choice on every fold,
+``network`` for ``start="network"``), ``pm1 (slow coordinate convergence of the +-1 basis:
 Potts with q = 3 against q = 4 (Walsh-Hadamard) on the same grid), ``auto`` (the
 constant ``c`` of ``epsilon = c / N``) and ``schedule`` (when to run the corrective
 step, and the joint selection on/off).
