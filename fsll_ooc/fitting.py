@@ -66,15 +66,18 @@ NETWORK_REFIT_ROUNDS = 60
 
 def begin(est, engine: Engine, state: FitState, uniq, counts, start: dict | None) -> None:
     """Where a new fit's search starts: the span of a Bayesian network learned on the rows
-    for ``start="network"`` (:func:`network_start`), else ``start`` (:func:`warm_start`, the
-    held-out choice's model; None: the uniform model)."""
+    for ``start="network"`` (:func:`network_start`; a span too large to refit jointly: a
+    warning, then as the default), else ``start`` (:func:`warm_start`, the held-out
+    choice's model; None: the uniform model)."""
     if resolve_start(getattr(est, "start", None)) == "network":
-        network_start(engine, state, uniq, counts)
-    else:
-        warm_start(engine, state, start)
+        if network_start(engine, state, uniq, counts):
+            return
+        warnings.warn("start='network': the network's span has more terms than the corrective steps refit "
+                      "jointly; the search starts as the default's does", UserWarning, stacklevel=2)
+    warm_start(engine, state, start)
 
 
-def network_start(engine: Engine, state: FitState, uniq, counts) -> None:
+def network_start(engine: Engine, state: FitState, uniq, counts) -> bool:
     """Start the new fit ``state`` (targets and uniform duals in ``engine``) from the span of
     the Bayesian network that greedy hill climbing under BIC finds on the rows (distinct
     flat cells ``uniq`` and their ``counts``; :func:`network_families`): every basis
@@ -85,12 +88,16 @@ def network_start(engine: Engine, state: FitState, uniq, counts) -> None:
     Bayesian network's span as the start").  The history records the uniform start
     (``init``) and then the step to the refitted span as the first iteration
     (``network-start``, its terms under ``added``).  A network without arcs gives the
-    main effects; nothing happens when the span is empty (every variable with one value)."""
+    main effects.  Returns False, and leaves ``state`` as it was, when the span has more
+    terms than the corrective steps refit jointly (``corrective.MAX_SUPPORT``: their
+    Hessian is dense); True (nothing done) when it is empty (every variable one value)."""
     from .learn import corrective
 
     support = network_span(network_families(uniq, counts, state.cards), state.cards)
+    if len(support) > corrective.MAX_SUPPORT:
+        return False
     if not len(support):
-        return
+        return True
     uniform = state.cost()
     state.theta = dict.fromkeys(support.tolist(), 0.0)
     state.dbar = dict(zip(support.tolist(), engine.gather(support, Table.DBAR).tolist()))
@@ -103,6 +110,7 @@ def network_start(engine: Engine, state: FitState, uniq, counts) -> None:
     state.history.append({"iter": 1, "move": "network-start", "y": None, "value": float(len(support)),
                           "delta": c - uniform, "cost": c, "n_bases": len(state.theta), "time": 0.0,
                           "added": [list(state.digits(y)) for y in support.tolist()]})
+    return True
 
 
 def warm_start(engine: Engine, state: FitState, start: dict | None) -> None:

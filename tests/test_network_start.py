@@ -175,6 +175,20 @@ def test_default_start_unchanged():
     assert a.theta_ == b.theta_ and a.cost_ == b.cost_ and a.history_[1]["move"] != "network-start"
 
 
+def test_a_span_too_large_to_refit_starts_as_the_default(monkeypatch):
+    """A span of more terms than the corrective steps refit jointly: a warning, and the fit
+    is the default's (the held-out choice's model as the start)."""
+    from fsll_ooc.learn import corrective
+
+    X, _ = _data((3, 2, 4), 1500, 2)
+    monkeypatch.setattr(corrective, "MAX_SUPPORT", 3)  # (the learner's own joint phases too)
+    ref = FSLL(progress=False).fit(X)
+    with pytest.warns(UserWarning, match="start='network'"):
+        m = FSLL(progress=False, start="network").fit(X)
+    monkeypatch.undo()
+    assert m.theta_ == ref.theta_ and m.cost_ == ref.cost_ and m.history_[1]["move"] == "warm-start"
+
+
 def test_checks():
     X, _ = _data((2, 3), 200, 0)
     with pytest.raises(ValueError, match="start must be"):
