@@ -140,6 +140,42 @@ _LONG_ROW = 16
 
 
 @njit(inline="always")
+def _pm3_unit(src, dst, b, o0, o1):
+    """:func:`axis_rows` on an axis of 3 values and stride 1 by the +-1 rule, blocks ``o0 .. o1-1``:
+    the same operations, the block's three cells read once (a loop the compiler runs on vector
+    registers: about 5x faster than cell by cell)."""
+    if b == 1:
+        for o in range(o0, o1):
+            p = 3 * o
+            x0 = src[p]
+            x1 = src[p + 1]
+            x2 = src[p + 2]
+            dst[p] = x1
+            dst[p + 1] = x0
+            dst[p + 2] = -(x2 + (x0 + x1))
+    else:
+        for o in range(o0, o1):
+            p = 3 * o
+            x0 = src[p]
+            x1 = src[p + 1]
+            x2 = src[p + 2]
+            dst[p] = x2
+            dst[p + 1] = -(x1 + (x0 + x2))
+            dst[p + 2] = x0
+
+
+@njit(inline="always")
+def _swap_unit(src, dst, o0, o1):
+    """:func:`axis_rows` on an axis of 2 values and stride 1 (digit 1, either basis: the two
+    rules agree there), blocks ``o0 .. o1-1``: each pair of cells swapped."""
+    for o in range(o0, o1):
+        p = 2 * o
+        x0 = src[p]
+        dst[p] = src[p + 1]
+        dst[p + 1] = x0
+
+
+@njit(inline="always")
 def axis_rows(src, dst, k, s, b, walsh, o0, o1, q0, q1):
     """One axis of :func:`_partner` (digit ``b`` on an axis of ``k`` values and stride ``s``) on
     the blocks ``o0 .. o1-1`` of ``k s`` cells, offsets ``q0 .. q1-1`` of each row: the
@@ -147,6 +183,12 @@ def axis_rows(src, dst, k, s, b, walsh, o0, o1, q0, q1):
     row ``b`` from row 0, row ``a`` from ``-(a + (0 + b))``)."""
     ks = k * s
     w = q1 - q0
+    if s == 1 and k == 3 and not walsh:  # the last axis, of three values: three cells per block
+        _pm3_unit(src, dst, b, o0, o1)
+        return
+    if s == 1 and k == 2:  # the last axis, of two values: pairs of cells swapped
+        _swap_unit(src, dst, o0, o1)
+        return
     if s < _SHORT_ROW:  # short rows: cell by cell across the axis (no views)
         for o in range(o0 * ks, o1 * ks, ks):
             for q in range(o + q0, o + q1):
