@@ -736,3 +736,93 @@ def test_a_batch_that_takes_no_step_falls_back_to_one_step(monkeypatch):
     r = oracle.r_vec(cards, n)
     assert state.cost() == pytest.approx(oracle.assert_axis_minimum(vec(state), q, Phi, r, 1e-5), abs=1e-10)
     np.testing.assert_allclose(eng.gather(np.arange(size)), Phi @ oracle.model(vec(state), Phi), atol=1e-10)
+
+
+def _tail_rule_fits(monkeypatch, cards, X, factors, **kw):
+    """``{factor: (theta, cost, history moves, rule joints)}`` of fits with
+    ``corrective.JOINT_TAIL_FACTOR`` at each factor; rule joints: the joint selections
+    :meth:`Search.joint_due` started."""
+    from fsll_ooc import FSLL
+    from fsll_ooc.learn import corrective, greedy
+
+    out = {}
+    due = greedy.Search.joint_due
+    for f in factors:
+        fired = []
+
+        def counted(self):
+            d = due(self)
+            fired.append(d)
+            return d
+
+        monkeypatch.setattr(corrective, "JOINT_TAIL_FACTOR", f)
+        monkeypatch.setattr(greedy.Search, "joint_due", counted)
+        m = FSLL(cardinalities=cards, progress=False, **kw).fit(X)
+        out[f] = (dict(m.theta_), m.cost_, [h["move"] for h in m.history_], sum(fired), m)
+    monkeypatch.setattr(greedy.Search, "joint_due", due)
+    return out
+
+
+def test_tail_rule_acts_in_batched_fits_with_joint_selections_only(monkeypatch):
+    """``JOINT_TAIL_FACTOR`` (a joint selection when the last batch gained less per table
+    operation than the last selection): a fit one step per pass (the default below
+    ``AUTO_MIN_CELLS``, the paper's rule), a batched fit without joint selections and one
+    without corrective phases are the same, bit for bit, with the rule at its extreme (0: a
+    selection after every batch once one has paid) and off, and it never fires there."""
+    from fsll_ooc.learn import LearnOptions
+
+    cards = (2, 3, 4, 5)
+    p, _ = datasets.random_bayesnet(cards, 2, seed=7)
+    X = datasets.sample_table(p, 2000, seed=107)
+    opts = batch.BatchOptions(max_cells=20, factor=8.0)
+    for kw in ({}, {"epsilon": 1e-4}, {"learn_options": LearnOptions(batch=opts, joint=False)},
+               {"epsilon": 1e-5, "refine": False,
+                "learn_options": LearnOptions(epsilon=1e-5, batch=opts, refine=False)}):
+        runs = _tail_rule_fits(monkeypatch, cards, X, (None, 0.0), **kw)
+        assert runs[0.0][3] == 0 and runs[None][3] == 0
+        assert runs[0.0][:3] == runs[None][:3]
+
+
+def test_tail_rule_starts_joint_selections_and_ends_at_an_axis_minimum(monkeypatch):
+    """In a batched fit with joint selections the rule at its extreme (0) starts a selection
+    after every batch once one has paid (here: as if one had from the start), which changes
+    the search's path; the fit still ends where no single move gains epsilon (an axis minimum
+    of the family cost, brute force), with the duals exact throughout."""
+    from fsll_ooc.learn import LearnOptions, corrective, greedy, learn
+
+    cards, n = (3, 2, 5, 2), 4000
+    X, Phi, q, size, vec = _bn_problem(cards, n, 3)
+    eps = 1e-5
+    due, init = greedy.Search.joint_due, greedy.Search.__init__
+
+    def paid(self, *a, **k):
+        init(self, *a, **k)
+        self.joint_rate = 1.0
+
+    monkeypatch.setattr(greedy.Search, "__init__", paid)
+    runs = {}
+    for f in (None, 0.0):
+        fired = []
+
+        def counted(self):
+            fired.append(due(self))
+            return fired[-1]
+
+        monkeypatch.setattr(corrective, "JOINT_TAIL_FACTOR", f)
+        monkeypatch.setattr(greedy.Search, "joint_due", counted)
+        eng, state = _engine(cards, X, (1, 2))
+        state.penalty_code = "family"
+
+        def check(st, eng=eng):
+            np.testing.assert_allclose(eng.gather(np.arange(size)), Phi @ oracle.model(vec(st), Phi), atol=1e-10)
+            assert st.log_z == pytest.approx(math.log(np.exp(Phi.T @ vec(st)).sum()), abs=1e-10)
+
+        opts = batch.BatchOptions(max_cells=20, factor=8.0)
+        learn(eng, state, LearnOptions(epsilon=eps, refine="adjust", batch=opts), callback=check)
+        assert state.converged
+        family = lambda th_: oracle.brute_cost(th_, q, Phi, cards, n, "family")  # noqa: E731
+        assert state.cost() == pytest.approx(oracle.assert_axis_minimum(vec(state), q, Phi, None, eps, cost_fn=family),
+                                             abs=1e-10)
+        runs[f] = (sum(fired), [h["move"] for h in state.history])
+    assert runs[None][0] == 0 and runs[0.0][0] > 0
+    assert runs[0.0][1] != runs[None][1] and "joint-append" in runs[0.0][1]

@@ -346,6 +346,10 @@ class Search:
         self.n_batches = 0
         self.refined = False  # a corrective phase ran since the last append/remove
         self.joint_tried = False  # a joint selection was tried on the current state
+        # cost drop per table operation (pass or sweep) of the last joint selection and of the
+        # last batch (corrective.JOINT_TAIL_FACTOR)
+        self.joint_rate = None
+        self.batch_rate = None
         self.products = corrective.Products(state.cards) if self.mode != "off" else None
         self.cand_order = corrective.CandidateOrder() if self.mode != "off" else None  # joint candidates' pairs
 
@@ -389,6 +393,20 @@ class Search:
         if self.callback is not None:
             self.callback(self.state)
 
+    def ops(self) -> int:
+        """The engine's table operations so far: passes and compute sweeps."""
+        return self.engine.passes + self.engine.sweeps
+
+    def joint_due(self) -> bool:
+        """Whether a joint selection is tried before the next batch though a single move gains
+        ``epsilon``: the last batch lowered the cost by less per table operation than the last
+        joint selection did, divided by :data:`fsll_ooc.learn.corrective.JOINT_TAIL_FACTOR`
+        (batched fits with joint selections only; once per state)."""
+        f = corrective.JOINT_TAIL_FACTOR
+        return f is not None and self.batch_options is not None and self.mode != "off" and self.options.joint \
+            and not self.joint_tried and self.joint_rate is not None and self.batch_rate is not None \
+            and self.batch_rate * f < self.joint_rate
+
     def _refine_kwargs(self) -> dict:
         o = self.options
         return dict(tol=o.refine_tol * self.eps, max_rounds=o.refine_rounds, products=self.products, top=self.top,
@@ -420,7 +438,7 @@ class Search:
         or None when it appended nothing."""
         st, o = self.state, self.options
         self.joint_tried = True
-        before = st.cost()
+        before, ops0 = st.cost(), self.ops()
         kw = self._refine_kwargs()
         with self.engine.purpose_of("joint"):
             ja = corrective.joint_append(self.engine, st, epsilon=self.eps, tol=kw["tol"],
@@ -429,6 +447,8 @@ class Search:
                                          cand_order=self.cand_order, top=self.top, scan=self.scan,
                                          joint=self.joint_k, sweep=self.sweep)
         if not ja.added:
+            if self.joint_rate is not None:
+                self.joint_rate = 0.0
             return None
         self.since_sync = 0
         self.refined = True
@@ -436,6 +456,8 @@ class Search:
         st.n_iter += 1
         self._scan_or_rescan(ja.refine.scan)
         c = st.cost()
+        # the bar for the rule; the next selection it starts waits for a batch after this one
+        self.joint_rate, self.batch_rate = (before - c) / max(self.ops() - ops0, 1), None
         self.record({"iter": st.n_iter, "move": "joint-append", "y": None, "value": float(len(ja.added)),
                      "delta": c - before, "cost": c, "n_bases": len(st.theta), "time": time.perf_counter() - self.t0,
                      "added": [list(st.digits(a)) for a in ja.added], "added_gain": ja.gains,
@@ -610,13 +632,19 @@ class Search:
             if stop:
                 st.converged = True
                 break
+            if self.joint_due() and self.joint() is not None:
+                continue
             if bo is not None:
                 V = B.choose_variables(st.cards, _batch_moves(st, self.scan, delta, y, bo.support_moves),
                                        factor=bo.factor, max_cells=bo.cells_for(cells))
                 if V is not None:
+                    rate = corrective.JOINT_TAIL_FACTOR is not None
+                    before, ops0 = (st.cost(), self.ops()) if rate else (0.0, 0)
                     with e.purpose_of("batch"):
                         moved = self.batch(V)
                     if moved is not None:
+                        if rate:
+                            self.batch_rate = (before - st.cost()) / max(self.ops() - ops0, 1)
                         continue
             self.step(move, y, t, d, delta)
         if o.on_finish is not None:
