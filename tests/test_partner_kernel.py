@@ -26,7 +26,8 @@ def _numpy_product(g, axis, b):
     return bandops._pm_numpy(x, b).reshape(g.shape)
 
 
-CARDS = [(2, 3, 4, 5), (5, 4, 3, 2), (3, 5, 2, 4, 3), (4, 17, 3), (3, 2, 40), (3, 5, 7), (5, 3, 4, 2)]
+CARDS = [(2, 3, 4, 5), (5, 4, 3, 2), (3, 5, 2, 4, 3), (4, 17, 3), (3, 2, 40), (3, 5, 7), (5, 3, 4, 2), (3, 2, 3),
+         (5, 2, 2)]
 
 
 @pytest.mark.parametrize("shape", CARDS)

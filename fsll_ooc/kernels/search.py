@@ -189,6 +189,14 @@ def axis_rows(src, dst, k, s, b, walsh, o0, o1, q0, q1):
     if s == 1 and k == 2:  # the last axis, of two values: pairs of cells swapped
         _swap_unit(src, dst, o0, o1)
         return
+    if k == 2 and s < _SHORT_ROW:  # two short rows swapped
+        for o in range(o0, o1):
+            p = ks * o
+            for q in range(q0, q1):
+                x0 = src[p + q]
+                dst[p + q] = src[p + s + q]
+                dst[p + s + q] = x0
+        return
     if s < _SHORT_ROW:  # short rows: cell by cell across the axis (no views)
         for o in range(o0 * ks, o1 * ks, ks):
             for q in range(o + q0, o + q1):
