@@ -497,9 +497,12 @@ FOLDS_BELOW = 5_000
 def _fit_config(X, p, config):
     """``fit_fl`` of a configuration of :func:`study_further_price`: a ``further_price`` value,
     ``-folds`` appended for the held-out choice on every fold below :data:`FOLDS_BELOW` rows;
-    ``network`` for ``start="network"`` (``network-PRICE``: with that ``further_price``)."""
+    ``network`` for ``start="network"`` (``network-PRICE``: with that ``further_price``);
+    ``average-network`` for ``FSLLAverage(start="network")``."""
     from fsll_ooc.learn import select
 
+    if config == "average-network":
+        return _fit_average(X, p, start="network")
     start = None
     if config == "network" or config.startswith("network-"):
         start, config = "network", config[len("network-"):] or "full"
@@ -510,6 +513,21 @@ def _fit_config(X, p, config):
         return fit_fl(X, p, repeats=1, further_price=None if price == "full" else price, start=start)
     finally:
         select.FOLDS_BELOW = saved
+
+
+def _fit_average(X, p, **params):
+    """``FSLLAverage(**params)`` (its ``n_members="auto"``, members one after the other) scored
+    as :func:`fit_fl` scores a fit: its terms summed over the members, the first member's
+    scale and price."""
+    from fsll_ooc import FSLLAverage
+
+    t0 = time.perf_counter()
+    avg = FSLLAverage(cardinalities=p.shape, progress=False, n_jobs=1, **params).fit(X)
+    dt = time.perf_counter() - t0
+    first = avg.members_[0]
+    return {"kl_true": datasets.kl_divergence(p, np.asarray(avg.probabilities()).reshape(p.shape)),
+            "n_params": int(sum(m.n_bases_ for m in avg.members_)), "time": dt,
+            "scale": float(first.penalty_scale_), "price": first.further_price_}
 
 
 def study_further_price(seeds, nets=EXAMPLE_NETS, sizes=SIZES, synthetic_sizes=(1_000, 10_000), with_synthetic=True,
@@ -852,7 +870,8 @@ def main(argv=None):
     ap.add_argument("--configs", nargs="+", default=list(FURTHER_PRICES),
                     help="with --further-price: further_price values to fit, each optionally with '-folds' (the "
                          f"held-out choice on all five folds below {FOLDS_BELOW} rows), or 'network' (start='network'; "
-                         "'network-PRICE' with that further_price); the last one's choices are shown")
+                         "'network-PRICE' with that further_price), or 'average-network' (FSLLAverage(start="
+                         "'network'), its members one after the other); the last one's choices are shown")
     args = ap.parse_args(argv)
     if args.peers_only:
         if args.further_price:
