@@ -13,9 +13,10 @@ tried (``joints``), appended (``joints_kept``) and of them tried by the rule (``
 library's defaults, ``--cap``, default 4 GiB, under ``--dir``), one child process per setting,
 the same figures plus the fit's wall time and held-out KL estimate.  ``--scale-args ARG ...``
 (last): one ``bench/scale.py`` child in this process with the first SETTING, e.g. a stored
-fit resumed with the rule on::
+fit resumed with the rule on (as root the process moves itself into a memory cgroup of ``--cap``,
+``fsll_bench_PID``, left empty at its end: ``rmdir`` it)::
 
-    python bench/tail_rule.py --settings 8 --scale-args --child bn30 --dir DIR --backend memmap \
+    python bench/tail_rule.py --settings 4 --scale-args --child bn30 --dir DIR --backend memmap \
         --epsilon auto --cap 4GiB --resume --keep --progress
 """
 import argparse
@@ -100,8 +101,16 @@ def scale_child(case, setting, directory, cap):
 
 
 def out_of_core(case, setting, directory, cap):
+    from pathlib import Path
+
     cmd = [sys.executable, __file__, "--scale-child", case, "--settings", setting, "--dir", directory, "--cap", cap]
-    text = subprocess.run(cmd, stdout=subprocess.PIPE, text=True).stdout
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    text, _ = proc.communicate()
+    for base in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")):  # the child's cgroup, now empty
+        try:
+            (base / f"fsll_bench_{proc.pid}").rmdir()
+        except OSError:
+            pass
     res = [json.loads(l[7:]) for l in text.splitlines() if l.startswith("RESULT ")]
     tail = [json.loads(l[5:]) for l in text.splitlines() if l.startswith("TAIL ")]
     if not res or not tail:
@@ -109,7 +118,7 @@ def out_of_core(case, setting, directory, cap):
         return
     r, t = res[0], tail[0]
     out = {"case": case, "setting": setting, "s": round(r["fit_seconds"], 1), "ll": r["heldout_loglik"],
-           "kl": r["kl_heldout"], "terms": r["n_bases"], "iters": r["n_iter"], "converged": r["converged"],
+           "kl": r["kl_heldout"], "kl_data": r["kl_data"], "terms": r["n_bases"], "iters": r["n_iter"], "converged": r["converged"],
            "fit_passes": r["fit_passes"], "fit_sweeps": r["fit_sweeps"],
            "fit_ops": r["fit_passes"] + r["fit_sweeps"], "ops": t["passes_all"] + t["sweeps_all"],
            "passes_by": r["fit_passes_by"], "scale": r["penalty_scale"], "cgroup_peak": r["cgroup_peak"],
