@@ -133,9 +133,9 @@ def _partner(x, shape, strides, walsh, digits, all_walsh, mask, part, tmp):
 
 #: Rows (an axis' stride) shorter than this are walked cell by cell in :func:`axis_rows` ...
 _SHORT_ROW = 4
-#: ... and Walsh-Hadamard rows at least this long are copied as rows of the whole array (rows
-#: between these lengths, and every +-1 row from :data:`_SHORT_ROW` on, are walked on views of
-#: each block: 1.5-3x faster there, the same operations).
+#: ... and rows at least this long are walked as slices of the whole array (rows between these
+#: lengths are walked on views of each block: 1.5-3x faster there, the same operations; on long
+#: +-1 rows the views were slower).
 _LONG_ROW = 16
 
 
@@ -213,10 +213,24 @@ def axis_rows(src, dst, k, s, b, walsh, o0, o1, q0, q1):
                         else:
                             dst[q + a * s] = -(src[q + a * s] + (x0 + xb))
         return
-    if walsh and s >= _LONG_ROW:
+    if s >= _LONG_ROW:  # long rows: each row a slice of the whole array
         for o in range(o0 * ks, o1 * ks, ks):
-            for a in range(k):
-                _copy_row(dst[o + a * s + q0:o + a * s + q1], src[o + (a ^ b) * s + q0:o + (a ^ b) * s + q1], w)
+            if walsh:
+                for a in range(k):
+                    _copy_row(dst[o + a * s + q0:o + a * s + q1], src[o + (a ^ b) * s + q0:o + (a ^ b) * s + q1], w)
+            else:
+                s0 = src[o + q0:o + q1]
+                sp = src[o + b * s + q0:o + b * s + q1]
+                _copy_row(dst[o + q0:o + q1], sp, w)  # a = 0: the partner's row
+                for a in range(1, k):
+                    row = o + a * s
+                    if a == b:
+                        _copy_row(dst[row + q0:row + q1], s0, w)
+                    else:
+                        dr = dst[row + q0:row + q1]
+                        sr = src[row + q0:row + q1]
+                        for q in range(w):
+                            dr[q] = -(sr[q] + (s0[q] + sp[q]))
         return
     for o in range(o0 * ks, o1 * ks, ks):  # rows on views of the block, indexed from its start
         blk = src[o:o + ks]
