@@ -1,8 +1,13 @@
 """Compiled kernels: the fused update + scan of a block (``scan``), the cache-blocked
 transforms (``transform``, running the plans of the pure ``transform_plan``), the
 helper threads they share in core (``threadpool``) and the compiling of the scan
-kernels in a second process during a fit's first transforms (``ahead``)."""
-from . import ahead, scan, threadpool, transform, transform_plan  # noqa: F401
+kernels in a second process during a fit's first transforms (``ahead``).  numba's cache
+of these kernels is keyed on all their sources (``cache_key``), before any is compiled."""
+from . import cache_key
+
+cache_key.install()
+
+from . import ahead, scan, threadpool, transform, transform_plan  # noqa: E402,F401
 from .scan import *  # noqa: F401,F403
 from .scan import __all__ as _scan_all
 
