@@ -460,6 +460,24 @@ def _run_hits(xr, dr, rar, best, m):
     return hit
 
 
+@njit(inline="always", error_model="numpy")
+def _lead_update(x, m, hi, lo, hbu, ca, sb, run):
+    """``x[j] = x[j] ca + sb x[j ^ mask]`` on leading run ``m`` and its partner run (the layout of
+    :func:`_xor_layout`: leader ``m`` is run ``m`` with a 0 bit inserted at ``hbu``); returns
+    the two runs' first cells ``(a, b)`` (``b == a``: the partners lie within the run)."""
+    u = (((m & ~(hbu - 1)) << 1) | (m & (hbu - 1))) if hbu else m
+    a = u * run
+    b = a ^ hi
+    xa = x[a:a + run]
+    if b == a:  # partners within the run
+        _run_self_xor(xa, lo, ca, sb, run)
+    elif lo == 0:  # partners cell by cell: one loop over both runs
+        _run_pair(xa, x[b:b + run], ca, sb, run)
+    else:
+        _run_pair_xor(xa, x[b:b + run], lo, ca, sb, run)
+    return a, b
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, members, member, theta, r, rmem):
     """``x[j] = x[j] ca + sb x[j ^ mask]`` on the leading runs ``m0 .. m1-1`` and their partner
@@ -479,17 +497,9 @@ def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, members, member, theta
     si = np.int64(-1)
     sm = np.int64(0)
     for m in range(m0, m1):
-        u = (((m & ~(hbu - 1)) << 1) | (m & (hbu - 1))) if hbu else m
-        a = u * run
-        b = a ^ hi
+        a, b = _lead_update(x, m, hi, lo, hbu, ca, sb, run)
         xa = x[a:a + run]
         xb = x[b:b + run]
-        if b == a:  # partners within the run
-            _run_self_xor(xa, lo, ca, sb, run)
-        elif lo == 0:  # partners cell by cell: one loop over both runs
-            _run_pair(xa, xb, ca, sb, run)
-        else:
-            _run_pair_xor(xa, xb, lo, ca, sb, run)
         # then the bound test of both runs (their cells in cache), each against the same best
         hit = _run_hits(xa, d[a:a + run], ra[a:a + run], best, run)
         if b != a:
@@ -499,7 +509,7 @@ def _xor_runs(x, d, ra, hi, lo, hbu, ca, sb, run, m0, m1, members, member, theta
             if b != a:
                 best, bi = _replay(x, d, ra, b, run, best, bi)
         if members:
-            if rmem[u]:
+            if rmem[a // run]:
                 bs, si, sm = _run_members(x, d, ra, member, theta, r, a, run, bs, si, sm)
             if b != a and rmem[b // run]:
                 bs, si, sm = _run_members(x, d, ra, member, theta, r, b, run, bs, si, sm)
@@ -529,16 +539,7 @@ def _xor_update(x, mask, ca, sb):
     run = min(x.shape[0], RUN)
     hi, lo, hbu, nlead = _xor_layout(x.shape[0], mask, run)
     for m in range(nlead):
-        u = (((m & ~(hbu - 1)) << 1) | (m & (hbu - 1))) if hbu else m
-        a = u * run
-        b = a ^ hi
-        xa = x[a:a + run]
-        if b == a:
-            _run_self_xor(xa, lo, ca, sb, run)
-        elif lo == 0:
-            _run_pair(xa, x[b:b + run], ca, sb, run)
-        else:
-            _run_pair_xor(xa, x[b:b + run], lo, ca, sb, run)
+        _lead_update(x, m, hi, lo, hbu, ca, sb, run)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
