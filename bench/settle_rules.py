@@ -37,6 +37,15 @@ DEFAULTS = {name: getattr(C, name) for name in dir(C) if name.isupper()}
 OFF = {"BATCH_SETTLE_GAIN": None, "FIRST_ROUND_MAX_STEP": None}
 
 
+def apply(setting: str) -> None:
+    """Set the module constants of ``setting`` (``on``, ``off`` or ``NAME=VALUE[,NAME=VALUE]``)."""
+    values = DEFAULTS if setting == "on" else OFF if setting == "off" else \
+        {k: eval(v) for k, v in (kv.split("=") for kv in setting.split(","))}
+    for name, v in values.items():
+        if hasattr(C, name):
+            setattr(C, name, v)
+
+
 def _traced():
     """Wrap ``refine`` and ``_solve`` to record each phase's purpose, rounds, trials and decrements."""
     log = []
@@ -83,11 +92,7 @@ def _counted():
 
 def run(case, seed, setting, detail):
     Xtr, Xte, cards = case_data(case, seed) if seed else case_data(case)
-    values = DEFAULTS if setting == "on" else OFF if setting == "off" else \
-        {k: eval(v) for k, v in (kv.split("=") for kv in setting.split(","))}
-    for name, v in values.items():
-        if hasattr(C, name):
-            setattr(C, name, v)
+    apply(setting)
     log = _traced()
     counts, undo = _counted()
     t = time.perf_counter()

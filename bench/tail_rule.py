@@ -33,10 +33,10 @@ for p in (ROOT, HERE):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+import settle_rules  # noqa: E402
+
 import fsll_ooc.learn.corrective as C  # noqa: E402
 from fsll_ooc.learn import greedy as G  # noqa: E402
-
-DEFAULTS = {name: getattr(C, name) for name in dir(C) if name.isupper()}
 
 
 def _setting(setting: str) -> str:
@@ -45,9 +45,7 @@ def _setting(setting: str) -> str:
 
 
 def _apply(setting: str) -> None:
-    for kv in _setting(setting).split(","):
-        k, v = kv.split("=")
-        setattr(C, k, eval(v))
+    settle_rules.apply(_setting(setting))
 
 
 def _joints():
@@ -75,8 +73,6 @@ def _joints():
 
 
 def in_core(case, seed, setting):
-    import settle_rules
-
     counts, undo = _joints()
     refine, solve = C.refine, C._solve
     try:
@@ -89,7 +85,6 @@ def in_core(case, seed, setting):
 
 
 def scale_child(case, setting, directory, cap):
-    import settle_rules
     import scale
 
     _apply(setting)
@@ -149,7 +144,7 @@ def main(argv=None):
         for seed in (args.seeds if case == "survey" else [0]):
             for setting in args.settings:
                 in_core(case, seed, setting)
-                for name, v in DEFAULTS.items():
+                for name, v in settle_rules.DEFAULTS.items():
                     setattr(C, name, v)
     for case in args.scale:
         for setting in args.settings:
