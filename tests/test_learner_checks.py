@@ -101,3 +101,21 @@ def test_a_drifted_table_is_caught_after_the_next_batch_pass():
 
     with pytest.raises(IntegrityError, match="after a batch pass"):
         learn(eng, state, LearnOptions(epsilon=1e-5, batch=batch.BatchOptions(max_cells=20)), callback=drift)
+
+
+def test_common_cells_is_intersect1d():
+    """checks.common_cells (a batch's sub-table against the cells a corrective phase read) gives
+    np.intersect1d's three arrays, with and without repeated cells in the second, and falls back
+    to it when the first is not ascending."""
+    rng = np.random.default_rng(3)
+    for t in range(400):
+        cells = np.unique(rng.integers(0, 80, int(rng.integers(0, 50)))).astype(np.int64)
+        if t % 5 == 0:
+            cells = rng.permutation(cells)
+        other = rng.integers(0, 90, int(rng.integers(0, 40))).astype(np.int64)
+        for distinct in (False, True):
+            o = rng.permutation(np.unique(other)) if distinct else other
+            want = np.intersect1d(cells, o, assume_unique=distinct, return_indices=True)
+            got = checks.common_cells(cells, o, distinct=distinct)
+            for a, b in zip(want, got):
+                assert a.dtype == b.dtype and np.array_equal(a, b)

@@ -209,6 +209,10 @@ def test_merge_steps_replays_the_sub_table():
         total += math.log(den)
     assert dlogz == total
     np.testing.assert_allclose(replay.reshape(-1), sub, atol=1e-12)
+    # without the replay: the same terms and steps, no duals
+    bare, none = batch.merge_steps(cards, V, tb, steps, duals=False)
+    assert none is None and [(dg, dl) for dg, dl, _ in bare] == [(dg, dl) for dg, dl, _ in factors]
+    assert all(t is None for _, _, t in bare)
 
 
 @pytest.mark.parametrize("where", ["target", "dual-and-target"])

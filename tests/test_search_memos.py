@@ -156,3 +156,31 @@ def test_one_memo_of_add_prices():
     want = [counts.get(a, 0) for a in families]
     assert prices[2] == [fresh.add(a, c) for a, c in zip(families, want)]
     assert all((a, c) in memo for a, c in zip(families, want))
+
+
+def test_penalty_tally_is_the_total_from_scratch_after_every_change():
+    """PenaltyTally (a batch's code length, updated term by term) is ``total_penalty_of`` of the
+    support after every append and removal, bit for bit, under either code: families joining,
+    growing, losing their first member (its place in the sum moves) and coming back."""
+    from fsll_ooc.learn.state import FitState, PenaltyTally
+
+    cards = (3, 4, 2, 3, 2)
+    size = int(np.prod(cards))
+    rng = np.random.default_rng(7)
+    for code in ("paper", "family"):
+        for scale in (1.0, 0.5):
+            st = FitState(cards, 900, 2.0, penalty_code=code, penalty_scale=scale)
+            ys = [int(y) for y in rng.choice(np.arange(1, size), 6, replace=False)]
+            tally = PenaltyTally(st, ys)
+            assert tally.total == st.total_penalty_of(ys)
+            for _ in range(300):
+                if ys and rng.random() < 0.35:
+                    ys.pop(int(rng.integers(len(ys))))
+                    tally.reset(ys)
+                else:
+                    y = int(rng.integers(1, size))
+                    if y in ys:
+                        continue
+                    ys.append(y)
+                    tally.append(y)
+                assert tally.total == st.total_penalty_of(ys)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
@@ -38,6 +37,7 @@ import numpy as np
 
 from .. import basis, cost as C
 from ..kernels import ahead as _ahead, search as _kernels_search, threadpool as _threadpool
+from .state import PenaltyTally
 
 __all__ = ["BatchOptions", "AUTO_MIN_CELLS", "resolve_batch", "marginal_multiplier", "MULTIPLIER_MIN_FACTORS", "marginal_cells", "auto_max_cells", "choose_variables", "support_gains", "SubStep", "search_marginal", "step_costs", "merge_steps", "changed_variables", "sub_table"]
 
@@ -254,12 +254,11 @@ def marginal_penalties(cards: Sequence[int], V: Sequence[int], weights) -> np.nd
     ``weights = (r0, w)`` of :func:`fsll_ooc.cost.penalty_weights`, summed in the order of
     :func:`fsll_ooc.cost.penalty` (the same numbers)."""
     r0, w = weights
-    acc = np.zeros(tuple(cards[v] for v in V))
-    for ax, v in enumerate(V):
-        sh = [1] * len(V)
-        sh[ax] = cards[v]
-        acc = acc + (w[v] * (np.arange(cards[v]) != 0)).reshape(sh)
-    return r0 + acc
+    acc = np.zeros(())
+    for v in V:  # one axis more each time (each cell's sum in the same order): one whole-array pass at the end
+        acc = np.add.outer(acc, w[v] * (np.arange(cards[v]) != 0))
+    acc += r0  # (r0 + acc, in place)
+    return acc
 
 
 def _family_tables(cards, V, code, member: np.ndarray):
@@ -383,36 +382,36 @@ def step_costs(state, support: Sequence[tuple[int, float, float]], steps: Sequen
     bits on every Python), without the state's dictionaries.
 
     ``support``: ``(flat, theta, dbar)`` of the support before the steps, in its order;
-    ``log_z``: ``log Z`` before them.  The code length is summed again only after an append
-    or a removal (:meth:`~fsll_ooc.learn.state.FitState.total_penalty_of`)."""
+    ``log_z``: ``log Z`` before them.  Each step changes one product of the sum (an adjust
+    in place, an append at the end, a removal out of it) and the list of products is summed
+    again; the code length changes only with an append or a removal
+    (:class:`~fsll_ooc.learn.state.PenaltyTally`: the parts of
+    :meth:`~fsll_ooc.learn.state.FitState.total_penalty_of`, summed again)."""
     ys = [y for y, _, _ in support]
-    th = [t for _, t, _ in support]
-    db = [d for _, _, d in support]
+    prods = [t * d for _, t, d in support]
     at = {y: i for i, y in enumerate(ys)}
-    neg_h, pen, out = -state.entropy_q, None, []
+    tally = PenaltyTally(state, ys)
+    neg_h, out = -state.entropy_q, []
     for s in steps:
         if s.move == "append":
             at[s.flat] = len(ys)
             ys.append(s.flat)
-            th.append(s.new)
-            db.append(s.d)
-            pen = None
+            prods.append(s.new * s.d)
+            tally.append(s.flat)
         elif s.move == "adjust":
-            i = at[s.flat]
-            th[i], db[i] = s.new, s.d
+            prods[at[s.flat]] = s.new * s.d
         else:
             i = at[s.flat]
-            del ys[i], th[i], db[i]
+            del ys[i], prods[i]
             at = {y: j for j, y in enumerate(ys)}
-            pen = None
-        if pen is None:
-            pen = state.total_penalty_of(ys)
+            tally.reset(ys)
         log_z += s.log_den
-        out.append(neg_h + log_z - sum(map(operator.mul, th, db)) + pen)
+        out.append(neg_h + log_z - sum(prods) + tally.total)
     return out
 
 
-def merge_steps(cards: Sequence[int], V: Sequence[int], tb0: np.ndarray, steps: Sequence[SubStep]):
+def merge_steps(cards: Sequence[int], V: Sequence[int], tb0: np.ndarray, steps: Sequence[SubStep],
+                duals: bool = True):
     """The factors that bring the big dual table up to date after ``steps``.
 
     Steps on the same term merge (``(cosh a + sinh a Phi)(cosh b + sinh b Phi) = cosh(a+b) +
@@ -420,7 +419,9 @@ def merge_steps(cards: Sequence[int], V: Sequence[int], tb0: np.ndarray, steps: 
     occurrence.  Each factor's normaliser needs ``thetabar_y`` just before it, which the
     sub-table replayed from ``tb0`` (the gathered duals before the search) gives exactly.
     Returns ``[(digits, delta, t), ...]`` (full-length digit tuples) and the summed ``ln``
-    of the normalisers (the change of ``log Z``).
+    of the normalisers (the change of ``log Z``).  ``duals=False``: the factors without
+    replaying them (``t`` and the change of ``log Z`` None), for a caller that needs only
+    their terms and steps (a batch whose table is re-derived, or updated by one multiplier).
     """
     V = tuple(V)
     shape = tuple(cards[v] for v in V)
@@ -431,17 +432,21 @@ def merge_steps(cards: Sequence[int], V: Sequence[int], tb0: np.ndarray, steps: 
     ys = [y for y, delta in total.items() if delta != 0.0]
     deltas = np.array([total[y] for y in ys], np.float64)
     cells = np.searchsorted(flats, np.array(ys, np.int64))
-    sub = np.array(tb0, np.float64).reshape(-1)
-    ts = np.empty(len(ys))
-    dlogz = _kernels_search.replay_sub(sub, np.array(shape, np.int64),
-                                       np.array([basis.is_walsh(k) for k in shape], bool), cells, deltas, ts)
+    ts, dlogz = [None] * len(ys), None
+    if duals:
+        sub = np.array(tb0, np.float64).reshape(-1)
+        ts = np.empty(len(ys))
+        dlogz = float(_kernels_search.replay_sub(sub, np.array(shape, np.int64),
+                                                 np.array([basis.is_walsh(k) for k in shape], bool), cells, deltas,
+                                                 ts))
+        ts = ts.tolist()
     out = []
-    for i, delta, t in zip(cells.tolist(), deltas.tolist(), ts.tolist()):
+    for i, delta, t in zip(cells.tolist(), deltas.tolist(), ts):
         digits = [0] * len(cards)
         for v, x in zip(V, np.unravel_index(i, shape)):
             digits[v] = int(x)
         out.append((tuple(digits), delta, t))
-    return out, float(dlogz)
+    return out, dlogz
 
 
 def changed_variables(factors: Sequence[tuple]) -> tuple[int, ...]:

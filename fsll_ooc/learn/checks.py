@@ -24,7 +24,7 @@ from ..engine import Table
 from ..storage import IntegrityError
 
 __all__ = ["DUAL_SLACK", "SYNC_TOL", "PROBE_CELLS", "store_of", "check_range", "check_scan", "check_agree", "check_support",
-           "predict_step"]
+           "common_cells", "predict_step"]
 
 #: How far beyond ``[-1, 1]`` a dual may lie before the learner stops: the round-off of
 #: a value computed by a few products and one division (``~1e-16``), with a wide margin.
@@ -93,8 +93,30 @@ def check_support(engine, res, cells, incremental, n_iter: int, what: str) -> No
     cells = np.asarray(cells, np.int64)
     inc = np.asarray(incremental, np.float64).reshape(-1)
     sp = np.asarray(res.supp_pos, np.int64)
-    common, i_cells, i_supp = np.intersect1d(cells, sp, assume_unique=True, return_indices=True)
+    common, i_cells, i_supp = common_cells(cells, sp, distinct=True)
     check_agree(engine, common, inc[i_cells], np.asarray(res.supp_t)[i_supp], n_iter, what)
+
+
+def common_cells(cells, other, distinct: bool = False):
+    """``np.intersect1d(cells, other, return_indices=True)`` (``assume_unique=distinct``): the
+    cells in both, ascending, their places in ``cells`` and in ``other`` (its first occurrence of
+    each).  For ``cells`` ascending and distinct (a batch's sub-table: a million cells against a
+    few thousand of ``other``), by a binary search of ``other`` in ``cells`` instead of sorting
+    both together; otherwise by ``np.intersect1d`` itself."""
+    cells = np.asarray(cells, np.int64).reshape(-1)
+    other = np.asarray(other, np.int64).reshape(-1)
+    if not cells.size or not other.size or not bool(np.all(cells[1:] > cells[:-1])):
+        return np.intersect1d(cells, other, assume_unique=distinct, return_indices=True)
+    pos = np.minimum(np.searchsorted(cells, other), cells.size - 1)
+    j = np.flatnonzero(cells[pos] == other)
+    p = pos[j]
+    order = np.argsort(p, kind="stable")  # by cell; equal cells keep their order in ``other``
+    p, j = p[order], j[order]
+    if not distinct and p.size:  # the first occurrence of each
+        first = np.ones(p.size, bool)
+        first[1:] = p[1:] != p[:-1]
+        p, j = p[first], j[first]
+    return cells[p], p, j
 
 
 def predict_step(cards, engine, cells: np.ndarray, step) -> np.ndarray:

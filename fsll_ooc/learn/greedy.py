@@ -549,7 +549,8 @@ class Search:
         if not steps:
             self.n_batches -= 1
             return None
-        factors, _ = B.merge_steps(st.cards, V, tb0, steps)
+        # the merged factors; the duals before each (a replay of the sub-table) only where a pass applies them one by one
+        factors, _ = B.merge_steps(st.cards, V, tb0, steps, duals=False)
         # the variables of the terms that changed: a batch over variables on both sides of the
         # layout's cut whose changes keep to one side is still one pass
         U = B.changed_variables(factors)
@@ -576,13 +577,14 @@ class Search:
             m = B.marginal_multiplier(st.cards, U, B.sub_table(st.cards, V, tb0, U), factors)
             res = e.update_scan_batch([], self.support(), opts.top, multiplier=(U, m))
         else:
+            factors, _ = B.merge_steps(st.cards, V, tb0, steps)
             res = e.update_scan_batch([Step(dg, dl, t) for dg, dl, t in factors], self.support(), opts.top)
         # the table after its pass (or re-derivation) against the sub-table's incremental duals;
         # after a corrective phase, the exact duals of its first sweep (the parameters of the batch)
         if sub is not None:
             checks.check_support(e, res, cells, sub, st.n_iter, "after a batch pass")
         elif rr.swept is not None:
-            common, i_cells, i_swept = np.intersect1d(cells, rr.swept[0], return_indices=True)
+            common, i_cells, i_swept = checks.common_cells(cells, rr.swept[0])
             checks.check_agree(e, common, np.asarray(sub_inc).reshape(-1)[i_cells], rr.swept[1][i_swept],
                                st.n_iter, "after a batch's steps")
         st.history[-1]["passes"] = e.passes

@@ -222,17 +222,32 @@ class FitState:
         support's order) instead of this state's: the same sums in the same order."""
         if self.penalty_code == "paper":
             return sum(self.penalties(ys))
-        code = self.term_code()
-        lengths = self._code_memo(code)
         ys = tuple(ys)
         counts = self._support_counts(ys) if ys == tuple(self.theta) else self._count_families(ys)
-        out = []
+        return sum(self._family_lengths(counts).values())
+
+    def _family_lengths(self, counts: dict) -> dict:
+        """The code length of each family of ``counts`` (family -> members), in its order."""
+        code = self.term_code()
+        lengths = self._code_memo(code)
+        out = {}
         for key in counts.items():
             v = lengths.get(key)
             if v is None:
                 v = lengths[key] = code.total(*key)
-            out.append(v)
-        return sum(out)
+            out[key[0]] = v
+        return out
+
+    def family_length(self, family: tuple, members: int) -> float:
+        """The code length of ``family`` with ``members`` members (memoised as
+        :meth:`total_penalty_of` sums it)."""
+        code = self.term_code()
+        lengths = self._code_memo(code)
+        key = (family, members)
+        v = lengths.get(key)
+        if v is None:
+            v = lengths[key] = code.total(*key)
+        return v
 
     def cost(self) -> float:
         """``KL(q || p_theta)`` plus the support's code length (:meth:`total_penalty`; the paper's
@@ -261,3 +276,40 @@ class FitState:
                    C.resolve_penalty(obj.get("penalty_code", "paper"), None),
                    C.checked_penalty_scale(obj.get("penalty_scale", 1.0)),
                    C.checked_further_price(obj.get("further_price", "full")))
+
+
+class PenaltyTally:
+    """:meth:`FitState.total_penalty_of` of a support that changes one term at a time (a batch's
+    steps, :func:`fsll_ooc.learn.batch.step_costs`), the same bits without counting the
+    support again after each append: the parts the full sum adds keep their order (a new
+    term's price joins the end; under the family code its family's count goes up where the
+    family stands, or the family joins the end), and :attr:`total` is the same ``sum`` of them.
+    A removal can move a family's first member, so :meth:`reset` counts the support afresh."""
+
+    def __init__(self, state: FitState, ys):
+        self.state = state
+        self.paper = state.penalty_code == "paper"
+        self.reset(ys)
+
+    def reset(self, ys) -> None:
+        """Start over from the support ``ys`` (flat indices in the support's order)."""
+        st = self.state
+        if self.paper:
+            self.parts = st.penalties(list(ys))
+            self.total = sum(self.parts)
+        else:
+            self.counts = st._count_families(ys)
+            self.parts = st._family_lengths(self.counts)
+            self.total = sum(self.parts.values())
+
+    def append(self, y: int) -> None:
+        """Term ``y`` (not in the support) joins its end."""
+        st = self.state
+        if self.paper:
+            self.parts.append(st.penalty(y))
+            self.total = sum(self.parts)
+        else:
+            a = st.family(y)
+            m = self.counts[a] = self.counts.get(a, 0) + 1
+            self.parts[a] = st.family_length(a, m)
+            self.total = sum(self.parts.values())
