@@ -833,6 +833,143 @@ reaches the low costs. "final + joint" sometimes ends at a slightly lower cost (
 }
 
 
+# --------------------------------------------------------------------------- the average's time
+def average_time(cases, rounds: int = 2, jobs=(None, 2, 1)):
+    """``FSLLAverage()`` (``n_members="auto"``) against one ``FSLL()`` fit on the same rows,
+    interleaved in this process (per round: the fit, then the average at each ``n_jobs`` of
+    ``jobs``): wall-clock and CPU seconds (this process and the worker processes it waited
+    for) and the average's ratio to the fit of the same round.  ``cases``: ``FAMILY:N:SEED``
+    of :func:`synthetic` (``BN-mix:10000:0``).  Run it on a quiet machine for the wall-clock
+    ratio at ``n_jobs=None`` (which fits members in worker processes only on idle cores)."""
+    from fsll_ooc import FSLLAverage
+
+    def timed(make, X):
+        c0, t0 = os.times(), time.perf_counter()
+        m = make().fit(X)
+        wall, c1 = time.perf_counter() - t0, os.times()
+        cpu = (c1.user - c0.user) + (c1.system - c0.system) + (c1.children_user - c0.children_user) \
+            + (c1.children_system - c0.children_system)
+        return m, wall, cpu
+
+    warm_up()
+    lines = [f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {machine_line()}, "
+             f"load {os.getloadavg()[0]:.2f} at the start",
+             "| data | round | fit | K | wall s | CPU s | wall / FSLL() | CPU / FSLL() | load |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for case in cases:
+        name, n, seed = case.split(":")
+        X, p = synthetic(name, int(n), int(seed))
+        for r in range(rounds):
+            _, w1, c1 = timed(lambda: FSLL(cardinalities=p.shape, progress=False), X)
+            lines.append(f"| {case} | {r} | `FSLL()` | 1 | {w1:.2f} | {c1:.2f} | 1.00x | 1.00x | "
+                         f"{os.getloadavg()[0]:.2f} |")
+            print(lines[-1], flush=True)
+            for j in jobs:
+                avg, w, c = timed(lambda: FSLLAverage(cardinalities=p.shape, progress=False, n_jobs=j), X)
+                lines.append(f"| {case} | {r} | `FSLLAverage(n_jobs={j})` | {avg.n_members_} | {w:.2f} | {c:.2f} | "
+                             f"{w / w1:.2f}x | {c / c1:.2f}x | {os.getloadavg()[0]:.2f} |")
+                print(lines[-1], flush=True)
+    return lines
+
+
+#: Members of :func:`average_members`: ``own`` (``FSLLAverage``'s: each a default fit with
+#: its own held-out scale choice) and members fitted under one choice made on all rows as
+#: ``FSLL()`` makes it: ``fixed`` (at the chosen scale and price, from the uniform model),
+#: ``warm`` (from the chosen held-out model, continued on the member's rows), ``warm1``
+#: (from that choice's model under scale 1, continued under scale 1 and then the chosen
+#: scale on the member's rows) and ``path`` (no held-out rows: scale 1 from the uniform model,
+#: continued under the chosen scale).
+AVERAGE_MEMBERS = ("own", "fixed", "warm", "warm1", "path")
+
+
+def average_members(cases, kinds=AVERAGE_MEMBERS, raw=None):
+    """KL(p*||p) of the mean of ``FSLLAverage``'s ``K`` (``n_members="auto"``) members, its
+    own subsamples (``random_state=0``), fitted one after the other as each of ``kinds``,
+    and the members' CPU seconds (this process) summed, against the ``FSLL()`` fit of the
+    same rows (fitted before and after the members; the shared choice is that fit's)."""
+    from fsll_ooc import fitting
+    from fsll_ooc.average import SUBSAMPLE, auto_members
+    from fsll_ooc.learn import select
+
+    def fit_from(Xs, cards, scale, start, price):
+        saved = fitting.choose_penalty_scale
+        fitting.choose_penalty_scale = lambda *a: select.ScaleChoice(scale, start=start, price=price)
+        try:
+            return FSLL(cardinalities=cards, progress=False).fit(Xs)
+        finally:
+            fitting.choose_penalty_scale = saved
+
+    def continued(sub, scale):
+        if scale == 1.0:
+            return sub
+        state, specs = sub._state, sub._engine.ctx.specs
+        state.set_penalty_scale(scale)
+        state.converged = False
+        engine = fitting.make_engine(sub, sub.plan_, specs, state.n_samples, penalty_scale=scale)
+        learn(engine, state, fitting.options(sub), fresh=False)
+        fitting.set_fitted(sub, state, plan=sub.plan_, engine=engine)
+        return sub
+
+    def cpu(fn):
+        c = time.process_time()
+        out = fn()
+        return out, time.process_time() - c
+
+    warm_up()
+    lines = ["| data | default KL | " + " | ".join(f"{k}: KL / CPU x" for k in kinds) + " | K | default CPU s |",
+             "|---|---|" + "---|" * len(kinds) + "---|---|"]
+    print("\n".join(lines), flush=True)
+    for case in cases:
+        name, n, seed = case.split(":")
+        X, p = synthetic(name, int(n), int(seed))
+        cards, N = p.shape, len(X)
+        kept = []
+        orig = select.choose_scale
+        select.choose_scale = lambda *a, **k: kept.append(orig(*a, **k)) or kept[-1]
+        try:
+            m0, c0 = cpu(lambda: FSLL(cardinalities=cards, progress=False).fit(X))
+        finally:
+            select.choose_scale = orig
+        s0, price, choice = float(m0.penalty_scale_), m0.further_price_, kept[-1]
+        start1 = None
+        if "warm1" in kinds:  # the choice's own model under scale 1 (its first sub-fit)
+            train, _ = select.holdout_split(N)
+            start1 = fitting.start_of(FSLL(cardinalities=cards, progress=False, penalty_scale=1.0,
+                                           further_price=price).fit(X[train])._state)
+        K = auto_members(N)
+        rng = np.random.default_rng(0)  # FSLLAverage(random_state=0)'s subsamples
+        subsets = [np.sort(rng.permutation(N)[: int(N * SUBSAMPLE)]) for _ in range(K)]
+        member = {
+            "own": lambda Xs: FSLL(cardinalities=cards, progress=False).fit(Xs),
+            "fixed": lambda Xs: FSLL(cardinalities=cards, progress=False, penalty_scale=s0, further_price=price).fit(Xs),
+            "warm": lambda Xs: fit_from(Xs, cards, s0, choice.start, price),
+            "warm1": lambda Xs: continued(fit_from(Xs, cards, 1.0, start1, price), s0),
+            "path": lambda Xs: continued(FSLL(cardinalities=cards, progress=False, penalty_scale=1.0,
+                                              further_price=price).fit(Xs), s0),
+        }
+        rec = {"case": case, "K": K, "scale": s0, "price": price, "default_cpu": c0,
+               "kl_default": float(datasets.kl_divergence(p, np.asarray(m0.probabilities()).reshape(cards)))}
+        for kind in kinds:
+            tables, secs = [], 0.0
+            for rows in subsets:
+                m, c = cpu(lambda: member[kind](X[rows]))
+                tables.append(np.asarray(m.probabilities()).reshape(cards))
+                secs += c
+            rec[kind] = {"kl": float(datasets.kl_divergence(p, np.mean(tables, axis=0))), "cpu": secs}
+        _, rec["default_cpu_after"] = cpu(lambda: FSLL(cardinalities=cards, progress=False).fit(X))
+        rec["load"] = os.getloadavg()[0]
+        fit_cpu = (rec["default_cpu"] + rec["default_cpu_after"]) / 2
+        lines.append(f"| {case} | {rec['kl_default']:.4f} | "
+                     + " | ".join(f"{rec[k]['kl']:.4f} / {rec[k]['cpu'] / fit_cpu:.1f}x" for k in kinds)
+                     + f" | {K} | {fit_cpu:.2f} |")
+        print(lines[-1], flush=True)
+        if raw:
+            with open(raw, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(rec) + "\n")
+    return lines
+
+
 # --------------------------------------------------------------------------- main
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -872,7 +1009,21 @@ def main(argv=None):
                          f"held-out choice on all five folds below {FOLDS_BELOW} rows), or 'network' (start='network'; "
                          "'network-PRICE' with that further_price), or 'average-network' (FSLLAverage(start="
                          "'network'), its members one after the other); the last one's choices are shown")
+    ap.add_argument("--average-time", nargs="*", metavar="FAMILY:N:SEED", default=None,
+                    help="only time FSLLAverage() against one FSLL() fit, interleaved, on these synthetic rows "
+                         "(default BN-mix:10000:0 BN-mix:1000:0 Potts-mix:10000:0); --repeats rounds; on a quiet "
+                         "machine for the wall-clock ratio at n_jobs=None")
+    ap.add_argument("--average-members", nargs="*", metavar="FAMILY:N:SEED", default=None,
+                    help="only KL and CPU seconds of FSLLAverage's members fitted under their own scale choices "
+                         "against members under one shared choice (--member-kinds), on these synthetic rows")
+    ap.add_argument("--member-kinds", nargs="+", default=list(AVERAGE_MEMBERS), choices=AVERAGE_MEMBERS)
     args = ap.parse_args(argv)
+    if args.average_members is not None:
+        average_members(args.average_members or ["BN-mix:1000:0", "BN-mix:10000:0"], args.member_kinds, args.raw)
+        return None
+    if args.average_time is not None:
+        average_time(args.average_time or ["BN-mix:10000:0", "BN-mix:1000:0", "Potts-mix:10000:0"], args.repeats)
+        return None
     if args.peers_only:
         if args.further_price:
             lines, raw = study_further_price(args.seeds, args.nets, args.sizes, tuple(args.synthetic_sizes),

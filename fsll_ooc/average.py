@@ -10,7 +10,10 @@ each ``p_k`` an ordinary FSLL fit (the same parameters, its own penalty-scale ch
 its own random four fifths of the rows, drawn without replacement.  Subsamples without
 replacement, not bootstrap resamples: a resample repeats rows, and the MDL cost reads a
 repeated row as evidence of structure, so each member overfits (``docs/design.md``,
-"Averaging fits on subsamples", and ``docs/benchmarks_quality.md``, "Averaging").
+"Averaging fits on subsamples", and ``docs/benchmarks_quality.md``, "Averaging").  Each
+member makes its own penalty-scale choice on its own rows: members sharing one choice made
+on all rows, fitted at that scale from the uniform model or from the chosen model, gave a
+worse mixture (``docs/benchmarks_quality.md``, "One scale choice for every member").
 
 Every question about the distribution is answered by the mixture: ``log_prob`` (the log
 of the members' mean probability, by log-sum-exp), ``probabilities`` (the mean of the
