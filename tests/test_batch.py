@@ -826,3 +826,27 @@ def test_tail_rule_starts_joint_selections_and_ends_at_an_axis_minimum(monkeypat
         runs[f] = (sum(fired), [h["move"] for h in state.history])
     assert runs[None][0] == 0 and runs[0.0][0] > 0
     assert runs[0.0][1] != runs[None][1] and "joint-append" in runs[0.0][1]
+
+
+@pytest.mark.parametrize("backend, layout", [("numpy", None), ("memmap", (1, 2))])
+def test_gather_marginal_is_the_gather_of_the_marginal_cells(tmp_path, backend, layout):
+    """batch.gather_marginal (a batch's sub-table: in core a copy of the table's slice) reads what a
+    gather of marginal_cells reads, for both tables, in core and out of core, as a fresh array."""
+    from fsll_ooc import storage
+    from fsll_ooc.engine import Engine, Table
+    from fsll_ooc.planner import Layout
+
+    cards = (2, 3, 4, 5)
+    L = Layout(cards, *(layout or (0, len(cards))))
+    path = None if backend == "numpy" else str(tmp_path)
+    specs = [storage.create_table(backend, path, nm, cards, L.chunk_shape) for nm in ("dbar", "thetabar", "scratch")]
+    rng = np.random.default_rng(2)
+    eng = Engine.create(L, specs, 400, "serial", sample_flat=rng.integers(0, math.prod(cards), 400))
+    assert (eng.table_array(Table.DBAR) is None) == (backend != "numpy")
+    for V in [(0,), (1, 3), (0, 2, 3), (0, 1, 2, 3)]:
+        for table in (Table.THETABAR, Table.DBAR):
+            want = eng.gather(batch.marginal_cells(cards, V).reshape(-1), table)
+            got = batch.gather_marginal(eng, cards, V, table)
+            assert got.dtype == np.float64 and got.flags.c_contiguous and got.tolist() == want.tolist()
+            got[:] = 2.0
+            assert eng.gather(batch.marginal_cells(cards, V).reshape(-1), table).tolist() == want.tolist()

@@ -506,6 +506,19 @@ class Engine:
         return res.total, values
 
     # -- fully corrective step (fsll_ooc.learn.corrective): gathers and a top-k candidate pass ------
+    def table_array(self, table: Table = THETABAR) -> np.ndarray | None:
+        """``table`` as one flat C-order float64 array of this process (an in-core fit of one
+        band, where a gather is an index into it), else None."""
+        if self.out_of_core or self.layout.a != 0:
+            return None
+        spec = self.ctx.spec(table)
+        if spec.backend_impl.name != "numpy":
+            return None
+        arr = storage.as_array(spec)
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.float64 or not arr.flags.c_contiguous:
+            return None
+        return arr.reshape(-1)
+
     def gather(self, flat: np.ndarray, table: Table = THETABAR) -> np.ndarray:
         """Values of ``table`` (default ``thetabar``) at global flat indices ``flat``.
 

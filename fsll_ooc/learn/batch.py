@@ -36,6 +36,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .. import basis, cost as C
+from ..engine import Table
 from ..kernels import ahead as _ahead, search as _kernels_search, threadpool as _threadpool
 from .state import PenaltyTally
 
@@ -178,10 +179,24 @@ def marginal_cells(cards: Sequence[int], V: Sequence[int]) -> np.ndarray:
 def _marginal_cells(cards: tuple, V: tuple) -> np.ndarray:
     strides = _strides(cards)
     out = np.zeros((), dtype=np.int64)
-    for v in V:  # one axis more each time: the whole array is written once at the end
-        out = np.add.outer(out, np.arange(cards[v], dtype=np.int64) * strides[v])
+    for v in reversed(V):  # one axis more in front each time: every inner loop runs over the whole array so far
+        out = np.add.outer(np.arange(cards[v], dtype=np.int64) * strides[v], out)
     out.setflags(write=False)
     return out
+
+
+def gather_marginal(engine, cards: Sequence[int], V: Sequence[int], table=None) -> np.ndarray:
+    """``engine.gather(marginal_cells(cards, V).reshape(-1), table)`` (default: the duals): the
+    values of the terms supported on ``V``, flattened; in core (one band in this process's
+    memory) as a copy of the table's slice on ``V`` (the other digits 0), which reads the
+    same cells without an index array."""
+    table = Table.THETABAR if table is None else table
+    arr = engine.table_array(table)
+    if arr is None or arr.size != math.prod(cards):
+        return engine.gather(marginal_cells(cards, V).reshape(-1), table)
+    on = set(int(v) for v in V)
+    engine.gathers += 1
+    return arr.reshape(tuple(cards))[tuple(slice(None) if i in on else 0 for i in range(len(cards)))].copy().reshape(-1)
 
 
 def _axes_of(cards: Sequence[int], flat: int) -> frozenset:
@@ -254,11 +269,15 @@ def marginal_penalties(cards: Sequence[int], V: Sequence[int], weights) -> np.nd
     ``weights = (r0, w)`` of :func:`fsll_ooc.cost.penalty_weights`, summed in the order of
     :func:`fsll_ooc.cost.penalty` (the same numbers)."""
     r0, w = weights
-    acc = np.zeros(())
-    for v in V:  # one axis more each time (each cell's sum in the same order): one whole-array pass at the end
-        acc = np.add.outer(acc, w[v] * (np.arange(cards[v]) != 0))
+    acc = np.zeros(1)
+    for v in V:  # one axis more each time, each cell's sum in the same order
+        part = w[v] * (np.arange(cards[v]) != 0)
+        grown = np.empty((acc.size, cards[v]))
+        for x in range(cards[v]):  # one digit of the new axis at a time (a loop over the whole array so far)
+            np.add(acc, part[x], out=grown[:, x])
+        acc = grown.reshape(-1)
     acc += r0  # (r0 + acc, in place)
-    return acc
+    return acc.reshape(tuple(cards[v] for v in V))
 
 
 def _family_tables(cards, V, code, member: np.ndarray):
@@ -363,16 +382,17 @@ def search_marginal(cards: Sequence[int], V: Sequence[int], tb: np.ndarray, db: 
         if shared[0].size:
             _kernels_search.shared_done(shared[0])
             shared[0][2] = max(shared[0][2], 1)  # the helpers leave (the search sets it too when it returns)
-    for s in range(steps):
-        i = int(out_i[s])
-        y = int(flats[i])
-        move = _MOVES[out_move[s]]
+    cells = out_i[:steps]  # the steps' outputs as Python numbers, all at once
+    for y, mv, old, new, t, d, delta, log_den in zip(flats[cells].tolist(), out_move[:steps].tolist(),
+                                                     out_old[:steps].tolist(), out_new[:steps].tolist(),
+                                                     out_t[:steps].tolist(), dflat[cells].tolist(),
+                                                     out_delta[:steps].tolist(), out_logden[:steps].tolist()):
+        move = _MOVES[mv]
         if move == "remove":
             del theta[y]
         else:
-            theta[y] = float(out_new[s])
-        yield SubStep(y, move, float(out_old[s]), float(out_new[s]), float(out_t[s]), float(dflat[i]),
-                      float(out_delta[s]), float(out_logden[s]))
+            theta[y] = new
+        yield SubStep(y, move, old, new, t, d, delta, log_den)
 
 
 def step_costs(state, support: Sequence[tuple[int, float, float]], steps: Sequence[SubStep],

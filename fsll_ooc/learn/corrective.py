@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import basis, storage
+from .. import basis
 from ..engine import Table
 from ..kernels import products as kernel_products
 from .cells import unique_inverse
@@ -203,15 +203,7 @@ def _cells_to_read(engine, flat: np.ndarray, size: int):
 def _table_array(engine) -> np.ndarray | None:
     """The dual table ``thetabar`` as one flat C-order float64 array of this process (an in-core
     fit of one band, where a gather is an index into it), else None."""
-    if engine.out_of_core or engine.layout.a != 0:
-        return None
-    spec = engine.ctx.spec(Table.THETABAR)
-    if spec.backend_impl.name != "numpy":
-        return None
-    arr = storage.as_array(spec)
-    if not isinstance(arr, np.ndarray) or arr.dtype != np.float64 or not arr.flags.c_contiguous:
-        return None
-    return arr.reshape(-1)
+    return engine.table_array(Table.THETABAR)
 
 
 def _pair_sums_at(cards, table: np.ndarray, dig_a: np.ndarray, dig_b: np.ndarray, ia: np.ndarray, ib: np.ndarray):

@@ -520,8 +520,8 @@ class Search:
         st, e, opts, o = self.state, self.engine, self.batch_options, self.options
         max_iter = o.max_iter
         cells = B.marginal_cells(st.cards, V).reshape(-1)
-        tb0 = e.gather(cells)
-        db = e.gather(cells, table=Table.DBAR)
+        tb0 = B.gather_marginal(e, st.cards, V)
+        db = B.gather_marginal(e, st.cards, V, Table.DBAR)
         checks.check_range(e, cells, tb0, st.n_iter, "dual")
         checks.check_range(e, cells, db, st.n_iter, "target")
         sub = tb0.copy()
