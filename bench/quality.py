@@ -840,8 +840,11 @@ def average_time(cases, rounds: int = 2, jobs=(None, 2, 1)):
     ``jobs``): wall-clock and CPU seconds (this process and the worker processes it waited
     for) and the average's ratio to the fit of the same round.  ``cases``: ``FAMILY:N:SEED``
     of :func:`synthetic` (``BN-mix:10000:0``).  Run it on a quiet machine for the wall-clock
-    ratio at ``n_jobs=None`` (which fits members in worker processes only on idle cores)."""
+    ratio at ``n_jobs=None`` (which fits members in worker processes only on idle cores; the
+    column ``idle cores`` is :func:`fsll_ooc.average.available_cores` just before each fit:
+    with 1 there, ``n_jobs=None`` fitted every member in this process)."""
     from fsll_ooc import FSLLAverage
+    from fsll_ooc.average import available_cores
 
     def timed(make, X):
         c0, t0 = os.times(), time.perf_counter()
@@ -854,20 +857,22 @@ def average_time(cases, rounds: int = 2, jobs=(None, 2, 1)):
     warm_up()
     lines = [f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {machine_line()}, "
              f"load {os.getloadavg()[0]:.2f} at the start",
-             "| data | round | fit | K | wall s | CPU s | wall / FSLL() | CPU / FSLL() | load |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| data | round | fit | K | idle cores | wall s | CPU s | wall / FSLL() | CPU / FSLL() | load |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     for case in cases:
         name, n, seed = case.split(":")
         X, p = synthetic(name, int(n), int(seed))
         for r in range(rounds):
+            idle = available_cores()
             _, w1, c1 = timed(lambda: FSLL(cardinalities=p.shape, progress=False), X)
-            lines.append(f"| {case} | {r} | `FSLL()` | 1 | {w1:.2f} | {c1:.2f} | 1.00x | 1.00x | "
+            lines.append(f"| {case} | {r} | `FSLL()` | 1 | {idle} | {w1:.2f} | {c1:.2f} | 1.00x | 1.00x | "
                          f"{os.getloadavg()[0]:.2f} |")
             print(lines[-1], flush=True)
             for j in jobs:
+                idle = available_cores()  # what n_jobs=None takes (the 1-minute load lags behind the workers)
                 avg, w, c = timed(lambda: FSLLAverage(cardinalities=p.shape, progress=False, n_jobs=j), X)
-                lines.append(f"| {case} | {r} | `FSLLAverage(n_jobs={j})` | {avg.n_members_} | {w:.2f} | {c:.2f} | "
+                lines.append(f"| {case} | {r} | `FSLLAverage(n_jobs={j})` | {avg.n_members_} | {idle} | {w:.2f} | {c:.2f} | "
                              f"{w / w1:.2f}x | {c / c1:.2f}x | {os.getloadavg()[0]:.2f} |")
                 print(lines[-1], flush=True)
     return lines
