@@ -107,11 +107,11 @@ def common_cells(cells, other, distinct: bool = False):
     other = np.asarray(other, np.int64).reshape(-1)
     if not cells.size or not other.size or not bool(np.all(cells[1:] > cells[:-1])):
         return np.intersect1d(cells, other, assume_unique=distinct, return_indices=True)
-    pos = np.minimum(np.searchsorted(cells, other), cells.size - 1)
-    j = np.flatnonzero(cells[pos] == other)
-    p = pos[j]
-    order = np.argsort(p, kind="stable")  # by cell; equal cells keep their order in ``other``
-    p, j = p[order], j[order]
+    order = np.argsort(other, kind="stable")  # by cell; equal cells keep their order in ``other``
+    ordered = other[order]
+    pos = np.minimum(np.searchsorted(cells, ordered), cells.size - 1)  # (ascending keys: a cheaper search)
+    hit = cells[pos] == ordered
+    p, j = pos[hit], order[hit]
     if not distinct and p.size:  # the first occurrence of each
         first = np.ones(p.size, bool)
         first[1:] = p[1:] != p[:-1]
