@@ -621,26 +621,46 @@ def closure_candidates(cards, support: np.ndarray, limit: int) -> np.ndarray:
     if len(support) == 0 or limit <= 0:
         return np.zeros(0, np.int64)
     strides = _strides(cards)
+    ks, ss = [int(k) for k in cards], strides.tolist()
     have = set(support.tolist()) | {0}  # y = 0 is the constant, never a parameter
     out, total = [], 0
     nonzero = _digits(cards, support) != 0
     # the first row of each variable set, in support order (a set seen before adds nothing)
-    first = np.sort(np.unique(nonzero, axis=0, return_index=True)[1])
-    for r in first.tolist():
-        axes = tuple(np.nonzero(nonzero[r])[0].tolist())
-        if math.prod(cards[i] for i in axes) > 4 * limit:
+    if nonzero.shape[1] <= 62:  # a set as a bit mask: one integer per row to tell the sets apart
+        masks = nonzero @ (np.int64(1) << np.arange(nonzero.shape[1], dtype=np.int64))
+        first = np.sort(np.unique(masks, return_index=True)[1])
+    else:
+        first = np.sort(np.unique(nonzero, axis=0, return_index=True)[1])
+    rows, cols = np.nonzero(nonzero[first])
+    ends = np.searchsorted(rows, np.arange(1, len(first) + 1)).tolist()
+    cols = cols.tolist()
+    for a, b in zip([0] + ends[:-1], ends):
+        axes = cols[a:b]
+        size = math.prod(ks[i] for i in axes)
+        if size > 4 * limit:
             continue
         # every digit combination on ``axes`` (the last axis fastest), as flat indices
-        flat = np.zeros(1, np.int64)
-        for i in axes:
-            flat = (flat[:, None] + np.arange(cards[i], dtype=np.int64) * strides[i]).reshape(-1)
-        flat = np.array([f for f in flat.tolist() if f not in have], dtype=np.int64)
-        have.update(flat.tolist())
-        out.append(flat)
+        if size <= _SMALL_SET:
+            flat = [0]
+            for i in axes:
+                flat = [f + x * ss[i] for f in flat for x in range(ks[i])]
+        else:
+            cells = np.zeros(1, np.int64)
+            for i in axes:
+                cells = (cells[:, None] + np.arange(ks[i], dtype=np.int64) * strides[i]).reshape(-1)
+            flat = cells.tolist()
+        flat = [f for f in flat if f not in have]
+        have.update(flat)
+        out.extend(flat)
         total += len(flat)
         if total >= limit:
             break
-    return np.concatenate(out)[:limit] if out else np.zeros(0, np.int64)
+    return np.array(out[:limit], dtype=np.int64)
+
+
+#: :func:`closure_candidates` lists the cells of a variable set of at most this many cells in
+#: Python (a set's few cells cost less than the arrays that would hold them).
+_SMALL_SET = 64
 
 
 class CandidateOrder:
