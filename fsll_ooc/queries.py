@@ -389,7 +389,7 @@ def term_contributions(history: Iterable[Mapping]) -> tuple[dict[tuple, float], 
             continue
         total += gain
         if y is not None:
-            y = tuple(int(v) for v in y)
+            y = tuple(map(int, y))
             if move == "remove":
                 contrib.pop(y, None)
             elif move == "append":
@@ -397,7 +397,7 @@ def term_contributions(history: Iterable[Mapping]) -> tuple[dict[tuple, float], 
             else:  # adjust, or any other move of one term
                 contrib[y] = contrib.get(y, 0.0) + gain
         elif h.get("added"):
-            added = [tuple(int(v) for v in a) for a in h["added"]]
+            added = [tuple(map(int, a)) for a in h["added"]]
             w = _joint_weights(h.get("added_gain"), len(added))
             for a, wa in zip(added, w):
                 contrib[a] = contrib.get(a, 0.0) + gain * wa
