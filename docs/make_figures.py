@@ -555,6 +555,7 @@ SCALE_SERIES = [   # as benchmarks.md section 4 names them
     ("paper rule, before", ["converged_22_24.log", "converged_26.log"]),
     ("paper rule", ["summary_paper_22_26.log"]),
     ("default rule", ["summary_default_22_28.log", "summary_bn30.log"]),
+    ("default rule, 2026-12-07", ["quiet_20_28_2026-12-07.log", "bn30_fresh_2026-12-07.log"]),
 ]
 
 
