@@ -843,6 +843,9 @@ def test_gather_marginal_is_the_gather_of_the_marginal_cells(tmp_path, backend, 
     rng = np.random.default_rng(2)
     eng = Engine.create(L, specs, 400, "serial", sample_flat=rng.integers(0, math.prod(cards), 400))
     assert (eng.table_array(Table.DBAR) is None) == (backend != "numpy")
+    for V in [(3, 1), (2, 0, 3), (1, 1)]:  # as marginal_cells: ascending and distinct, or refused
+        with pytest.raises(ValueError, match="sorted and distinct"):
+            batch.gather_marginal(eng, cards, V)
     for V in [(0,), (1, 3), (0, 2, 3), (0, 1, 2, 3)]:
         for table in (Table.THETABAR, Table.DBAR):
             want = eng.gather(batch.marginal_cells(cards, V).reshape(-1), table)

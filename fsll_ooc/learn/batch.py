@@ -189,10 +189,11 @@ def gather_marginal(engine, cards: Sequence[int], V: Sequence[int], table=None) 
     """``engine.gather(marginal_cells(cards, V).reshape(-1), table)`` (default: the duals): the
     values of the terms supported on ``V``, flattened; in core (one band in this process's
     memory) as a copy of the table's slice on ``V`` (the other digits 0), which reads the
-    same cells without an index array."""
+    same cells without an index array.  ``V`` ascending and distinct, as for
+    :func:`marginal_cells` (``ValueError`` otherwise)."""
     table = Table.THETABAR if table is None else table
     arr = engine.table_array(table)
-    if arr is None or arr.size != math.prod(cards):
+    if arr is None or arr.size != math.prod(cards) or any(a >= b for a, b in zip(V, V[1:])):
         return engine.gather(marginal_cells(cards, V).reshape(-1), table)
     on = set(int(v) for v in V)
     engine.gathers += 1
