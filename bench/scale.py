@@ -152,6 +152,15 @@ def enter_cgroup(cap: int) -> str:
     return "no memory cgroup hierarchy found; the cap is not enforced"
 
 
+def remove_cgroup(pid: int) -> None:
+    """Remove the memory cgroup :func:`enter_cgroup` made for the ended child ``pid`` (empty now)."""
+    for base in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")):
+        try:
+            (base / f"fsll_bench_{pid}").rmdir()
+        except OSError:
+            pass
+
+
 def rss_peak() -> int:
     """This process's own peak RSS in bytes: ``VmHWM``, because ``ru_maxrss`` survives
     fork/exec on Linux and would report a larger parent's size."""
@@ -453,11 +462,7 @@ def main(argv=None):
             cmd.append("--progress")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         stdout, _ = proc.communicate()
-        for base in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")):  # the child's cgroup, now empty
-            try:
-                (base / f"fsll_bench_{proc.pid}").rmdir()
-            except OSError:
-                pass
+        remove_cgroup(proc.pid)
         res = [json.loads(l[7:]) for l in stdout.splitlines() if l.startswith("RESULT ")]
         if proc.returncode != 0 or not res:
             print(f"case {case} failed with exit code {proc.returncode}")

@@ -96,16 +96,12 @@ def scale_child(case, setting, directory, cap):
 
 
 def out_of_core(case, setting, directory, cap):
-    from pathlib import Path
+    import scale
 
     cmd = [sys.executable, __file__, "--scale-child", case, "--settings", setting, "--dir", directory, "--cap", cap]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     text, _ = proc.communicate()
-    for base in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")):  # the child's cgroup, now empty
-        try:
-            (base / f"fsll_bench_{proc.pid}").rmdir()
-        except OSError:
-            pass
+    scale.remove_cgroup(proc.pid)
     res = [json.loads(l[7:]) for l in text.splitlines() if l.startswith("RESULT ")]
     tail = [json.loads(l[5:]) for l in text.splitlines() if l.startswith("TAIL ")]
     if not res or not tail:
