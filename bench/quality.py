@@ -894,7 +894,7 @@ def average_members(cases, kinds=AVERAGE_MEMBERS, raw=None):
     and the members' CPU seconds (this process) summed, against the ``FSLL()`` fit of the
     same rows (fitted before and after the members; the shared choice is that fit's)."""
     from fsll_ooc import fitting
-    from fsll_ooc.average import SUBSAMPLE, auto_members
+    from fsll_ooc.average import auto_members, subsamples
     from fsll_ooc.learn import select
 
     def fit_from(Xs, cards, scale, start, price):
@@ -943,8 +943,7 @@ def average_members(cases, kinds=AVERAGE_MEMBERS, raw=None):
             start1 = fitting.start_of(FSLL(cardinalities=cards, progress=False, penalty_scale=1.0,
                                            further_price=price).fit(X[train])._state)
         K = auto_members(N)
-        rng = np.random.default_rng(0)  # FSLLAverage(random_state=0)'s subsamples
-        subsets = [np.sort(rng.permutation(N)[: int(N * SUBSAMPLE)]) for _ in range(K)]
+        subsets = subsamples(N, K, 0)  # FSLLAverage(random_state=0)'s
         member = {
             "own": lambda Xs: FSLL(cardinalities=cards, progress=False).fit(Xs),
             "fixed": lambda Xs: FSLL(cardinalities=cards, progress=False, penalty_scale=s0, further_price=price).fit(Xs),

@@ -33,7 +33,7 @@ import numpy as np
 from . import fitting, model_file, queries, threads
 from .estimator import FSLL
 
-__all__ = ["FSLLAverage", "AUTO_MEMBERS", "SMALL_DATA", "auto_members", "SUBSAMPLE", "PARALLEL_CELLS",
+__all__ = ["FSLLAverage", "AUTO_MEMBERS", "SMALL_DATA", "auto_members", "subsamples", "SUBSAMPLE", "PARALLEL_CELLS",
            "available_cores"]
 
 #: Members of ``n_members="auto"``: ``(small, large)``, the first on at most
@@ -182,12 +182,10 @@ class FSLLAverage:
             cats = [list(range(k)) for k in cards]
         N = int(codes.shape[0])
         K = self._resolved_members(N)
-        m = max(1, int(N * SUBSAMPLE))
-        if m >= N:
+        if max(1, int(N * SUBSAMPLE)) >= N:
             raise ValueError(f"FSLLAverage needs at least 2 rows to fit members on subsamples, got {N}")
         store = self.params.get("store")
-        rng = np.random.default_rng(self.random_state)
-        subsets = [np.sort(rng.permutation(N)[:m]) for _ in range(K)]
+        subsets = subsamples(N, K, self.random_state)
         job = _Job(codes, tuple(cards), names, cats, keep, dict(self.params, cardinalities=tuple(cards)))
         jobs = self._resolved_jobs(K, cards)
         sendable = jobs > 1 and store is None and _can_send(job)
@@ -349,6 +347,19 @@ class FSLLAverage:
         avg = cls(**af.params, **own)  # a refit uses the members' parameters (random_state is the average's)
         avg._set_fitted(members, af.n_samples)
         return avg
+
+
+def subsamples(n_rows: int, n_members: int, random_state=0) -> list:
+    """The rows of each member of an average: ``n_members`` ascending index arrays of
+    :data:`SUBSAMPLE` of ``n_rows`` rows (rounded down, at least one), each drawn without
+    replacement from ``numpy.random.default_rng(random_state)`` in turn.
+
+    >>> [r.tolist() for r in subsamples(5, 2)]
+    [[0, 2, 3, 4], [0, 1, 2, 4]]
+    """
+    m = max(1, int(n_rows * SUBSAMPLE))
+    rng = np.random.default_rng(random_state)
+    return [np.sort(rng.permutation(n_rows)[:m]) for _ in range(n_members)]
 
 
 def auto_members(n_rows: int) -> int:
