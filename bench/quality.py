@@ -110,7 +110,7 @@ def label(name, n):
     return name if n is None else f"{name} N=1e{int(round(np.log10(n)))}"
 
 
-def make_fsll(cards, penalty=None, penalty_scale=None, further_price=None, start=None, **options):
+def make_fsll(cards, penalty=None, penalty_scale=None, further_price=None, start=None, smoothing=None, **options):
     """``FSLL`` with learner options (any :class:`LearnOptions` field, e.g. ``joint=False``)
     and the code of the terms (``penalty``, ``penalty_scale``, ``further_price``: ``FSLL``
     parameters; ``start``, where the search starts).
@@ -120,7 +120,7 @@ def make_fsll(cards, penalty=None, penalty_scale=None, further_price=None, start
     o = LearnOptions(**options)
     own = {k: getattr(o, k) for k in ("epsilon", "max_iter", "resync_every", "refine")}
     return FSLL(cardinalities=cards, progress=False, learn_options=o, penalty=penalty, penalty_scale=penalty_scale,
-                further_price=further_price, start=start, **own)
+                further_price=further_price, start=start, smoothing=smoothing, **own)
 
 
 def fit_fl(X, p_true, repeats=2, **options):
@@ -140,7 +140,7 @@ def fit_fl(X, p_true, repeats=2, **options):
     moves = collections.Counter(h["move"] for h in m.history_)
     return {"kl_true": datasets.kl_divergence(p_true, p), "n_params": int(m.n_bases_), "time": best,
             "n_iter": int(m.n_iter_), "cost": float(m.cost_), "moves": dict(moves), "model": m,
-            "scale": float(m.penalty_scale_), "price": m.further_price_}
+            "scale": float(m.penalty_scale_), "price": m.further_price_, "smoothing": float(m.smoothing_)}
 
 
 class CostLeft:
@@ -498,11 +498,14 @@ def _fit_config(X, p, config):
     """``fit_fl`` of a configuration of :func:`study_further_price`: a ``further_price`` value,
     ``-folds`` appended for the held-out choice on every fold below :data:`FOLDS_BELOW` rows;
     ``network`` for ``start="network"`` (``network-PRICE``: with that ``further_price``);
-    ``average-network`` for ``FSLLAverage(start="network")``."""
+    ``average-network`` for ``FSLLAverage(start="network")``; ``+smooth`` appended for
+    ``smoothing="auto"``."""
     from fsll_ooc.learn import select
 
+    config, plus, _ = config.partition("+smooth")
+    smoothing = "auto" if plus else None
     if config == "average-network":
-        return _fit_average(X, p, start="network")
+        return _fit_average(X, p, start="network", smoothing=smoothing)
     start = None
     if config == "network" or config.startswith("network-"):
         start, config = "network", config[len("network-"):] or "full"
@@ -510,7 +513,8 @@ def _fit_config(X, p, config):
     saved = select.FOLDS_BELOW
     select.FOLDS_BELOW = FOLDS_BELOW if folds else saved
     try:
-        return fit_fl(X, p, repeats=1, further_price=None if price == "full" else price, start=start)
+        return fit_fl(X, p, repeats=1, further_price=None if price == "full" else price, start=start,
+                      smoothing=smoothing)
     finally:
         select.FOLDS_BELOW = saved
 
@@ -563,14 +567,15 @@ def study_further_price(seeds, nets=EXAMPLE_NETS, sizes=SIZES, synthetic_sizes=(
         best = min(AGRUM, key=lambda k: m[k])
         cell = lambda t: (f"{fmt(m[t])} / {mean([r['n_params'] for r in acc[t]]):.0f} "  # noqa: E731
                           f"/ {mean([r['time'] for r in acc[t]]):.2f}")
-        chose = " ".join(f"{r['scale']:g}/{r['price']}" for r in acc[last])
+        chose = " ".join(f"{r['scale']:g}/{r['price']}" + (f"/{r['smoothing']:g}" if r.get("smoothing", 1.0) != 1.0
+                                                             else "") for r in acc[last])
         lines.append(f"| {name} | {n:,} | {' '.join(map(str, case_seeds))} | "
                      + " | ".join(cell(k) for k in FURTHER_PRICES)
                      + f" | {chose} | {best} {fmt(m[best])} | "
                      + " | ".join(f"{m[k] / m[best]:.2f}" for k in FURTHER_PRICES) + " |")
         raw.append({"data": name, "N": n, "seeds": case_seeds, "load": os.getloadavg()[0],
                     "results": {k: [{kk: vv for kk, vv in r.items() if kk in ("kl_true", "n_params", "time", "scale",
-                                                                                "price")} for r in v]
+                                                                                "price", "smoothing")} for r in v]
                                 for k, v in acc.items()}})
         print(lines[-1], flush=True)
     return lines, raw

@@ -59,6 +59,8 @@ __all__ = [
     "resolve_penalty_scale",
     "checked_penalty_scale",
     "PENALTY_SCALES",
+    "resolve_smoothing",
+    "checked_smoothing",
     "FURTHER_PRICES",
     "resolve_further_price",
     "checked_further_price",
@@ -237,6 +239,30 @@ def checked_penalty_scale(v) -> float:
     s = resolve_penalty_scale(v, None)
     if not isinstance(s, float):
         raise ValueError(f"penalty_scale must be a positive number, got {v!r}")
+    return s
+
+
+def resolve_smoothing(smoothing, epsilon):
+    """``"auto"`` or a positive float from ``smoothing``, the pseudo-rows of the target the
+    final parameters fit (``q = (counts + a / |X|) / (N + a)``; the search always runs on the
+    paper's ``a = 1``).  ``None``: ``1.0``, the paper's target (``epsilon`` is for the
+    signature the other parameters share)."""
+    if smoothing is None:
+        return 1.0
+    if isinstance(smoothing, str):
+        if smoothing == "auto":
+            return "auto"
+    elif (not isinstance(smoothing, bool) and isinstance(smoothing, (int, float, np.integer, np.floating))
+          and math.isfinite(smoothing) and smoothing > 0):
+        return float(smoothing)
+    raise ValueError(f"smoothing must be None, 'auto' or a positive number of pseudo-rows, got {smoothing!r}")
+
+
+def checked_smoothing(v) -> float:
+    """Pseudo-rows read from a file: a positive finite number (a file is not trusted)."""
+    s = resolve_smoothing(v, None)
+    if not isinstance(s, float):
+        raise ValueError(f"smoothing must be a positive number, got {v!r}")
     return s
 
 

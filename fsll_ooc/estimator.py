@@ -37,6 +37,16 @@ def _check_start(v, p) -> str:
     return out
 
 
+def _check_smoothing(v, p):
+    """``smoothing``: None, ``"auto"`` or positive pseudo-rows; with EM (``missing``, ``hidden``)
+    only None (the paper's target)."""
+    out = C.resolve_smoothing(v, p["epsilon"])
+    if v is not None and (p.get("missing") == "em" or p.get("hidden")):
+        raise ValueError("smoothing is not available with missing='em' or hidden variables "
+                         "(EM fits the paper's target); leave it None")
+    return out
+
+
 class FSLL(queries.QueryMethods):
     """Full-span log-linear model of ``n`` discrete variables, learned greedily under MDL.
 
@@ -120,6 +130,20 @@ class FSLL(queries.QueryMethods):
     start : None or "network"
         ``"network"``: the search starts from the refitted span of a Bayesian network learned on
         the rows under BIC (``docs/design.md``, "A Bayesian network's span as the start"); not with EM.
+    smoothing : None, "auto" or float
+        Pseudo-rows of the target the final parameters fit: after the search, the selected
+        terms are refitted to ``q = (counts + a / |X|) / (N + a)``, the rows and ``a``
+        pseudo-rows spread evenly over the cells (a Dirichlet prior; ``docs/design.md``,
+        "Smoothing the final parameters").  ``1.0`` is the paper's ``q``, the search's own
+        target (no refit); more pulls the model toward the uniform distribution, which
+        helps where many cells are unseen.  The search and its terms do not depend on it.
+        ``"auto"``: chosen on the held-out rows of the penalty scale's choice (the chosen
+        model's terms refitted with 1, 2, 4, ... pseudo-rows; the value whose held-out gain
+        over 1, less one standard error, is the largest and positive;
+        ``smoothing_scores_`` keeps the scores; with a fixed ``penalty_scale`` a fit on the
+        four fifths is made for this choice alone); 1 with fewer than 100 rows, tables too
+        large for memory, or more terms than the corrective steps refit jointly.  ``None`` (default): ``1.0``.  Not
+        with EM (``missing``, ``hidden``: they fit the paper's ``q``).
     missing : None or "em"
         ``"em"``: rows with missing cells (NaN, None, ``pd.NA``; ``-1`` in an integer
         code array) are fitted by expectation-maximisation (:mod:`fsll_ooc.missing`):
@@ -160,7 +184,10 @@ class FSLL(queries.QueryMethods):
     penalty_scale_ (the scale fitted under), penalty_scale_scores_ (after ``fit``: the mean
     held-out log-likelihood per row of each scale ``penalty_scale="auto"`` compared; empty
     when none was compared; under ``further_price="auto"`` keyed by ``(scale, price)``),
-    further_price_ (the price of a family's further terms fitted under).
+    further_price_ (the price of a family's further terms fitted under), smoothing_ (the
+    pseudo-rows of the final parameters' target), smoothing_scores_ (after ``fit``: the mean
+    held-out log-likelihood per row of each value ``smoothing="auto"`` compared; empty when
+    none was compared).
     basis_order_ (per variable: ``basis_order_[i][c]`` is the shown code at basis position
     ``c``; ``theta_``'s indices refer to it).
     After an EM fit also: em_objective_, em_loglik_ (observed-data log-likelihood per
@@ -171,7 +198,7 @@ class FSLL(queries.QueryMethods):
                  memory_limit=None, scheduler=None, layout=None, resync_every=256, progress=None, refine=None,
                  learn_options=None, penalty=None, penalty_scale=None, missing=None, hidden=None, n_restarts=None,
                  random_state=None, em_max_rounds=100, em_tol=None, storage_options=None, category_order="auto",
-                 further_price=None, start=None):
+                 further_price=None, start=None, smoothing=None):
         self.cardinalities = cardinalities
         self.epsilon = epsilon
         self.max_iter = max_iter
@@ -196,6 +223,7 @@ class FSLL(queries.QueryMethods):
         self.category_order = category_order
         self.further_price = further_price
         self.start = start
+        self.smoothing = smoothing
 
     # ------------------------------------------------------------------ sklearn-style params
     # To add a parameter: an argument of __init__ stored verbatim, its name in _PARAMS, its
@@ -205,10 +233,11 @@ class FSLL(queries.QueryMethods):
     _PARAMS = ("cardinalities", "epsilon", "max_iter", "store", "backend", "memory_limit", "scheduler",
                "layout", "resync_every", "progress", "refine", "learn_options", "penalty", "penalty_scale",
                "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol", "storage_options",
-               "category_order", "further_price", "start")
+               "category_order", "further_price", "start", "smoothing")
     #: What is learned depends on these: the model file reports them, the store keeps them.
     _SAVED_PARAMS = ("epsilon", "max_iter", "resync_every", "refine", "learn_options", "penalty", "penalty_scale", "start",
-                     "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol", "further_price")
+                     "missing", "hidden", "n_restarts", "random_state", "em_max_rounds", "em_tol", "further_price",
+                     "smoothing")
     #: A store also keeps these, to resume with the same problem and budget.
     _STORED_PARAMS = _SAVED_PARAMS + ("cardinalities", "memory_limit")
     # Every parameter check, in the order they run (``validation.validate_params``); a check
@@ -230,6 +259,7 @@ class FSLL(queries.QueryMethods):
         "em_tol": lambda v, p: V.check_em_tol(v),
         "category_order": lambda v, p: check_category_order(v),
         "start": lambda v, p: _check_start(v, p),
+        "smoothing": lambda v, p: _check_smoothing(v, p),
     }
 
     def get_params(self, deep: bool = True) -> dict:

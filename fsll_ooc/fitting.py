@@ -31,7 +31,8 @@ __all__ = ["FEW_SAMPLES", "WARM_START", "OWN_OPTIONS", "flat_index", "start_of",
            "options", "learn_with_progress", "resume_in_store", "from_stored", "open_finished", "kl_data",
            "labelled", "store_extra", "CATEGORY_ORDER", "set_fitted", "basis_table",
            "check_table_fits_memory", "begin", "network_start", "NETWORK_STARTS", "resolve_start", "family_score",
-           "hill_climb", "network_families", "network_span", "network_parameters"]
+           "hill_climb", "network_families", "network_span", "network_parameters", "uniform_moments",
+           "smoothed_targets", "smooth", "choose_smoothing", "SMOOTHING_PATIENCE", "SMOOTH_TOL", "SMOOTH_ROUNDS"]
 
 
 def flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
@@ -146,6 +147,150 @@ def warm_start(engine: Engine, state: FitState, start: dict | None) -> None:
                           "added_gain": list(start.get("gain") or ())})
 
 
+#: ``smoothing="auto"``: the pseudo-rows tried double from the paper's 1 until the held-out
+#: score has fallen this many times in a row (or they exceed the training rows).
+SMOOTHING_PATIENCE = 2
+#: ``smoothing="auto"`` keeps the pseudo-rows whose held-out gain over the paper's ``q``, less
+#: this many standard errors of the paired per-row gain, is the largest and positive (the
+#: held-out fifth is a small sample: the bound keeps a chance gain from choosing).
+SMOOTHING_Z = 1.0
+#: The smoothed refit (:func:`smooth`) stops when its predicted remaining gain is below this
+#: (nats per row) or after :data:`SMOOTH_ROUNDS` rounds.
+SMOOTH_TOL = 1e-12
+SMOOTH_ROUNDS = 60
+
+
+def uniform_moments(state: FitState, ys) -> np.ndarray:
+    """``<Phi_y>_u``, the moments of the uniform distribution, of the flat indices ``ys``: the
+    product over the term's variables of 0 (Walsh-Hadamard basis) or ``(2 - k) / k`` (the
+    +-1 basis of a variable with ``k`` values)."""
+    out = np.ones(len(ys))
+    for j, y in enumerate(np.asarray(ys).tolist()):
+        for k, d in zip(state.cards, state.digits(y)):
+            if d:
+                out[j] *= 0.0 if basis.is_walsh(k) else (2.0 - k) / k
+    return out
+
+
+def smoothed_targets(state: FitState, ys, dbar, alpha: float) -> np.ndarray:
+    """The targets ``<Phi_y>_q`` of ``q = (counts + alpha / |X|) / (N + alpha)`` from ``dbar``,
+    those of the paper's ``q`` (``alpha = 1``, the search's targets)."""
+    N = float(state.n_samples)
+    return ((N + 1.0) * np.asarray(dbar, np.float64) + (alpha - 1.0) * uniform_moments(state, ys)) / (N + alpha)
+
+
+def smooth(engine: Engine, state: FitState, alpha: float | None = None, *, current: bool = True) -> bool:
+    """Refit the support of ``state`` (in place, with ``engine``'s dual table) to the targets of
+    ``q = (counts + alpha / |X|) / (N + alpha)`` (``alpha``: ``state.smoothing``): the maximum of
+    the likelihood of the rows and ``alpha`` pseudo-rows spread evenly over the cells, a
+    Dirichlet prior's posterior mode on the search's support (``docs/design.md``, "Smoothing
+    the final parameters").  ``state.dbar`` keeps the search's targets, so ``state.cost()``
+    stays the cost of the paper's ``q``.  ``current=False``: the dual table may not describe
+    ``state.theta`` (a resumed store) and is re-derived first.  Returns False, doing nothing,
+    for ``alpha`` 1 (the search's own targets), an empty support or one larger than the
+    corrective steps refit jointly (``corrective.MAX_SUPPORT``)."""
+    from .learn import corrective
+
+    alpha = state.smoothing if alpha is None else float(alpha)
+    if alpha == 1.0 or not state.theta or len(state.theta) > corrective.MAX_SUPPORT:
+        return False
+    ys = np.fromiter(state.theta.keys(), np.int64, len(state.theta))
+    if not current:
+        state.log_z = engine.resync(ys, np.fromiter(state.theta.values(), np.float64, len(ys)), float(state.log_z))
+    raw = state.dbar
+    state.dbar = dict(zip(ys.tolist(), smoothed_targets(state, ys, [raw[y] for y in ys.tolist()], alpha).tolist()))
+    try:
+        corrective.refine(engine, state, tol=SMOOTH_TOL, max_rounds=SMOOTH_ROUNDS)
+    finally:
+        state.dbar = raw
+    return True
+
+
+def choose_smoothing(est, codes: np.ndarray, cards, choice) -> tuple[float, dict]:
+    """``(alpha, scores)``: the pseudo-rows of the final parameters' target (``smoothing``) and,
+    for ``"auto"``, the held-out log-likelihood per row of each value tried.
+
+    ``"auto"`` refits the penalty scale's chosen model on the training rows of each held-out
+    split :func:`fsll_ooc.learn.select.choose_scale` used (``choice.fold_models``, its own
+    support on its own rows) with 2, 4, 8, ... pseudo-rows (:func:`smooth`); the doubling
+    stops when the held-out score has fallen :data:`SMOOTHING_PATIENCE` times in a row or the
+    pseudo-rows pass the training rows.  It keeps the value whose paired gain over the
+    paper's ``q`` per held-out row, less :data:`SMOOTHING_Z` standard errors, is the largest
+    and positive, else 1.  With a fixed penalty scale and price the held-out fit is made for
+    this choice alone (:func:`choose_penalty_scale`).  No choice (1) without held-out fits
+    (fewer than ``select.MIN_ROWS`` rows, tables too large for memory), or with a support
+    larger than the corrective steps refit jointly."""
+    from types import SimpleNamespace
+
+    from .learn import corrective, select
+
+    want = C.resolve_smoothing(getattr(est, "smoothing", None), est.epsilon)
+    if want != "auto":
+        return want, {}
+    n = int(codes.shape[0])
+    folds = select.HOLDOUT if n < select.FOLDS_BELOW else 1
+    models = choice.fold_models
+    if len(models) != folds or any(len(m["theta"]) > corrective.MAX_SUPPORT for m in models):
+        return 1.0, {}
+    code = C.resolve_penalty(est.penalty, est.epsilon)
+    size = math.prod(cards)
+    plan = None
+    alphas: list[float] = []
+    rows: dict[float, list] = {}
+    for fold in range(folds):
+        train, held = select.holdout_split(n, fold)
+        flat = flat_index(codes[train], cards)
+        uniq, counts = np.unique(flat, return_counts=True)
+        nt = len(train)
+        state = FitState(tuple(cards), nt, C.target_entropy(counts, nt, size), log_z=math.log(size),
+                         penalty_code=code, penalty_scale=choice.scale, further_price=choice.price)
+        if plan is None:
+            plan = chunk_plan(cards, memory_limit=est.memory_limit if est.memory_limit is not None else total_memory(),
+                              disk_free=None, workers=1, out_of_core=None)
+        engine = Engine.create(plan, [storage.create_table("numpy", None, nm, cards, plan.layout.chunk_shape)
+                                      for nm in TABLE_NAMES], nt, None, sample_flat=flat)
+        model = models[fold]  # the chosen setting's fit on this split's training rows
+        ys = np.array([y for y, _ in model["theta"]], np.int64)
+        values = np.array([v for _, v in model["theta"]], np.float64)
+        if len(ys):
+            state.theta = dict(zip(ys.tolist(), values.tolist()))
+            state.dbar = dict(zip(ys.tolist(), engine.gather(ys, Table.DBAR).tolist()))
+            state.log_z = engine.resync(ys, values, float(model["log_z"]))
+        shown = SimpleNamespace(cardinalities_=tuple(cards), theta_={})
+
+        def held_out() -> np.ndarray:
+            shown.theta_ = {state.digits(y): v for y, v in state.theta.items()}
+            return log_potential(shown, codes[held]) - state.log_z
+
+        if fold == 0:
+            alpha, best, falls = 1.0, None, 0
+            while True:
+                smooth(engine, state, alpha)
+                alphas.append(alpha)
+                rows[alpha] = [held_out()]
+                score = float(np.mean(rows[alpha][0]))
+                if best is not None and score <= best:
+                    falls += 1
+                else:
+                    best, falls = score, 0
+                alpha *= 2.0
+                if falls >= SMOOTHING_PATIENCE or alpha > nt:
+                    break
+        else:
+            for alpha in alphas:
+                smooth(engine, state, alpha)
+                rows[alpha].append(held_out())
+    lp = {a: np.concatenate(rows[a]) for a in alphas}
+    scores = {a: float(np.mean(v)) for a, v in lp.items()}
+    best, bound = alphas[0], 0.0
+    for alpha in alphas[1:]:  # the paired gain over the paper's q, less SMOOTHING_Z standard errors
+        d = lp[alpha] - lp[alphas[0]]
+        low = float(np.mean(d)) - SMOOTHING_Z * float(np.std(d)) / math.sqrt(len(d))
+        if low > bound:
+            best, bound = alpha, low
+    return best, scores
+
+
 def workers(est, out_of_core: bool) -> int:
     """Band tasks at once, which the plan budgets memory for: a dask.distributed client's
     threads, an :class:`~fsll_ooc.executors.Executor`'s ``threads`` where it has them; else 1
@@ -207,18 +352,20 @@ def fit(est, X, backend, feature_names=None, categories=None, sub_class=None) ->
                       "than which rows were seen; fit on more data for a distribution to rely on",
                       UserWarning, stacklevel=3)
     choice = choose_penalty_scale(est, codes, cards, sub_class)
+    alpha, est.smoothing_scores_ = choose_smoothing(est, codes, cards, choice)
     flat = flat_index(codes, cards)
     uniq, counts = np.unique(flat, return_counts=True)
     size = math.prod(cards)
     state = FitState(cards, N, C.target_entropy(counts, N, size), log_z=math.log(size),
                      penalty_code=C.resolve_penalty(est.penalty, est.epsilon), penalty_scale=choice.scale,
-                     further_price=choice.price)
+                     further_price=choice.price, smoothing=alpha)
     est.penalty_scale_scores_ = choice.scores
     if not backend.persistent:
         engine = make_engine(est, plan, [storage.create_table(backend.name, None, nm, cards, plan.layout.chunk_shape)
                                          for nm in TABLE_NAMES], N, sample_flat=flat, penalty_scale=state.penalty_scale)
         begin(est, engine, state, uniq, counts, choice.start)
         learn_with_progress(est, engine, state, fresh=True, checkpoint=None)
+        smooth(engine, state)
         set_fitted(est, state, plan=plan, engine=engine, cost=state.cost(), feature_names=names,
                         categories=categories)
         est.kl_data_ = kl_data(est, flat, counts, N)
@@ -236,12 +383,15 @@ def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
     """The penalty scale and the price of a family's further terms of this fit
     (:func:`fsll_ooc.learn.select.choose_scale` for ``"auto"``): the sub-fits (estimators of
     ``sub_class``, by default ``est``'s class) run in memory with this estimator's learning
-    parameters."""
+    parameters and the paper's target (``smoothing=1``).  With ``smoothing="auto"`` and a fixed
+    scale and price, the one held-out fit is made for :func:`choose_smoothing` alone: the
+    choice has its ``fold_models`` but no ``start`` (the fit starts as it would without)."""
     from .learn.select import ScaleChoice, choose_scale
 
     want = C.resolve_penalty_scale(est.penalty_scale, est.epsilon)
     price = C.resolve_further_price(est.further_price, C.resolve_penalty(est.penalty, est.epsilon))
-    if want != "auto" and price != "auto":
+    smoothing = C.resolve_smoothing(getattr(est, "smoothing", None), est.epsilon) == "auto"
+    if want != "auto" and price != "auto" and not smoothing:
         return ScaleChoice(want, price=price)
     scales = C.PENALTY_SCALES if want == "auto" else (want,)
     prices = C.FURTHER_PRICES if price == "auto" else (price,)
@@ -262,7 +412,7 @@ def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
         settings = [s if isinstance(s, tuple) else (float(s), price) for s in settings]
         scale, first_price = settings[0]
         sub = (sub_class or type(est))(cardinalities=tuple(cards), progress=False, learn_options=opts,
-                                       penalty_scale=scale, further_price=first_price, **own)
+                                       penalty_scale=scale, further_price=first_price, smoothing=1.0, **own)
         sub.fit(train)
         yield (lambda c: log_potential(sub, c) - sub.log_z_), start_of(sub._state)
         state, specs = sub._state, sub._engine.ctx.specs
@@ -283,6 +433,10 @@ def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
 
     if price == "auto":
         return choose_scale(fit_path, codes, scales, C.FURTHER_PRICES)
+    if want != "auto":  # held out for the smoothing's choice only: the fit starts as without it
+        choice = choose_scale(fit_path, codes, scales)
+        choice.start, choice.scores, choice.price = None, {}, price
+        return choice
     choice = choose_scale(fit_path, codes)  # the scales under one price (the default: the full price)
     choice.price = price
     return choice
@@ -386,6 +540,8 @@ def fit_in_store(est, fs: FitStore, plan, state: FitState, uniq, counts, *, flat
         if not state.converged and (est.max_iter is None or state.n_iter < est.max_iter):
             with fs.damage_hint():
                 learn_with_progress(est, engine, state, fresh=False, checkpoint=fs.checkpoint)
+    with fs.damage_hint():  # a resumed store's tables may be those of a smoothing refit cut short
+        smooth(engine, state, current=fresh)
     # once fitted, the model answers queries in a private scratch table: the store's own
     # tables are written only under its lock (docs/reliability.md)
     engine = Engine.create(plan, fs.open_tables(cards, plan.layout.chunk_shape, reader_owner=est), N,
@@ -532,6 +688,7 @@ def set_fitted(est, state: FitState, *, plan=None, engine=None, cost=None, kl_da
     est.n_bases_ = len(state.theta)
     est.penalty_scale_ = state.penalty_scale
     est.further_price_ = state.further_price
+    est.smoothing_ = state.smoothing
     est.n_iter_ = state.n_iter
     est.cost_ = state.cost() if cost is None and engine is not None else cost
     est.kl_data_ = kl_data

@@ -867,7 +867,7 @@ def complete_start(est, rows: np.ndarray, counts: np.ndarray, cards: Sequence[in
             return None
     own = {k: getattr(est, k) for k in ("epsilon", "max_iter", "resync_every", "refine", "penalty", "penalty_scale",
                                         "learn_options", "memory_limit")}
-    sub = type(est)(cardinalities=tuple(cards), progress=False, **own)
+    sub = type(est)(cardinalities=tuple(cards), progress=False, smoothing=1.0, **own)
     sub.fit(np.repeat(rows[keep], counts[keep], axis=0))
     return start_of(sub._state)
 
@@ -1287,6 +1287,7 @@ def _set_em_attributes(est, res: EMResult, n_hidden: int, scores: dict, hidden_s
     est.em_history_, est.em_converged_, est.em_rounds_ = res.history, res.converged, res.rounds
     est.n_hidden_ = n_hidden
     est.penalty_scale_scores_ = {float(k): float(v) for k, v in scores.items()}
+    est.smoothing_scores_ = {}
     est.hidden_scores_ = {int(k): float(v) for k, v in hidden_scores.items()}
 
 

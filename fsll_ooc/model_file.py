@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import storage
-from .cost import checked_further_price, checked_penalty_scale
+from .cost import checked_further_price, checked_penalty_scale, checked_smoothing
 from .validation import MAX_CATEGORIES, MAX_CELLS, MAX_MODEL_BYTES, DataError, check_input_file, check_labels
 from .learn import FitState, LearnOptions
 
@@ -93,6 +93,7 @@ def _document(model: ModelFile) -> dict:
         "log_z": st.log_z, "n_samples": st.n_samples, "n_iter": st.n_iter, "cost": model.cost,
         "kl_data": model.kl_data, "converged": bool(st.converged), "penalty_scale": st.penalty_scale,
         **({} if st.further_price == "full" else {"further_price": st.further_price}),
+        **({} if st.smoothing == 1.0 else {"smoothing": st.smoothing}),
         "history": st.history,
         "params": model.params,
         "feature_names": model.feature_names,
@@ -215,7 +216,8 @@ def _parse(path, obj: dict) -> ModelFile:
                          _number(obj["log_z"], "log_z"), _count(obj["n_iter"], 0, "n_iter"),
                          bool(obj.get("converged", True)), checked_history(obj.get("history", [])),
                          penalty_scale=checked_penalty_scale(obj.get("penalty_scale", 1.0)),
-                         further_price=checked_further_price(obj.get("further_price", "full")))
+                         further_price=checked_further_price(obj.get("further_price", "full")),
+                         smoothing=checked_smoothing(obj.get("smoothing", 1.0)))
         check_log_z(cards, state.theta, state.log_z)
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"{path}: malformed fsll-ooc model file ({type(e).__name__}: {e})") from None
@@ -308,6 +310,7 @@ def check_state(state: Any, feature_names=None, categories=None, complete: bool 
         checked_history(state.get("history", []))
         checked_penalty_scale(state.get("penalty_scale", 1.0))
         checked_further_price(state.get("further_price", "full"))
+        checked_smoothing(state.get("smoothing", 1.0))
         check_log_z(cards, theta, _number(state["log_z"], "log_z"))
         check_labels(feature_names, categories, cards)
     except (KeyError, TypeError, ValueError, OverflowError) as e:

@@ -56,6 +56,9 @@ class ScaleChoice:
     start: dict | None = None
     #: the chosen price of a family's further terms (:data:`fsll_ooc.cost.FURTHER_PRICES`)
     price: str = "full"
+    #: the chosen setting's model on each split's training rows (``start`` first); empty if
+    #: no choice was made
+    fold_models: list = field(default_factory=list)
 
 
 def holdout_split(n_rows: int, fold: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -99,12 +102,11 @@ def choose_scale(fit_path, codes: np.ndarray, scales=C.PENALTY_SCALES, prices=No
                     scores[key] = float(np.mean(log_prob(codes[held])))
                 else:
                     scores[key] = scores.get(key, 0.0) + float(np.sum(log_prob(codes[held]))) / n
-                if fold == 0:
-                    models[key] = model
+                models.setdefault(key, []).append(model)
     best = settings[0]
     for key in settings[1:]:
         if scores[key] > scores[best]:
             best = key
     if prices is None:
-        return ScaleChoice(best, scores, start=models[best])
-    return ScaleChoice(best[0], scores, start=models[best], price=best[1])
+        return ScaleChoice(best, scores, start=models[best][0], fold_models=models[best])
+    return ScaleChoice(best[0], scores, start=models[best][0], price=best[1], fold_models=models[best])

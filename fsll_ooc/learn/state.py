@@ -29,6 +29,7 @@ class FitState:
     penalty_code: str = "paper"  # the code of the support: "paper" (Eq. 9) or "family" (cost.TermCode)
     penalty_scale: float = 1.0  # multiplies the code length (1.0: the code as it is)
     further_price: str = "full"  # the family code's price of a family's further terms (cost.TermCode)
+    smoothing: float = 1.0  # pseudo-rows of the final parameters' target (1.0: the paper's q, the search's)
 
     def digits(self, flat: int) -> tuple[int, ...]:
         """The multi-index (C order) of flat index ``flat`` (memoised: the learner asks for the
@@ -265,6 +266,7 @@ class FitState:
             "log_z": self.log_z, "n_iter": self.n_iter, "converged": self.converged, "history": self.history,
             "penalty_code": self.penalty_code, "penalty_scale": self.penalty_scale,
             **({} if self.further_price == "full" else {"further_price": self.further_price}),
+            **({} if self.smoothing == 1.0 else {"smoothing": self.smoothing}),
         }
 
     @classmethod
@@ -275,7 +277,8 @@ class FitState:
                    float(obj["log_z"]), int(obj["n_iter"]), bool(obj["converged"]), list(obj["history"]),
                    C.resolve_penalty(obj.get("penalty_code", "paper"), None),
                    C.checked_penalty_scale(obj.get("penalty_scale", 1.0)),
-                   C.checked_further_price(obj.get("further_price", "full")))
+                   C.checked_further_price(obj.get("further_price", "full")),
+                   C.checked_smoothing(obj.get("smoothing", 1.0)))
 
 
 class PenaltyTally:
