@@ -498,12 +498,12 @@ def _fit_config(X, p, config):
     """``fit_fl`` of a configuration of :func:`study_further_price`: a ``further_price`` value,
     ``-folds`` appended for the held-out choice on every fold below :data:`FOLDS_BELOW` rows;
     ``network`` for ``start="network"`` (``network-PRICE``: with that ``further_price``);
-    ``average-network`` for ``FSLLAverage(start="network")``; ``+smooth`` appended for
-    ``smoothing="auto"``."""
+    ``average-network`` for ``FSLLAverage(start="network")``; ``+smoothing=A`` appended for
+    ``smoothing=A`` (``auto`` or a number of pseudo-rows)."""
     from fsll_ooc.learn import select
 
-    config, plus, _ = config.partition("+smooth")
-    smoothing = "auto" if plus else None
+    config, plus, value = config.partition("+smoothing=")
+    smoothing = None if not plus else value if value == "auto" else float(value)
     if config == "average-network":
         return _fit_average(X, p, start="network", smoothing=smoothing)
     start = None
@@ -531,7 +531,8 @@ def _fit_average(X, p, **params):
     first = avg.members_[0]
     return {"kl_true": datasets.kl_divergence(p, np.asarray(avg.probabilities()).reshape(p.shape)),
             "n_params": int(sum(m.n_bases_ for m in avg.members_)), "time": dt,
-            "scale": float(first.penalty_scale_), "price": first.further_price_}
+            "scale": float(first.penalty_scale_), "price": first.further_price_,
+            "smoothing": float(first.smoothing_)}
 
 
 def study_further_price(seeds, nets=EXAMPLE_NETS, sizes=SIZES, synthetic_sizes=(1_000, 10_000), with_synthetic=True,

@@ -242,13 +242,13 @@ def checked_penalty_scale(v) -> float:
     return s
 
 
-def resolve_smoothing(smoothing, epsilon):
+def resolve_smoothing(smoothing, epsilon, start=None):
     """``"auto"`` or a positive float from ``smoothing``, the pseudo-rows of the target the
     final parameters fit (``q = (counts + a / |X|) / (N + a)``; the search always runs on the
-    paper's ``a = 1``).  ``None``: ``1.0``, the paper's target (``epsilon`` is for the
-    signature the other parameters share)."""
+    paper's ``a = 1``).  ``None``: ``"auto"`` with ``start="network"`` and ``epsilon="auto"``
+    (a network's learner smooths its tables too), else ``1.0``, the paper's target."""
     if smoothing is None:
-        return 1.0
+        return "auto" if start == "network" and isinstance(epsilon, str) and epsilon == "auto" else 1.0
     if isinstance(smoothing, str):
         if smoothing == "auto":
             return "auto"

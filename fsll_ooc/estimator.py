@@ -40,7 +40,7 @@ def _check_start(v, p) -> str:
 def _check_smoothing(v, p):
     """``smoothing``: None, ``"auto"`` or positive pseudo-rows; with EM (``missing``, ``hidden``)
     only None (the paper's target)."""
-    out = C.resolve_smoothing(v, p["epsilon"])
+    out = C.resolve_smoothing(v, p["epsilon"], fitting.resolve_start(p.get("start")))
     if v is not None and (p.get("missing") == "em" or p.get("hidden")):
         raise ValueError("smoothing is not available with missing='em' or hidden variables "
                          "(EM fits the paper's target); leave it None")
@@ -142,8 +142,9 @@ class FSLL(queries.QueryMethods):
         over 1, less one standard error, is the largest and positive;
         ``smoothing_scores_`` keeps the scores; with a fixed ``penalty_scale`` a fit on the
         four fifths is made for this choice alone); 1 with fewer than 100 rows, tables too
-        large for memory, or more terms than the corrective steps refit jointly.  ``None`` (default): ``1.0``.  Not
-        with EM (``missing``, ``hidden``: they fit the paper's ``q``).
+        large for memory, or more terms than the corrective steps refit jointly.  ``None``
+        (default): ``"auto"`` with ``start="network"`` (and ``epsilon="auto"``), else ``1.0``.
+        Not with EM (``missing``, ``hidden``: they fit the paper's ``q``).
     missing : None or "em"
         ``"em"``: rows with missing cells (NaN, None, ``pd.NA``; ``-1`` in an integer
         code array) are fitted by expectation-maximisation (:mod:`fsll_ooc.missing`):

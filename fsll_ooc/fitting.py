@@ -32,7 +32,8 @@ __all__ = ["FEW_SAMPLES", "WARM_START", "OWN_OPTIONS", "flat_index", "start_of",
            "labelled", "store_extra", "CATEGORY_ORDER", "set_fitted", "basis_table",
            "check_table_fits_memory", "begin", "network_start", "NETWORK_STARTS", "resolve_start", "family_score",
            "hill_climb", "network_families", "network_span", "network_parameters", "uniform_moments",
-           "smoothed_targets", "smooth", "choose_smoothing", "SMOOTHING_PATIENCE", "SMOOTH_TOL", "SMOOTH_ROUNDS"]
+           "smoothed_targets", "smooth", "resolved_smoothing", "choose_smoothing", "SMOOTHING_PATIENCE",
+           "SMOOTHING_Z", "SMOOTH_TOL", "SMOOTH_ROUNDS"]
 
 
 def flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
@@ -206,6 +207,12 @@ def smooth(engine: Engine, state: FitState, alpha: float | None = None, *, curre
     return True
 
 
+def resolved_smoothing(est):
+    """``est``'s ``smoothing`` resolved (:func:`fsll_ooc.cost.resolve_smoothing`): ``"auto"`` or
+    the pseudo-rows."""
+    return C.resolve_smoothing(getattr(est, "smoothing", None), est.epsilon, resolve_start(getattr(est, "start", None)))
+
+
 def choose_smoothing(est, codes: np.ndarray, cards, choice) -> tuple[float, dict]:
     """``(alpha, scores)``: the pseudo-rows of the final parameters' target (``smoothing``) and,
     for ``"auto"``, the held-out log-likelihood per row of each value tried.
@@ -224,7 +231,7 @@ def choose_smoothing(est, codes: np.ndarray, cards, choice) -> tuple[float, dict
 
     from .learn import corrective, select
 
-    want = C.resolve_smoothing(getattr(est, "smoothing", None), est.epsilon)
+    want = resolved_smoothing(est)
     if want != "auto":
         return want, {}
     n = int(codes.shape[0])
@@ -390,7 +397,7 @@ def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
 
     want = C.resolve_penalty_scale(est.penalty_scale, est.epsilon)
     price = C.resolve_further_price(est.further_price, C.resolve_penalty(est.penalty, est.epsilon))
-    smoothing = C.resolve_smoothing(getattr(est, "smoothing", None), est.epsilon) == "auto"
+    smoothing = resolved_smoothing(est) == "auto"
     if want != "auto" and price != "auto" and not smoothing:
         return ScaleChoice(want, price=price)
     scales = C.PENALTY_SCALES if want == "auto" else (want,)

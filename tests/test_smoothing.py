@@ -121,6 +121,14 @@ def test_auto_smoothing_with_the_default_scale_choice_and_paper_mode():
     paper = FSLL(progress=False, epsilon=1e-4).fit(X)
     assert paper.smoothing_ == 1.0 and paper.smoothing_scores_ == {}
     assert C.resolve_smoothing(None, 1e-4) == 1.0 and C.resolve_smoothing(None, "auto") == 1.0
+    # a network's start smooths by default, as a network's learner smooths its tables
+    assert C.resolve_smoothing(None, "auto", "network") == "auto"
+    assert C.resolve_smoothing(None, 1e-4, "network") == 1.0 and C.resolve_smoothing(2, "auto", "network") == 2.0
+    net = FSLL(progress=False, start="network").fit(X)
+    unsmoothed = FSLL(progress=False, start="network", smoothing=1.0).fit(X)
+    assert net.smoothing_scores_ and net.smoothing_ in net.smoothing_scores_
+    assert _moves(net) == _moves(unsmoothed) and set(net.theta_) == set(unsmoothed.theta_)
+    assert (net.theta_ == unsmoothed.theta_) == (net.smoothing_ == 1.0)
 
 
 def test_bad_smoothing_values_and_em():
