@@ -236,9 +236,15 @@ def resolve_penalty_scale(scale, epsilon):
 
 def checked_penalty_scale(v) -> float:
     """A penalty scale read from a file: a positive finite number (a file is not trusted)."""
-    s = resolve_penalty_scale(v, None)
+    return _number_from_file(resolve_penalty_scale, "penalty_scale", v)
+
+
+def _number_from_file(resolve, name: str, v) -> float:
+    """``resolve(v, None)`` where it is a number (a file holds the number a fit used, never
+    ``"auto"``), else ``ValueError`` naming ``name``."""
+    s = resolve(v, None)
     if not isinstance(s, float):
-        raise ValueError(f"penalty_scale must be a positive number, got {v!r}")
+        raise ValueError(f"{name} must be a positive number, got {v!r}")
     return s
 
 
@@ -260,10 +266,7 @@ def resolve_smoothing(smoothing, epsilon, start=None):
 
 def checked_smoothing(v) -> float:
     """Pseudo-rows read from a file: a positive finite number (a file is not trusted)."""
-    s = resolve_smoothing(v, None)
-    if not isinstance(s, float):
-        raise ValueError(f"smoothing must be a positive number, got {v!r}")
-    return s
+    return _number_from_file(resolve_smoothing, "smoothing", v)
 
 
 #: Prices of a family's further terms under the family code: ``"full"`` (``ln N / 2`` per

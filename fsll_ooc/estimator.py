@@ -55,32 +55,30 @@ class FSLL(queries.QueryMethods):
     cardinalities : sequence of int, optional
         ``k_i`` per column; inferred as ``max + 1`` per column when omitted.
     epsilon : "auto" or float
-        Stop when the best move lowers the cost by less than this (nats per sample).
-        ``"auto"`` (default): ``0.1 / N``, a tenth of a nat of the whole data set's
-        code length (:func:`fsll_ooc.learn.auto_epsilon` gives the reasoning), with
-        corrective steps (see ``refine``); it equals ``1e-4`` at ``N = 1000`` and is
-        smaller above.  Measured in ``docs/benchmarks_quality.md``, it reaches a far
-        lower ``KL(p*||p)`` than the paper's setting at about its time.
-        ``epsilon=1e-4`` (with the default ``refine``) reproduces the paper exactly.
+        Stop when the best move lowers the cost by less than this (nats per sample).  ``"auto"``
+        (default): ``0.1 / N``, a tenth of a nat of the whole data set's code length
+        (:func:`fsll_ooc.learn.auto_epsilon` gives the reasoning), with corrective steps (see
+        ``refine``); it equals ``1e-4`` at ``N = 1000`` and is smaller above.  Measured in
+        ``docs/benchmarks_quality.md``, it reaches a far lower ``KL(p*||p)`` than the paper's setting
+        at about its time.  ``epsilon=1e-4`` (with the default ``refine``) reproduces the paper exactly.
     max_iter : int, optional
         Hard cap on iterations (None: until convergence).
     store : path or URL, optional
-        Directory for out-of-core tables (Zarr v3 by default). None: in memory.  A URL
-        (fsspec: ``s3://bucket/fit``, ``gs://...``; ``file://PATH`` is the directory
-        ``PATH``) puts the store on an object store that every dask worker reaches, for a
-        fit on a cluster (``docs/guide.md``, "Cluster runs"); its tables are Zarr v3.
+        Directory for out-of-core tables (Zarr v3 by default). None: in memory.  A URL (fsspec:
+        ``s3://bucket/fit``, ``gs://...``; ``file://PATH`` is the directory ``PATH``) puts the store on
+        an object store that every dask worker reaches, for a fit on a cluster (``docs/guide.md``,
+        "Cluster runs"); its tables are Zarr v3.
     storage_options : dict, optional
-        fsspec options for a ``store`` given by URL, e.g.
-        ``{"endpoint_url": "http://minio:9000"}`` for an S3-compatible server; they travel
-        with every task to the workers.  Kept neither in the store nor in the model file
-        (they may hold credentials): pass them again to :meth:`resume`.
+        fsspec options for a ``store`` given by URL, e.g. ``{"endpoint_url": "http://minio:9000"}`` for
+        an S3-compatible server; they travel with every task to the workers.  Kept neither in the
+        store nor in the model file (they may hold credentials): pass them again to :meth:`resume`.
     backend : {"zarr", "memmap", "numpy"}, optional
         Table storage; default "zarr" with a store, "numpy" without.
     memory_limit : int or str, optional
         e.g. "4GiB": the planner keeps the fit's peak within it.
     scheduler : None, "pool", "threads", "synchronous", "serial" or a ``dask.distributed.Client``
-        Who runs the chunk-parallel passes (None: serial in core, the ``"pool"`` of the
-        kernels' threads out of core; ``"pool"`` is also a value).
+        Who runs the chunk-parallel passes (None: serial in core, the ``"pool"`` of the kernels'
+        threads out of core).
     layout : (a, c), optional
         Explicit chunk layout cut points (experts and tests); see :mod:`fsll_ooc.planner`.
     resync_every : int
@@ -88,42 +86,37 @@ class FSLL(queries.QueryMethods):
     progress : bool, optional
         Show a progress bar (default: when stderr is a terminal).
     refine : None, bool, "adjust" or "final"
-        Fully corrective steps (:mod:`fsll_ooc.learn.corrective`): damped Newton on all
-        selected parameters jointly, exact duals after each step, cost monotone, the
-        same MDL cost and the same stopping test.  ``"adjust"`` runs one whenever the
-        greedy search's best move is an adjust or it would stop, ``"final"`` only when
-        it would stop; when it would stop, a joint selection of candidates that pay
-        only together (the support re-adapting) is tried too.  ``None`` (default):
-        ``"adjust"`` with ``epsilon="auto"``, off with a numeric epsilon (the paper's
-        algorithm).  What it buys in ``KL(p*||p)`` and costs in time is measured in
-        ``docs/benchmarks_quality.md``.
+        Fully corrective steps (:mod:`fsll_ooc.learn.corrective`): damped Newton on all selected
+        parameters jointly, exact duals after each step, cost monotone, the same MDL cost and the same
+        stopping test.  ``"adjust"`` runs one whenever the greedy search's best move is an adjust or it
+        would stop, ``"final"`` only when it would stop; when it would stop, a joint selection of
+        candidates that pay only together (the support re-adapting) is tried too.  ``None`` (default):
+        ``"adjust"`` with ``epsilon="auto"``, off with a numeric epsilon (the paper's algorithm);
+        measured in ``docs/benchmarks_quality.md``.
     learn_options : :class:`fsll_ooc.learn.LearnOptions`, optional
-        Every further option of the search (``refine_tol``, ``refine_rounds``, ``joint``,
-        ``joint_candidates``, ``joint_closure``, ``joint_max_new``, ``family_terms``,
-        ``on_finish``); None:
-        their defaults.  ``epsilon``, ``max_iter``, ``resync_every`` and ``refine`` are
-        set above (an object that sets one of them differently is refused).  Kept in the
-        model file and the store's state, except ``on_finish`` (a resumed fit runs without it).
+        Every further option of the search (``refine_tol``, ``refine_rounds``, ``joint``, ``joint_candidates``,
+        ``joint_closure``, ``joint_max_new``, ``family_terms``, ``on_finish``); None: their defaults.
+        ``epsilon``, ``max_iter``, ``resync_every`` and ``refine`` are set above (an object that sets one
+        of them differently is refused).  Kept in the model file and the store's state, except
+        ``on_finish`` (a resumed fit runs without it).
     penalty : None, "family" or "paper"
-        The code of the selected terms in the MDL cost.  ``"paper"``: every term pays its
-        own index and precision (paper Eq. 9).  ``"family"``: a variable set is named
-        once and its terms are sent as one subset of the set's possible terms, so a whole
-        interaction between many-valued variables costs about ``ln N / 2`` per term, as a
-        table entry does under BIC; identical to ``"paper"`` on binary variables
-        (``docs/design.md``, "The family code").  ``None`` (default): ``"family"`` with
-        ``epsilon="auto"``, ``"paper"`` with a numeric epsilon (the paper's algorithm).
+        The code of the selected terms in the MDL cost.  ``"paper"``: every term pays its own index and
+        precision (paper Eq. 9).  ``"family"``: a variable set is named once and its terms are sent as
+        one subset of the set's possible terms, so a whole interaction between many-valued variables
+        costs about ``ln N / 2`` per term, as a table entry does under BIC; identical to ``"paper"`` on
+        binary variables (``docs/design.md``, "The family code").  ``None`` (default): ``"family"``
+        with ``epsilon="auto"``, ``"paper"`` with a numeric epsilon (the paper's algorithm).
     penalty_scale : None, "auto" or float
-        A positive number multiplying the code length of the selected terms (``1.0``: the
-        code as it is).  ``"auto"``: chosen between 1 and 1/2 from the training data alone:
-        one row in five is held out, the rest is fitted under scale 1 and the search
-        continued under 1/2, and the scale whose model gives the held-out rows the higher
-        log-likelihood is used for the fit on every row (``docs/design.md``, "Choosing the
-        penalty scale"; it costs a fit and its continuation on four fifths of the rows;
-        the sub-fits hold their tables in memory, also out of core; with fewer than 100
-        rows, or tables that do not fit in memory within ``memory_limit``, the scale is 1).  ``None`` (default): ``"auto"`` with
-        ``epsilon="auto"``, ``1.0`` with a numeric epsilon (the paper's algorithm).  An EM
-        fit (``missing``, ``hidden``) chooses it the same way, scoring the held-out rows by
-        their observed-data log-likelihood (:func:`fsll_ooc.missing.choose`).
+        A positive number multiplying the code length of the selected terms (``1.0``: the code as it
+        is).  ``"auto"``: chosen between 1 and 1/2 from the training data alone: one row in five is
+        held out, the rest is fitted under scale 1 and the search continued under 1/2, and the scale
+        whose model gives the held-out rows the higher log-likelihood is used for the fit on every row
+        (``docs/design.md``, "Choosing the penalty scale"; it costs a fit and its continuation on four
+        fifths of the rows; the sub-fits hold their tables in memory, also out of core; with fewer
+        than 100 rows, or tables too large for memory within ``memory_limit``, the scale is 1).
+        ``None`` (default): ``"auto"`` with ``epsilon="auto"``, ``1.0`` with a numeric epsilon (the
+        paper's algorithm).  An EM fit (``missing``, ``hidden``) chooses it the same way, scoring the
+        held-out rows by their observed-data log-likelihood (:func:`fsll_ooc.missing.choose`).
     further_price : None, "full", "aic" or "auto"
         Price of a family's further terms: ``"full"`` (None) ``ln N / 2`` as its first, ``"aic"`` one nat,
         ``"auto"`` chosen on the held-out rows (``docs/design.md``; not ``penalty="paper"``, EM).
@@ -131,20 +124,9 @@ class FSLL(queries.QueryMethods):
         ``"network"``: the search starts from the refitted span of a Bayesian network learned on
         the rows under BIC (``docs/design.md``, "A Bayesian network's span as the start"); not with EM.
     smoothing : None, "auto" or float
-        Pseudo-rows of the target the final parameters fit: after the search, the selected
-        terms are refitted to ``q = (counts + a / |X|) / (N + a)``, the rows and ``a``
-        pseudo-rows spread evenly over the cells (a Dirichlet prior; ``docs/design.md``,
-        "Smoothing the final parameters").  ``1.0`` is the paper's ``q``, the search's own
-        target (no refit); more pulls the model toward the uniform distribution, which
-        helps where many cells are unseen.  The search and its terms do not depend on it.
-        ``"auto"``: chosen on the held-out rows of the penalty scale's choice (the chosen
-        model's terms refitted with 1, 2, 4, ... pseudo-rows; the value whose held-out gain
-        over 1, less one standard error, is the largest and positive;
-        ``smoothing_scores_`` keeps the scores; with a fixed ``penalty_scale`` a fit on the
-        four fifths is made for this choice alone); 1 with fewer than 100 rows, tables too
-        large for memory, or more terms than the corrective steps refit jointly.  ``None``
-        (default): ``"auto"`` with ``start="network"`` (and ``epsilon="auto"``), else ``1.0``.
-        Not with EM (``missing``, ``hidden``: they fit the paper's ``q``).
+        Pseudo-rows ``a``: after the search its terms are refitted to ``(counts + a / |X|) / (N + a)``
+        (a Dirichlet prior; 1 is the paper's target); ``"auto"`` chosen on the held-out rows; None:
+        ``"auto"`` with ``start="network"``, else 1 (``docs/design.md``, "Smoothing the final parameters"; not EM).
     missing : None or "em"
         ``"em"``: rows with missing cells (NaN, None, ``pd.NA``; ``-1`` in an integer
         code array) are fitted by expectation-maximisation (:mod:`fsll_ooc.missing`):
@@ -154,13 +136,12 @@ class FSLL(queries.QueryMethods):
         continues an interrupted EM fit).  ``None`` (default): a missing cell is an
         error that names it.
     hidden : sequence of int or "auto", optional
-        Cardinalities of hidden (latent) variables, appended after the observed ones
-        (named ``H0, H1, ...``) and fitted by the same EM; :meth:`predict_hidden` gives
-        each row's posterior over their states.  One of them may be ``"auto"``: its
-        number of states is chosen on held-out rows (latent-class models of 2, 3, ...
-        states scored by the observed-data log-likelihood of one row in five, the fewest
-        within one standard error of the best; :func:`fsll_ooc.missing.latent_states`);
-        ``hidden_scores_`` keeps the scores.
+        Cardinalities of hidden (latent) variables, appended after the observed ones (named ``H0,
+        H1, ...``) and fitted by the same EM; :meth:`predict_hidden` gives each row's posterior over
+        their states.  One of them may be ``"auto"``: its number of states is chosen on held-out rows
+        (latent-class models of 2, 3, ... states scored by the observed-data log-likelihood of one
+        row in five, the fewest within one standard error of the best;
+        :func:`fsll_ooc.missing.latent_states`); ``hidden_scores_`` keeps the scores.
     n_restarts : int, optional
         EM runs from different seeded first rounds, the best (lowest objective) kept;
         default 3 with ``hidden``, 1 without (the first round is then deterministic).
@@ -185,10 +166,8 @@ class FSLL(queries.QueryMethods):
     penalty_scale_ (the scale fitted under), penalty_scale_scores_ (after ``fit``: the mean
     held-out log-likelihood per row of each scale ``penalty_scale="auto"`` compared; empty
     when none was compared; under ``further_price="auto"`` keyed by ``(scale, price)``),
-    further_price_ (the price of a family's further terms fitted under), smoothing_ (the
-    pseudo-rows of the final parameters' target), smoothing_scores_ (after ``fit``: the mean
-    held-out log-likelihood per row of each value ``smoothing="auto"`` compared; empty when
-    none was compared).
+    further_price_ (the price of a family's further terms fitted under), smoothing_ and
+    smoothing_scores_ (the pseudo-rows fitted to; the held-out scores ``"auto"`` compared).
     basis_order_ (per variable: ``basis_order_[i][c]`` is the shown code at basis position
     ``c``; ``theta_``'s indices refer to it).
     After an EM fit also: em_objective_, em_loglik_ (observed-data log-likelihood per
