@@ -497,7 +497,8 @@ FOLDS_BELOW = 5_000
 def _fit_config(X, p, config):
     """``fit_fl`` of a configuration of :func:`study_further_price`: a ``further_price`` value,
     ``-folds`` appended for the held-out choice on every fold below :data:`FOLDS_BELOW` rows;
-    ``network`` for ``start="network"`` (``network-PRICE``: with that ``further_price``);
+    ``network`` for ``start="network"`` (with its defaults; ``network-PRICE``: with that
+    ``further_price``, ``network-full`` the full price given);
     ``average-network`` for ``FSLLAverage(start="network")``; ``+smoothing=A`` appended for
     ``smoothing=A`` (``auto`` or a number of pseudo-rows)."""
     from fsll_ooc.learn import select
@@ -508,13 +509,13 @@ def _fit_config(X, p, config):
         return _fit_average(X, p, start="network", smoothing=smoothing)
     start = None
     if config == "network" or config.startswith("network-"):
-        start, config = "network", config[len("network-"):] or "full"
+        start, config = "network", config[len("network-"):] or "default"
     price, _, folds = config.partition("-")
     saved = select.FOLDS_BELOW
     select.FOLDS_BELOW = FOLDS_BELOW if folds else saved
-    try:
-        return fit_fl(X, p, repeats=1, further_price=None if price == "full" else price, start=start,
-                      smoothing=smoothing)
+    try:  # "network" alone: the start's own default price; "network-full": the full price given
+        return fit_fl(X, p, repeats=1, further_price=None if price == "default" or (price == "full" and not start)
+                      else price, start=start, smoothing=smoothing)
     finally:
         select.FOLDS_BELOW = saved
 

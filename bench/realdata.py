@@ -24,8 +24,9 @@ available here).
 Systems: ``FL-auto`` (``FSLL()``, the default), ``FL-paper-code`` (``FSLL(penalty="paper")``:
 the default search under the paper's code of the terms, the default before the family code),
 ``FL-paper`` (``FSLL(epsilon=1e-4)``, the paper's algorithm), ``FL-smooth``
-(``FSLL(smoothing="auto")``), ``FL-network`` (``FSLL(start="network")``, which smooths by
-default), ``FL-network-a1`` (the same without smoothing, ``smoothing=1``), and pgmpy's structure learners with BDeu(1) parameters: hill climbing
+(``FSLL(smoothing="auto")``), ``FL-network`` (``FSLL(start="network")``, which smooths and
+chooses the further terms' price by default), ``FL-network-plain`` (the same start without
+either: ``smoothing=1``, ``further_price="full"``), and pgmpy's structure learners with BDeu(1) parameters: hill climbing
 with the BIC score (``HC-BIC``), the Chow-Liu tree (``Chow-Liu``), ``MMHC`` (max-min
 parents and children, then hill climbing with BIC) and ``PC`` (stable PC, chi-square
 tests at 0.01, the CPDAG oriented to a DAG by pgmpy), and pyAgrum's greedy hill climbing
@@ -73,7 +74,7 @@ ADULT9_COLUMNS = ADULT_COLUMNS[:-1] + ("native-country", "Salary")
 FL_SYSTEMS = {"FL-auto": {}, "FL-scale1": {"penalty_scale": 1.0},
               "FL-paper-code": {"penalty": "paper", "penalty_scale": 1.0}, "FL-paper": {"epsilon": 1e-4},
               "FL-smooth": {"smoothing": "auto"}, "FL-network": {"start": "network"},
-              "FL-network-a1": {"start": "network", "smoothing": 1.0}}
+              "FL-network-plain": {"start": "network", "smoothing": 1.0, "further_price": "full"}}
 PEERS = ("HC-BIC", "Chow-Liu", "MMHC", "PC", "pyAgrum-GHC")
 SYNTHETIC = ("survey", "sachs-like", "nltcs-like")  # bench/learner.py's strong networks
 

@@ -274,12 +274,13 @@ def checked_smoothing(v) -> float:
 FURTHER_PRICES = ("full", "aic")
 
 
-def resolve_further_price(price, penalty=None):
-    """``"full"``, ``"aic"`` or ``"auto"`` from ``further_price`` (``None``: ``"full"``, the family
-    code as it is).  ``penalty``: the resolved code of the terms; a price other than
-    ``"full"`` needs the family code (the paper's code has no families to price)."""
+def resolve_further_price(price, penalty=None, start=None):
+    """``"full"``, ``"aic"`` or ``"auto"`` from ``further_price`` (``None``: ``"auto"`` with
+    ``start="network"`` under the family code, else ``"full"``, the family code as it is).
+    ``penalty``: the resolved code of the terms; a price other than ``"full"`` needs the
+    family code (the paper's code has no families to price)."""
     if price is None:
-        return "full"
+        return "auto" if start == "network" and penalty == "family" else "full"
     if not isinstance(price, str) or price not in FURTHER_PRICES + ("auto",):
         raise ValueError(f"further_price must be None, 'auto' or one of {FURTHER_PRICES}, got {price!r}")
     if price != "full" and penalty == "paper":

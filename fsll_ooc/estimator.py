@@ -118,22 +118,21 @@ class FSLL(queries.QueryMethods):
         paper's algorithm).  An EM fit (``missing``, ``hidden``) chooses it the same way, scoring the
         held-out rows by their observed-data log-likelihood (:func:`fsll_ooc.missing.choose`).
     further_price : None, "full", "aic" or "auto"
-        Price of a family's further terms: ``"full"`` (None) ``ln N / 2`` as its first, ``"aic"`` one nat,
-        ``"auto"`` chosen on the held-out rows (``docs/design.md``; not ``penalty="paper"``, EM).
+        A family's further terms at ``"full"`` (``ln N / 2``), ``"aic"`` (one nat) or ``"auto"`` (held out); None:
+        ``"auto"`` with ``start="network"``, else ``"full"`` (``docs/design.md``; not ``penalty="paper"``, EM).
     start : None or "network"
-        ``"network"``: the search starts from the refitted span of a Bayesian network learned on
-        the rows under BIC (``docs/design.md``, "A Bayesian network's span as the start"); not with EM.
+        ``"network"``: the search starts from the refitted span of a Bayesian network learned on the rows
+        under BIC (``docs/design.md``, "A Bayesian network's span as the start"); not with EM.
     smoothing : None, "auto" or float
         Pseudo-rows ``a``: after the search its terms are refitted to ``(counts + a / |X|) / (N + a)``
         (a Dirichlet prior; 1 is the paper's target); ``"auto"`` chosen on the held-out rows; None:
         ``"auto"`` with ``start="network"``, else 1 (``docs/design.md``, "Smoothing the final parameters"; not EM).
     missing : None or "em"
-        ``"em"``: rows with missing cells (NaN, None, ``pd.NA``; ``-1`` in an integer
-        code array) are fitted by expectation-maximisation (:mod:`fsll_ooc.missing`):
-        missing at random, each incomplete row spread over its completions under the
-        current model, the learner warm-started on the soft counts every round.  In
-        core, or out of core with ``store`` (the store keeps the rounds; ``resume``
-        continues an interrupted EM fit).  ``None`` (default): a missing cell is an
+        ``"em"``: rows with missing cells (NaN, None, ``pd.NA``; ``-1`` in an integer code array) are
+        fitted by expectation-maximisation (:mod:`fsll_ooc.missing`): missing at random, each
+        incomplete row spread over its completions under the current model, the learner warm-started
+        on the soft counts every round.  In core, or out of core with ``store`` (the store keeps the
+        rounds; ``resume`` continues an interrupted EM fit).  ``None`` (default): a missing cell is an
         error that names it.
     hidden : sequence of int or "auto", optional
         Cardinalities of hidden (latent) variables, appended after the observed ones (named ``H0,
@@ -230,7 +229,8 @@ class FSLL(queries.QueryMethods):
         "refine": lambda v, p: resolve_refine(v, p["epsilon"]),
         "penalty": lambda v, p: C.resolve_penalty(v, p["epsilon"]),
         "penalty_scale": lambda v, p: C.resolve_penalty_scale(v, p["epsilon"]),
-        "further_price": lambda v, p: C.resolve_further_price(v, C.resolve_penalty(p["penalty"], p["epsilon"])),
+        "further_price": lambda v, p: C.resolve_further_price(v, C.resolve_penalty(p["penalty"], p["epsilon"]),
+                                                              fitting.resolve_start(p.get("start"))),
         "missing": lambda v, p: V.check_missing(v),
         "hidden": lambda v, p: V.check_hidden(v),
         "n_restarts": lambda v, p: V.check_n_restarts(v),

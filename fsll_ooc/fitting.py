@@ -396,7 +396,8 @@ def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
     from .learn.select import ScaleChoice, choose_scale
 
     want = C.resolve_penalty_scale(est.penalty_scale, est.epsilon)
-    price = C.resolve_further_price(est.further_price, C.resolve_penalty(est.penalty, est.epsilon))
+    price = C.resolve_further_price(est.further_price, C.resolve_penalty(est.penalty, est.epsilon),
+                                    resolve_start(getattr(est, "start", None)))
     smoothing = resolved_smoothing(est) == "auto"
     if want != "auto" and price != "auto" and not smoothing:
         return ScaleChoice(want, price=price)

@@ -158,14 +158,16 @@ def test_the_start_is_the_maximum_likelihood_fit_of_the_span(cards, seed):
 def test_network_start_then_the_search_lowers_the_cost():
     """The search continues from the refitted span under the fit's own cost: the final cost
     is at most the start's, and the model differs from the default's start only in where
-    the search began (same penalty scale chosen on the same held-out rows)."""
+    the search began (same penalty scale and further terms' price chosen on the same held-out
+    rows: the network start chooses the price, ``further_price="auto"``, by default)."""
     cards = (3, 4, 2, 3)
     X, p = _data(cards, 3000, 5)
     m = FSLL(progress=False, start="network").fit(X)
-    d = FSLL(progress=False).fit(X)
+    d = FSLL(progress=False, further_price="auto").fit(X)
     assert m.history_[1]["move"] == "network-start" and m.start == "network"
     assert m.cost_ <= m.history_[1]["cost"] + 1e-12
     assert m.penalty_scale_ == d.penalty_scale_ and m.penalty_scale_scores_ == d.penalty_scale_scores_
+    assert m.further_price_ == d.further_price_ and len(m.penalty_scale_scores_) == 4
     assert np.isclose(np.asarray(m.probabilities()).sum(), 1.0)
 
 

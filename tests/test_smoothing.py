@@ -121,10 +121,14 @@ def test_auto_smoothing_with_the_default_scale_choice_and_paper_mode():
     paper = FSLL(progress=False, epsilon=1e-4).fit(X)
     assert paper.smoothing_ == 1.0 and paper.smoothing_scores_ == {}
     assert C.resolve_smoothing(None, 1e-4) == 1.0 and C.resolve_smoothing(None, "auto") == 1.0
-    # a network's start smooths by default, as a network's learner smooths its tables
+    # a network's start smooths by default, as a network's learner smooths its tables, and
+    # chooses the price of a family's further terms (a conditional table's) on the held-out rows
     assert C.resolve_smoothing(None, "auto", "network") == "auto"
+    assert C.resolve_further_price(None, "family", "network") == "auto"
+    assert C.resolve_further_price(None, "paper", "network") == "full" == C.resolve_further_price(None, "family")
     assert C.resolve_smoothing(None, 1e-4, "network") == 1.0 and C.resolve_smoothing(2, "auto", "network") == 2.0
     net = FSLL(progress=False, start="network").fit(X)
+    assert net.further_price_ in ("full", "aic") and any(isinstance(k, tuple) for k in net.penalty_scale_scores_)
     unsmoothed = FSLL(progress=False, start="network", smoothing=1.0).fit(X)
     assert net.smoothing_scores_ and net.smoothing_ in net.smoothing_scores_
     assert _moves(net) == _moves(unsmoothed) and set(net.theta_) == set(unsmoothed.theta_)
