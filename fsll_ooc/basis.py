@@ -44,6 +44,7 @@ __all__ = [
     "transform_t",
     "product_matrix",
     "phi_values",
+    "uniform_moment",
 ]
 
 
@@ -188,3 +189,18 @@ def phi_values(k: int, y: int, x: np.ndarray) -> np.ndarray:
             v = v >> 1
         return 1.0 - 2.0 * par
     return np.where(x == y, 1.0, -1.0)
+
+
+def uniform_moment(cards: Sequence[int], y: Sequence[int]) -> float:
+    """``E_u[Phi_y]``, the moment of the global basis function ``y`` (a multi-index) under the
+    uniform distribution: the product over the term's variables (``y_i != 0``) of 0 on a
+    Walsh-Hadamard axis and ``(2 - k) / k`` on a +-1 axis; 1 for ``y = 0``.
+
+    >>> uniform_moment((2, 3), (0, 1)), uniform_moment((2, 3), (1, 0))
+    (-0.3333333333333333, 0.0)
+    """
+    eu = 1.0
+    for k, yi in zip(cards, y):
+        if yi:
+            eu *= 0.0 if is_walsh(k) else (2.0 - k) / k
+    return eu

@@ -32,8 +32,8 @@ __all__ = ["FEW_SAMPLES", "WARM_START", "OWN_OPTIONS", "flat_index", "start_of",
            "labelled", "store_extra", "CATEGORY_ORDER", "set_fitted", "basis_table",
            "check_table_fits_memory", "begin", "network_start", "NETWORK_STARTS", "resolve_start", "family_score",
            "hill_climb", "network_families", "network_span", "network_parameters", "uniform_moments",
-           "smoothed_targets", "smooth", "resolved_smoothing", "choose_smoothing", "SMOOTHING_PATIENCE",
-           "SMOOTHING_Z", "SMOOTH_TOL", "SMOOTH_ROUNDS"]
+           "smoothed_targets", "smooth", "resolved_smoothing", "choose_smoothing", "held_out_plan",
+           "SMOOTHING_PATIENCE", "SMOOTHING_Z", "SMOOTH_TOL", "SMOOTH_ROUNDS"]
 
 
 def flat_index(codes: np.ndarray, cards: Sequence[int]) -> np.ndarray:
@@ -165,12 +165,7 @@ def uniform_moments(state: FitState, ys) -> np.ndarray:
     """``<Phi_y>_u``, the moments of the uniform distribution, of the flat indices ``ys``: the
     product over the term's variables of 0 (Walsh-Hadamard basis) or ``(2 - k) / k`` (the
     +-1 basis of a variable with ``k`` values)."""
-    out = np.ones(len(ys))
-    for j, y in enumerate(np.asarray(ys).tolist()):
-        for k, d in zip(state.cards, state.digits(y)):
-            if d:
-                out[j] *= 0.0 if basis.is_walsh(k) else (2.0 - k) / k
-    return out
+    return np.array([basis.uniform_moment(state.cards, state.digits(y)) for y in np.asarray(ys).tolist()])
 
 
 def smoothed_targets(state: FitState, ys, dbar, alpha: float) -> np.ndarray:
@@ -252,8 +247,7 @@ def choose_smoothing(est, codes: np.ndarray, cards, choice) -> tuple[float, dict
         state = FitState(tuple(cards), nt, C.target_entropy(counts, nt, size), log_z=math.log(size),
                          penalty_code=code, penalty_scale=choice.scale, further_price=choice.price)
         if plan is None:
-            plan = chunk_plan(cards, memory_limit=est.memory_limit if est.memory_limit is not None else total_memory(),
-                              disk_free=None, workers=1, out_of_core=None)
+            plan = held_out_plan(est, cards)
         engine = Engine.create(plan, [storage.create_table("numpy", None, nm, cards, plan.layout.chunk_shape)
                                       for nm in TABLE_NAMES], nt, None, sample_flat=flat)
         model = models[fold]  # the chosen setting's fit on this split's training rows
@@ -386,6 +380,13 @@ def fit(est, X, backend, feature_names=None, categories=None, sub_class=None) ->
                      categories=categories, start=choice.start)
 
 
+def held_out_plan(est, cards):
+    """The plan of the held-out fits (:func:`choose_penalty_scale`, :func:`choose_smoothing`):
+    one worker, the whole tables in memory within ``memory_limit`` if they fit."""
+    return chunk_plan(cards, memory_limit=est.memory_limit if est.memory_limit is not None else total_memory(),
+                      disk_free=None, workers=1, out_of_core=None)
+
+
 def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
     """The penalty scale and the price of a family's further terms of this fit
     (:func:`fsll_ooc.learn.select.choose_scale` for ``"auto"``): the sub-fits (estimators of
@@ -404,8 +405,7 @@ def choose_penalty_scale(est, codes: np.ndarray, cards, sub_class=None):
     scales = C.PENALTY_SCALES if want == "auto" else (want,)
     prices = C.FURTHER_PRICES if price == "auto" else (price,)
     try:  # the sub-fits hold the whole tables in memory, within the fit's memory limit
-        p = chunk_plan(cards, memory_limit=est.memory_limit if est.memory_limit is not None else total_memory(),
-                       disk_free=None, workers=1, out_of_core=None)
+        p = held_out_plan(est, cards)
         fits = p.feasible and p.layout.a == 0
     except PlanError:
         fits = False
@@ -657,14 +657,9 @@ def kl_data(est, flat, counts, N) -> float:
     """
     st = est._state
     if all(y in st.dbar for y in st.theta):
-        cards = st.cards
         m = 0.0
         for y, v in st.theta.items():
-            eu = 1.0
-            for i, yi in enumerate(st.digits(y)):
-                if yi:
-                    eu *= 0.0 if basis.is_walsh(cards[i]) else (2.0 - cards[i]) / cards[i]
-            m += v * ((N + 1.0) * st.dbar[y] - eu) / N
+            m += v * ((N + 1.0) * st.dbar[y] - basis.uniform_moment(st.cards, st.digits(y))) / N
         return float(-C.empirical_entropy(counts, N) - m + st.log_z)
     uniq = np.unique(flat)
     eng = getattr(est, "_engine", None)

@@ -305,11 +305,7 @@ def uniform_mean_log_p(theta: dict, cards: Sequence[int], log_z: float) -> float
     """
     m = 0.0
     for y, v in theta.items():
-        eu = 1.0
-        for i, yi in enumerate(y):
-            if yi:
-                eu *= 0.0 if basis.is_walsh(cards[i]) else (2.0 - cards[i]) / cards[i]
-        m += v * eu
+        m += v * basis.uniform_moment(cards, y)
     return m - log_z
 
 
